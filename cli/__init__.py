@@ -1,0 +1,1 @@
+"""The `pipectl` command line."""

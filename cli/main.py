@@ -1,0 +1,137 @@
+"""``pipectl``: parse, call, print. Data on stdout, people on stderr; exit codes per DESIGN.md.
+
+0 ok; 1 the operation failed (a workflow that ends Failed); 2 usage or validation error;
+3 a cluster or service unreachable or unauthorised. Heavy imports (hera, torch, mlflow, boto3)
+stay inside commands so ``pipectl --help`` is fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from pipectl.cli.errors import PipectlError, fail
+
+PIPELINES = ("training",)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+class Group(click.Group):
+    """Catches :class:`PipectlError` at one boundary: headline + hint on stderr, its exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PipectlError as e:
+            console = _console()
+            console.print(f"[bold red]error:[/] {e.headline}")
+            if e.hint:
+                console.print(f"[dim]hint:[/] {e.hint}")
+            ctx.exit(e.exit_code)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="pipectl")
+def main() -> None:
+    """ML training pipelines on Argo Workflows: render, run locally, submit."""
+
+
+def _pipeline_arg() -> Any:
+    return click.argument("pipeline", type=click.Choice(PIPELINES))
+
+
+def _parse_overrides(pairs: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            fail(f"parameter {pair!r} is not key=value", "write -p epochs=5", code=2)
+        key, value = pair.split("=", 1)
+        out[key.strip()] = value
+    return out
+
+
+def _parameters(pairs: tuple[str, ...]) -> Any:
+    """Validate ``-p`` overrides against the typed parameters; exit 2 with every problem named."""
+    from pydantic import ValidationError
+
+    from pipectl.components.contracts import TrainingParameters
+
+    try:
+        return TrainingParameters.from_overrides(_parse_overrides(pairs))
+    except ValueError as e:
+        if isinstance(e, ValidationError):
+            problems = "; ".join(
+                f"{'.'.join(str(x).replace('_', '-') for x in err['loc'])}: {err['msg']}"
+                + (f" (got {err['input']!r})" if "input" in err else "")
+                for err in e.errors()
+            )
+            fail(f"invalid parameter: {problems}", "see `pipectl render training` for each parameter's type and values", code=2)
+        fail(str(e), "parameters are the WorkflowTemplate arguments, e.g. -p epochs=5 -p lane=urgent", code=2)
+
+
+def _compile_config(bucket: str | None) -> Any:
+    from pipectl.pipelines.training import CompileConfig
+
+    return CompileConfig(bucket=bucket) if bucket else CompileConfig()
+
+
+@main.command()
+@_pipeline_arg()
+@click.option("--bucket", envvar="PIPECTL_BUCKET", default=None, help="Bucket baked into the template's URIs.")
+def render(pipeline: str, bucket: str | None) -> None:
+    """Print the WorkflowTemplate YAML of PIPELINE (exactly what submit sends and run executes)."""
+    from pipectl.pipelines.training import build_training
+
+    click.echo(build_training(_compile_config(bucket)).to_yaml(), nl=False)
+
+
+@main.group()
+def data() -> None:
+    """Example datasets that ship with pipectl."""
+
+
+@data.command("example")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--name", type=click.Choice(["digits"]), default="digits", show_default=True)
+def data_example(directory: Path, name: str) -> None:
+    """Write the example dataset NAME to DIRECTORY in ImageFolder layout (<label>/<image>.jpg)."""
+    from pipectl.components.data import write_example
+
+    n = write_example(name, directory)
+    _console().print(f"wrote {n} images of {name} to {directory}")
+    click.echo(str(directory))
+
+
+@main.command()
+@_pipeline_arg()
+@click.option("-p", "--parameter", "params", multiple=True, metavar="KEY=VALUE", help="Workflow parameter (repeatable).")
+@click.option("--s3-endpoint", default=None, help="S3 endpoint (Ceph RGW...). Default: start an embedded S3 server.")
+@click.option("--s3-access-key", default=None)
+@click.option("--s3-secret-key", default=None)
+@click.option("--bucket", default=None, help="Bucket for datasets, shards, checkpoints. [default: pipectl]")
+@click.option("--mlflow-uri", default=None, help="MLflow tracking URI. Default: start an embedded MLflow server.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Folder for local state. [default: .pipectl]")
+@click.option("--output", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def run(pipeline: str, params: tuple[str, ...], output_format: str, **opts: Any) -> None:
+    """Run PIPELINE on this machine with the embedded local backend (same compiled workflow)."""
+    from pipectl.cli.run_local import run_local
+
+    parameters = _parameters(params)
+    result = run_local(parameters, {k: v for k, v in opts.items() if v is not None}, _console())
+    if output_format == "json":
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+    if result["phase"] != "Succeeded":
+        sys.exit(1)
+
+
+def entrypoint() -> NoReturn:  # pragma: no cover
+    sys.exit(main())

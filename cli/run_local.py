@@ -1,0 +1,58 @@
+"""Printing for ``pipectl run``: per-step progress (rich) on stderr, the summary at the end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipectl.components.contracts import RunSettings, TrainingParameters
+
+
+def run_local(parameters: TrainingParameters, options: dict[str, Any], console: Any) -> dict[str, Any]:
+    """Run with progress on ``console``; returns the summary dict (see pipelines.run_local)."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from pipectl.pipelines.run_local import run_training_locally
+
+    settings = RunSettings(**options)
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=False)
+    ids: dict[str, Any] = {}
+
+    def on_event(kind: str, task: str, node: Any) -> None:
+        if kind == "start":
+            ids[task] = progress.add_task(f"{task} …", total=1)
+        else:
+            mark = "[green]✓[/]" if node.phase == "Succeeded" else "[red]✗[/]"
+            progress.update(ids[task], description=f"{mark} {task} [dim]{node.message}[/]", completed=1)
+
+    def on_services(urls: dict[str, str]) -> None:
+        console.print("[dim]services: " + ", ".join(f"{k} {v}" for k, v in urls.items()) + "[/]")
+
+    with progress:
+        summary = run_training_locally(parameters, settings, on_event, on_services)
+
+    if summary["phase"] != "Succeeded":
+        failed = next(s for s in summary["steps"] if s["phase"] != "Succeeded")
+        console.print(f"[bold red]workflow {summary['workflow']} Failed[/] at step {failed['task']} ({failed['message']})")
+        try:
+            with open(failed["log"], errors="replace") as f:
+                tail = f.readlines()[-25:]
+            console.print("".join(tail).rstrip(), markup=False, style="dim")
+        except OSError:
+            pass
+        console.print(f"[dim]log: {failed['log']}[/]")
+        return summary
+
+    table = Table(title=f"workflow {summary['workflow']} Succeeded", show_header=False)
+    model = summary.get("model", {})
+    table.add_row("model", f"{model.get('name')} version {model.get('version')}")
+    table.add_row("alias", model.get("alias") or f"(none; champion is version {model.get('champion_version')})")
+    for k, v in summary.get("metrics", {}).items():
+        table.add_row(k, f"{v:.4f}")
+    table.add_row("decision", str(summary.get("decision")))
+    table.add_row("mlflow run", str(summary.get("mlflow_run_id")))
+    pre = summary.get("preprocess", {})
+    table.add_row("preprocess", f"{pre.get('images-per-s')} images/s on {pre.get('device')}, {pre.get('corrupt')} corrupt")
+    table.add_row("wall time", f"{sum(s['duration_s'] for s in summary['steps']):.1f} s in steps")
+    console.print(table)
+    return summary

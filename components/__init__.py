@@ -1,0 +1,1 @@
+"""Step code: what each pipeline step runs inside its container."""

@@ -1,0 +1,311 @@
+"""Contracts shared by every layer: parameters, step inputs/outputs, exit codes, settings.
+
+pydantic models only (DESIGN.md, "Layers"). No I/O at import time.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ExitCode(enum.IntEnum):
+    """Step exit codes (DESIGN.md, "Errors and exit codes").
+
+    ``TEMPFAIL`` is 75, ``EX_TEMPFAIL`` from BSD ``sysexits.h``: a transient failure worth retrying.
+    """
+
+    OK = 0
+    FAILED = 1
+    TEMPFAIL = 75
+
+
+class CliExit(enum.IntEnum):
+    """CLI exit codes (DESIGN.md): 0 ok, 1 failed, 2 usage/validation, 3 unreachable/unauthorised."""
+
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    UNREACHABLE = 3
+
+
+class Lane(str, enum.Enum):
+    """Priority lanes. ``urgent`` may preempt ``batch``; ``batch`` never preempts."""
+
+    urgent = "urgent"
+    standard = "standard"
+    batch = "batch"
+
+
+class PromotionMetric(str, enum.Enum):
+    """Held-out metric used to decide promotion; higher is better for every member."""
+
+    accuracy = "accuracy"
+    f1_macro = "f1_macro"
+
+
+class Decision(str, enum.Enum):
+    promote = "promote"
+    keep = "keep"
+
+
+_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+class StrictModel(BaseModel):
+    """Base for contracts: unknown fields are errors, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
+
+
+class TrainingParameters(StrictModel):
+    """Parameters of the ``training`` pipeline; each becomes a WorkflowTemplate argument.
+
+    Field names are snake_case here and kebab-case in Argo (``image_size`` -> ``image-size``).
+    """
+
+    dataset_uri: str = Field(
+        "example:digits",
+        description="Dataset to train on: a local folder or s3://bucket/prefix in ImageFolder "
+        "layout (<label>/<image>.jpg), or example:digits for the bundled scikit-learn digits.",
+    )
+    image_size: int = Field(32, ge=8, le=512, description="Square side in pixels images are resized to.")
+    epochs: int = Field(10, ge=1, le=1000, description="Passes over the training split.")
+    batch_size: int = Field(64, ge=1, le=65536, description="Samples per optimiser step, per process.")
+    learning_rate: float = Field(0.002, gt=0, le=10, description="Adam learning rate.")
+    workers: int = Field(1, ge=1, le=1024, description="Pods in the training gang (nodes).")
+    processes_per_worker: int = Field(
+        2, ge=1, le=64, description="torchrun processes per pod (one per GPU on GPU nodes)."
+    )
+    gpus_per_worker: int = Field(0, ge=0, le=16, description="GPUs requested per training pod; 0 trains on CPU with gloo.")
+    lane: Lane = Field(Lane.standard, description="Priority lane: urgent, standard or batch.")
+    model_name: str = Field("digits-cnn", description="Registered model name in the MLflow Model Registry.")
+    promotion_metric: PromotionMetric = Field(
+        PromotionMetric.accuracy, description="Held-out metric compared with the champion."
+    )
+    promotion_threshold: float = Field(
+        0.95, ge=0, le=1, description="Minimum promotion-metric value a candidate needs to become champion."
+    )
+    validation_fraction: float = Field(0.2, gt=0, lt=1, description="Share of images held out for evaluation.")
+    checkpoint_every_steps: int = Field(20, ge=1, description="Optimiser steps between checkpoints.")
+    max_corrupt_fraction: float = Field(
+        0.01, ge=0, le=1, description="Preprocess fails if more than this share of images is corrupt."
+    )
+    seed: int = Field(0, ge=0, description="Random seed for initialisation and sampling.")
+
+    @field_validator("model_name")
+    @classmethod
+    def _model_name(cls, v: str) -> str:
+        if not _MODEL_NAME.match(v):
+            raise ValueError("model name must be 1-100 of letters, digits, '.', '_', '-', starting alphanumeric")
+        return v
+
+    @classmethod
+    def argo_name(cls, field: str) -> str:
+        """``image_size`` -> ``image-size`` (Argo parameter names are kebab-case)."""
+        return field.replace("_", "-")
+
+    @classmethod
+    def from_overrides(cls, overrides: dict[str, str]) -> "TrainingParameters":
+        """Build from ``key=value`` strings (CLI ``-p``); keys may be kebab- or snake-case.
+
+        Raises ``ValueError`` naming an unknown key and the known ones; pydantic
+        ``ValidationError`` for a bad value.
+        """
+        known = set(cls.model_fields)
+        data: dict[str, Any] = {}
+        for key, value in overrides.items():
+            name = key.replace("-", "_")
+            if name not in known:
+                raise ValueError(
+                    f"unknown parameter {key!r}; known: {', '.join(sorted(cls.argo_name(k) for k in known))}"
+                )
+            data[name] = value
+        return cls.model_validate(data)
+
+    def as_arguments(self) -> dict[str, str]:
+        """Argo argument values: ``{"image-size": "32", ...}`` (every value a string)."""
+        out: dict[str, str] = {}
+        for name in type(self).model_fields:
+            v = getattr(self, name)
+            out[self.argo_name(name)] = v.value if isinstance(v, enum.Enum) else str(v)
+        return out
+
+
+class StoreSettings(BaseSettings):
+    """Where steps find the object store and tracking server; read from ``PIPECTL_*`` env vars.
+
+    Read once at an edge (the CLI callback, a step's ``__main__``) and passed down.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="PIPECTL_", extra="ignore")
+
+    s3_endpoint: str | None = Field(None, description="S3 endpoint URL (Ceph RGW, MinIO, moto); None = AWS.")
+    s3_access_key: str | None = None
+    s3_secret_key: str | None = None
+    s3_region: str = "us-east-1"
+    bucket: str = Field("pipectl", description="Bucket for staged datasets, shards, checkpoints.")
+    mlflow_uri: str | None = Field(None, description="MLflow tracking URI (http://host:port).")
+
+    def step_env(self) -> dict[str, str]:
+        """The settings as ``PIPECTL_*`` env vars for a step process/pod."""
+        env = {
+            "PIPECTL_S3_REGION": self.s3_region,
+            "PIPECTL_BUCKET": self.bucket,
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+        }
+        for key in ("s3_endpoint", "s3_access_key", "s3_secret_key", "mlflow_uri"):
+            value = getattr(self, key)
+            if value:
+                env[f"PIPECTL_{key.upper()}"] = value
+        return env
+
+
+class RunSettings(StoreSettings):
+    """Settings of ``pipectl run``: the store settings plus the local state folder."""
+
+    state_dir: Path = Field(Path(".pipectl"), description="Folder for embedded services' state and step work dirs.")
+
+
+# ---------------------------------------------------------------- step contracts
+
+
+class ManifestEntry(StrictModel):
+    """One staged object: ``key`` relative to the dataset's data prefix, e.g. ``3/img_0012.jpg``."""
+
+    key: str
+    size: int = Field(ge=0, description="bytes")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    label: str
+
+
+class DatasetManifest(StrictModel):
+    """Written last at ``<prefix>/manifest.json``: its presence marks a complete staging."""
+
+    digest: str = Field(description="sha256 over sorted (key, sha256) pairs: the content address.")
+    source_uri: str
+    labels: list[str]
+    entries: list[ManifestEntry]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.entries)
+
+
+class StageInput(StrictModel):
+    source_uri: str = Field(description="Local folder or s3://bucket/prefix in ImageFolder layout.")
+    bucket: str
+    max_concurrency: int = Field(16, ge=1, le=256)
+
+
+class StageOutput(StrictModel):
+    dataset_uri: str = Field(description="s3://bucket/datasets/<digest>/ (the content-addressed prefix).")
+    manifest_uri: str
+    objects: int
+    bytes: int
+    copied: int = Field(description="Objects written by this run (0 when already staged).")
+    skipped: int = Field(description="Objects already present and verified.")
+
+
+class PreprocessInput(StrictModel):
+    manifest_uri: str
+    output_uri: str = Field(description="s3://bucket/runs/<workflow>/shards/")
+    image_size: int = Field(ge=8, le=512)
+    validation_fraction: float = Field(gt=0, lt=1)
+    max_corrupt_fraction: float = Field(ge=0, le=1)
+    batch_size: int = Field(256, ge=1)
+    shard_size: int = Field(2048, ge=1, description="Images per shard file.")
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+
+
+class ShardIndex(StrictModel):
+    """``<output_uri>/index.json``: the shards of each split and the class names."""
+
+    labels: list[str]
+    image_size: int
+    channels: int
+    mean: list[float]
+    std: list[float]
+    train: list[str]
+    validation: list[str]
+    train_count: int
+    validation_count: int
+
+
+class PreprocessOutput(StrictModel):
+    shards_uri: str
+    train_count: int
+    validation_count: int
+    corrupt: int
+    images_per_s: float
+    device: str
+
+
+class TrainInput(StrictModel):
+    shards_uri: str
+    run_uri: str = Field(description="s3://bucket/runs/<workflow>/ : checkpoints and train output live here.")
+    workflow_name: str
+    model_name: str
+    epochs: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    learning_rate: float = Field(gt=0)
+    checkpoint_every_steps: int = Field(ge=1)
+    seed: int = Field(ge=0)
+
+
+class TrainOutput(StrictModel):
+    """Written by rank 0 to ``<run_uri>/train-output.json``."""
+
+    mlflow_run_id: str
+    model_uri: str = Field(description="runs:/<run id>/model")
+    steps: int
+    steps_this_attempt: int
+    resumed_from_step: int
+    world_size: int
+    train_accuracy: float
+
+
+class EvaluateInput(StrictModel):
+    shards_uri: str
+    train_output_uri: str
+    model_name: str
+    promotion_metric: PromotionMetric
+    promotion_threshold: float = Field(ge=0, le=1)
+
+
+class EvaluateOutput(StrictModel):
+    """Written to ``<run_uri>/evaluate-output.json`` (beside the train output)."""
+
+    mlflow_run_id: str
+    model_uri: str
+    metrics: dict[str, float]
+    metric: float
+    champion_version: str | None
+    champion_metric: float | None
+    decision: Decision
+
+
+class RegisterInput(StrictModel):
+    evaluate_output_uri: str
+    model_name: str
+    run_key: str = Field(description="Identity of the pipeline run (the workflow uid): one version per key.")
+    promotion_metric: PromotionMetric
+
+
+class RegisterOutput(StrictModel):
+    model_name: str
+    version: str
+    alias: str | None
+    created: bool = Field(description="False when a retried step found its own earlier version.")
+    champion_version: str | None
+
+
+def is_k8s_name(value: str) -> bool:
+    """True for an RFC 1123 label (lowercase alphanumerics and '-', <= 63 chars)."""
+    return len(value) <= 63 and bool(_K8S_NAME.match(value))

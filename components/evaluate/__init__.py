@@ -1,0 +1,1 @@
+"""The `evaluate` step (see core.py)."""

@@ -1,0 +1,1 @@
+"""The `preprocess` step (see core.py)."""

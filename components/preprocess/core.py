@@ -1,0 +1,217 @@
+"""Decode, resize and normalise staged images with NVIDIA DALI; write train/validation shards.
+
+Shards: ``<output_uri>/<split>-<nnnnn>.npz`` with ``images`` float16 [N, 3, H, W] (normalised
+to [-1, 1]: (x - 127.5) / 127.5) and ``labels`` int64 [N]; ``<output_uri>/index.json``
+(:class:`ShardIndex`) lists them. Corrupt images are copied to ``<output_uri>/quarantine/``
+and listed in ``quarantine.json``; more than ``max_corrupt_fraction`` of them fails the step.
+
+The split is a pure function of each image's sha256 (no leakage between splits of duplicates,
+the same split on every run of the same dataset, so champion and candidate are compared on
+the same held-out images).
+
+DALI device: ``mixed`` decode (nvJPEG) + GPU resize/normalise when a CUDA device is visible;
+otherwise a CPU pipeline built with ``device_id=None`` (DALI refuses a GPU pipeline without
+CUDA: REFERENCE.md §1).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from pipectl.components.contracts import (
+    DatasetManifest,
+    PreprocessInput,
+    PreprocessOutput,
+    ShardIndex,
+    StoreSettings,
+)
+from pipectl.components.runtime import StepError, join_uri, parse_s3_uri, read_json, s3_client, write_json
+from pipectl.components.shards import put_npz
+
+log = logging.getLogger("pipectl.preprocess")
+
+MEAN = [127.5, 127.5, 127.5]
+STD = [127.5, 127.5, 127.5]
+
+
+def in_validation(sha256: str, fraction: float) -> bool:
+    """True when the image with content hash ``sha256`` belongs to the held-out split.
+
+    Uses the first 32 bits of the hash as a uniform number in [0, 1).
+    """
+    return int(sha256[:8], 16) / 2**32 < fraction
+
+
+def is_corrupt(data: bytes) -> str | None:
+    """A reason string when ``data`` is not a decodable JPEG/PNG, else None.
+
+    Cheap checks before DALI (which fails a whole batch on one bad image): format markers
+    (JPEG SOI ``FFD8`` and EOI ``FFD9``; the PNG signature) and PIL's ``verify()`` of the
+    header and structure. Does not decode pixels.
+    """
+    from PIL import Image
+
+    if data[:2] == b"\xff\xd8":
+        if data.rstrip(b"\x00")[-2:] != b"\xff\xd9":
+            return "truncated JPEG (no end-of-image marker)"
+    elif not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "neither a JPEG nor a PNG"
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.verify()
+    except Exception as e:  # PIL raises many types for bad files
+        return f"unreadable image: {e}"
+    return None
+
+
+def gpu_available() -> bool:
+    """True when DALI sees at least one CUDA device."""
+    try:
+        from nvidia.dali.backend import GetCUDADeviceCount
+
+        return GetCUDADeviceCount() > 0
+    except Exception:
+        return False
+
+
+def build_pipeline(batches: list[list[np.ndarray]], batch_size: int, image_size: int, use_gpu: bool, num_threads: int = 2) -> Any:
+    """DALI pipeline: external source of encoded bytes -> decode -> resize -> normalise (CHW).
+
+    ``batches``: encoded images as uint8 arrays, at most ``batch_size`` per batch; the pipeline
+    raises ``StopIteration`` after the last one. Output per batch: float [B, 3, image_size, image_size].
+    """
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+    from nvidia.dali import pipeline_def
+
+    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=0 if use_gpu else None)
+    def pipe():  # type: ignore[no-untyped-def]
+        encoded = fn.external_source(source=iter(batches), dtype=types.UINT8, ndim=1, batch=True, cycle=False)
+        images = fn.decoders.image(encoded, device="mixed" if use_gpu else "cpu", output_type=types.RGB)
+        images = fn.resize(images, resize_x=image_size, resize_y=image_size, antialias=True)
+        return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=MEAN, std=STD)
+
+    p = pipe()
+    p.build()
+    return p
+
+
+def decode_all(encoded: list[bytes], image_size: int, batch_size: int, use_gpu: bool) -> tuple[np.ndarray, float]:
+    """Run the DALI pipeline over ``encoded`` images (order kept).
+
+    Returns (float16 array [N, 3, image_size, image_size], seconds spent in DALI).
+    """
+    if not encoded:
+        return np.zeros((0, 3, image_size, image_size), np.float16), 0.0
+    batches = [
+        [np.frombuffer(b, dtype=np.uint8) for b in encoded[start:start + batch_size]]
+        for start in range(0, len(encoded), batch_size)
+    ]
+    out = np.empty((len(encoded), 3, image_size, image_size), np.float16)
+    t0 = time.perf_counter()
+    pipe = build_pipeline(batches, batch_size, image_size, use_gpu)
+    filled = 0
+    while True:
+        try:
+            (result,) = pipe.run()
+        except StopIteration:
+            break
+        if use_gpu:
+            result = result.as_cpu()
+        arr = np.asarray(result.as_tensor(), dtype=np.float32)
+        out[filled:filled + len(arr)] = arr
+        filled += len(arr)
+    if filled != len(encoded):
+        raise StepError(f"DALI returned {filled} images for {len(encoded)} inputs", "report this as a bug")
+    return out, time.perf_counter() - t0
+
+
+def preprocess(inp: PreprocessInput, s3: Any) -> PreprocessOutput:
+    """See the module doc. Raises :class:`StepError` (exit 1) when too many images are corrupt."""
+    manifest = DatasetManifest.model_validate(read_json(s3, inp.manifest_uri))
+    bucket, manifest_key = parse_s3_uri(inp.manifest_uri)
+    data_prefix = manifest_key.rsplit("/", 1)[0] + "/data/"
+    label_index = {label: i for i, label in enumerate(manifest.labels)}
+
+    def fetch(key: str) -> bytes:
+        return s3.get_object(Bucket=bucket, Key=data_prefix + key)["Body"].read()
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        blobs = list(pool.map(fetch, [e.key for e in manifest.entries]))
+
+    good: dict[str, list[tuple[bytes, int]]] = {"train": [], "validation": []}
+    quarantined: list[dict[str, str]] = []
+    for entry, blob in zip(manifest.entries, blobs):
+        reason = is_corrupt(blob)
+        if reason:
+            quarantined.append({"key": entry.key, "reason": reason})
+            out_bucket, out_prefix = parse_s3_uri(join_uri(inp.output_uri, "quarantine", entry.key))
+            s3.put_object(Bucket=out_bucket, Key=out_prefix, Body=blob)
+            log.warning("quarantined %s: %s", entry.key, reason)
+            continue
+        split = "validation" if in_validation(entry.sha256, inp.validation_fraction) else "train"
+        good[split].append((blob, label_index[entry.label]))
+
+    total = len(manifest.entries)
+    if quarantined:
+        write_json(s3, join_uri(inp.output_uri, "quarantine.json"), quarantined)
+    if len(quarantined) > inp.max_corrupt_fraction * total:
+        raise StepError(
+            f"{len(quarantined)} of {total} images are corrupt ({len(quarantined) / total:.1%}), "
+            f"above max-corrupt-fraction {inp.max_corrupt_fraction:.1%}",
+            f"see {join_uri(inp.output_uri, 'quarantine.json')}; fix the dataset or raise max-corrupt-fraction",
+        )
+    if not good["train"] or not good["validation"]:
+        raise StepError(
+            f"a split is empty (train {len(good['train'])}, validation {len(good['validation'])} images)",
+            "use a larger dataset or a validation-fraction between 0.05 and 0.5",
+        )
+
+    use_gpu = inp.device == "gpu" or (inp.device == "auto" and gpu_available())
+    if inp.device == "gpu" and not gpu_available():
+        raise StepError("device=gpu but DALI sees no CUDA device", "use device=auto or cpu, or schedule on a GPU node")
+    shards: dict[str, list[str]] = {"train": [], "validation": []}
+    seconds = 0.0
+    for split, items in good.items():
+        images, dali_s = decode_all([b for b, _ in items], inp.image_size, inp.batch_size, use_gpu)
+        seconds += dali_s
+        labels = np.asarray([y for _, y in items], dtype=np.int64)
+        for n, start in enumerate(range(0, len(items), inp.shard_size)):
+            uri = join_uri(inp.output_uri, f"{split}-{n:05d}.npz")
+            put_npz(s3, uri, images[start:start + inp.shard_size], labels[start:start + inp.shard_size])
+            shards[split].append(uri)
+
+    decoded = len(good["train"]) + len(good["validation"])
+    index = ShardIndex(
+        labels=manifest.labels,
+        image_size=inp.image_size,
+        channels=3,
+        mean=MEAN,
+        std=STD,
+        train=shards["train"],
+        validation=shards["validation"],
+        train_count=len(good["train"]),
+        validation_count=len(good["validation"]),
+    )
+    write_json(s3, join_uri(inp.output_uri, "index.json"), index.model_dump(mode="json"))
+    rate = decoded / seconds if seconds > 0 else 0.0
+    device = "gpu (mixed)" if use_gpu else "cpu"
+    log.info("DALI on %s: %d images in %.2f s (%.0f images/s); %d quarantined", device, decoded, seconds, rate, len(quarantined))
+    return PreprocessOutput(
+        shards_uri=inp.output_uri.rstrip("/") + "/",
+        train_count=len(good["train"]),
+        validation_count=len(good["validation"]),
+        corrupt=len(quarantined),
+        images_per_s=round(rate, 1),
+        device=device,
+    )
+
+
+def run(inp: PreprocessInput, settings: StoreSettings) -> PreprocessOutput:
+    return preprocess(inp, s3_client(settings))

@@ -1,0 +1,1 @@
+"""The `register` step (see core.py)."""

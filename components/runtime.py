@@ -1,0 +1,227 @@
+"""What every step's ``__main__`` shares: argv -> Input, clients, outputs, exit codes.
+
+A step module calls :func:`step_main` with its Input model and its ``run`` function. ``run``
+gets the validated input and the clients it needs (injected, so tests pass their own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ValidationError
+
+from pipectl.components.contracts import ExitCode, StoreSettings
+from pipectl.components.errors import PipectlError
+
+log = logging.getLogger("pipectl.step")
+
+I = TypeVar("I", bound=BaseModel)
+O = TypeVar("O", bound=BaseModel)
+
+
+class StepError(PipectlError):
+    """A step failure with a headline and a hint.
+
+    In a step, ``transient=True`` exits 75 (EX_TEMPFAIL, retried by the workflow), otherwise 1.
+    """
+
+    def __init__(self, headline: str, hint: str = "", *, transient: bool = False, cli_exit: int | None = None) -> None:
+        super().__init__(headline, hint, cli_exit=cli_exit)
+        self.transient = transient
+
+    @property
+    def step_exit(self) -> ExitCode:
+        return ExitCode.TEMPFAIL if self.transient else ExitCode.FAILED
+
+
+# ---------------------------------------------------------------- S3
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` -> ``("bucket", "a/b")``. Raises ``ValueError`` for anything else."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise ValueError(f"not an s3:// URI: {uri!r}")
+    return parsed.netloc, parsed.path.lstrip("/")
+
+
+def join_uri(base: str, *parts: str) -> str:
+    """Join URI parts with single slashes: ``join_uri("s3://b/x/", "y")`` -> ``s3://b/x/y``."""
+    out = base.rstrip("/")
+    for p in parts:
+        out += "/" + p.strip("/")
+    return out
+
+
+def s3_client(settings: StoreSettings, *, max_pool: int = 32) -> Any:
+    """A boto3 S3 client for ``settings``.
+
+    Path-style addressing and ``when_required`` checksums: Ceph RGW (Pacific) rejects the
+    checksum headers boto3 >= 1.36 sends by default (REFERENCE.md §3). Retries use botocore's
+    ``standard`` mode (exponential backoff on throttling, 5xx and connection errors).
+    """
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        s3={"addressing_style": "path"},
+        retries={"mode": "standard", "max_attempts": 5},
+        connect_timeout=5,
+        read_timeout=60,
+        max_pool_connections=max_pool,
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint,
+        aws_access_key_id=settings.s3_access_key,
+        aws_secret_access_key=settings.s3_secret_key,
+        region_name=settings.s3_region,
+        config=config,
+    )
+
+
+def read_json(s3: Any, uri: str) -> Any:
+    bucket, key = parse_s3_uri(uri)
+    return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+
+
+def write_json(s3: Any, uri: str, obj: Any) -> None:
+    """PUT ``obj`` as JSON at ``uri`` (one PUT: atomic on S3)."""
+    bucket, key = parse_s3_uri(uri)
+    body = json.dumps(obj, indent=2, sort_keys=True, default=str).encode()
+    s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json")
+
+
+def object_exists(s3: Any, bucket: str, key: str) -> dict | None:
+    """HEAD ``key``: its response dict, or None when absent (404)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return s3.head_object(Bucket=bucket, Key=key)
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
+
+
+def ensure_bucket(s3: Any, bucket: str) -> None:
+    """Create ``bucket`` if it does not exist ("already owned" is success)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        s3.head_bucket(Bucket=bucket)
+        return
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") not in ("404", "NoSuchBucket", "NotFound"):
+            raise
+    try:
+        s3.create_bucket(Bucket=bucket)
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+            raise
+
+
+# ---------------------------------------------------------------- argv and outputs
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def build_parser(model: type[BaseModel], prog: str) -> argparse.ArgumentParser:
+    """One ``--kebab-name`` option per Input field, plus ``--outputs-dir``."""
+    parser = argparse.ArgumentParser(prog=prog)
+    for name, field in model.model_fields.items():
+        parser.add_argument(_flag(name), dest=name, default=None, help=field.description)
+    parser.add_argument(
+        "--outputs-dir",
+        default="/tmp/outputs",
+        help="Folder for output parameters, one file per field (Argo reads them via valueFrom.path).",
+    )
+    return parser
+
+
+def write_outputs(output: BaseModel, outputs_dir: Path) -> None:
+    """Write each field to ``outputs_dir/<kebab-name>`` and the whole output to ``output.json``."""
+    outputs_dir.mkdir(parents=True, exist_ok=True)
+    data = output.model_dump(mode="json")
+    for name, value in data.items():
+        text = value if isinstance(value, str) else json.dumps(value)
+        if value is None:
+            text = ""
+        (outputs_dir / name.replace("_", "-")).write_text(text)
+    (outputs_dir / "output.json").write_text(json.dumps(data, indent=2, sort_keys=True))
+
+
+def classify_exception(exc: BaseException) -> ExitCode:
+    """Map an exception to a step exit code: connection/5xx/throttling -> 75, else 1."""
+    if isinstance(exc, StepError):
+        return exc.step_exit
+    try:
+        from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError
+        from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
+
+        if isinstance(exc, (EndpointConnectionError, BotoConnectionError, ReadTimeoutError)):
+            return ExitCode.TEMPFAIL
+        if isinstance(exc, ClientError):
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            code = exc.response.get("Error", {}).get("Code", "")
+            if status >= 500 or code in ("SlowDown", "Throttling", "RequestTimeout"):
+                return ExitCode.TEMPFAIL
+    except ImportError:  # pragma: no cover - botocore is a dependency
+        pass
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return ExitCode.TEMPFAIL
+    return ExitCode.FAILED
+
+
+def step_main(
+    input_model: type[I],
+    run: Callable[[I, StoreSettings], O],
+    argv: list[str] | None = None,
+    prog: str = "pipectl-step",
+) -> int:
+    """Parse argv into ``input_model``, read settings from env, call ``run``, write outputs.
+
+    Returns the exit code (0, 1 or 75; see :class:`ExitCode`); never raises.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    args = build_parser(input_model, prog).parse_args(argv)
+    raw = {k: v for k, v in vars(args).items() if k != "outputs_dir" and v is not None}
+    try:
+        inp = input_model.model_validate(raw)
+    except ValidationError as e:
+        print(f"error: invalid input for {prog}:\n{e}", file=sys.stderr)
+        return ExitCode.FAILED
+    settings = StoreSettings()
+    try:
+        output = run(inp, settings)
+    except Exception as exc:  # the one boundary where a step's errors become exit codes
+        code = classify_exception(exc)
+        headline = getattr(exc, "headline", None) or f"{type(exc).__name__}: {exc}"
+        hint = getattr(exc, "hint", "")
+        print(f"error: {prog}: {headline}", file=sys.stderr)
+        if hint:
+            print(f"hint: {hint}", file=sys.stderr)
+        if code == ExitCode.FAILED and not isinstance(exc, StepError):
+            log.exception("unexpected failure")
+        return code
+    if os.environ.get("RANK", "0") != "0":
+        return ExitCode.OK  # under torchrun only rank 0 reports outputs
+    write_outputs(output, Path(args.outputs_dir))
+    print(json.dumps(output.model_dump(mode="json"), sort_keys=True))
+    return ExitCode.OK
+
+
+def enum_value(v: Any) -> Any:
+    return v.value if isinstance(v, enum.Enum) else v

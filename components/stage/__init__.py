@@ -1,0 +1,1 @@
+"""The `stage` step (see core.py)."""

@@ -1,0 +1,275 @@
+"""Stage a labelled image dataset into the object store under a content-addressed prefix.
+
+Layout written (``<digest>`` = first 20 hex of the dataset digest)::
+
+    s3://<bucket>/datasets/<digest>/data/<label>/<file>   one object per image
+    s3://<bucket>/datasets/<digest>/manifest.json         written last: marks completion
+
+Guarantees: validates the whole source before writing anything; copies in parallel (boto3
+managed transfers: multipart above 8 MiB); verifies each object by HEAD (size and the
+``sha256`` metadata it wrote); resumable (objects already present and verified are skipped)
+and idempotent (a complete prefix is detected by its manifest and nothing is copied).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from pipectl.components.contracts import DatasetManifest, ManifestEntry, StageInput, StageOutput, StoreSettings
+from pipectl.components.runtime import (
+    StepError,
+    ensure_bucket,
+    join_uri,
+    object_exists,
+    parse_s3_uri,
+    read_json,
+    s3_client,
+    write_json,
+)
+
+log = logging.getLogger("pipectl.stage")
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png"})
+MULTIPART_THRESHOLD_BYTES = 8 * 1024 * 1024
+EXAMPLE_SCHEME = "example:"
+
+
+class DatasetError(StepError):
+    """The source is not a usable dataset (missing, empty, unlabelled). Never transient; CLI exit 2."""
+
+    cli_exit = 2
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One image of the source: ``key`` is ``<label>/<name>`` relative to the dataset root."""
+
+    key: str
+    label: str
+    size: int
+    open: Callable[[], Any]  # returns a binary file object
+    s3_location: tuple[str, str] | None = None  # (bucket, key) for server-side copies
+
+
+def _check_layout(keys: list[str], where: str) -> None:
+    if not keys:
+        raise DatasetError(
+            f"dataset {where} is empty: no {'/'.join(sorted(IMAGE_SUFFIXES))} files found",
+            "put images in one subfolder per class: <dataset>/<label>/<image>.jpg",
+        )
+    unlabelled = [k for k in keys if "/" not in k]
+    if unlabelled:
+        raise DatasetError(
+            f"dataset {where} has images with no label: {', '.join(unlabelled[:3])}"
+            + (f" and {len(unlabelled) - 3} more" if len(unlabelled) > 3 else ""),
+            "use ImageFolder layout: one subfolder per class, named after the label",
+        )
+    nested = [k for k in keys if k.count("/") > 1]
+    if nested:
+        raise DatasetError(
+            f"dataset {where} nests folders below the label level: {nested[0]}",
+            "use exactly <label>/<image>; move deeper files up one level",
+        )
+    labels = {k.split("/", 1)[0] for k in keys}
+    if len(labels) < 2:
+        raise DatasetError(
+            f"dataset {where} has a single label ({next(iter(labels))}); a classifier needs at least 2",
+            "add one subfolder per class",
+        )
+
+
+def scan_local(root: Path) -> list[SourceFile]:
+    """List the images under ``root`` (ImageFolder layout). Raises :class:`DatasetError`."""
+    if not root.exists():
+        raise DatasetError(f"dataset path {root} does not exist", "check the path, or run: pipectl data example DIR")
+    if not root.is_dir():
+        raise DatasetError(f"dataset path {root} is not a folder", "pass the folder that holds one subfolder per label")
+    files = sorted(
+        p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".")
+    )
+    keys = [p.relative_to(root).as_posix() for p in files]
+    _check_layout(keys, str(root))
+    return [
+        SourceFile(key=k, label=k.split("/", 1)[0], size=p.stat().st_size, open=(lambda p=p: open(p, "rb")))
+        for k, p in zip(keys, files)
+    ]
+
+
+def scan_s3(s3: Any, uri: str) -> list[SourceFile]:
+    """List the images under an ``s3://bucket/prefix`` (ImageFolder layout)."""
+    bucket, prefix = parse_s3_uri(uri)
+    prefix = prefix.rstrip("/") + "/" if prefix else ""
+    objects: list[tuple[str, int]] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            rel = obj["Key"][len(prefix):]
+            if Path(rel).suffix.lower() in IMAGE_SUFFIXES:
+                objects.append((rel, obj["Size"]))
+    objects.sort()
+    _check_layout([k for k, _ in objects], uri)
+
+    def opener(key: str) -> Callable[[], Any]:
+        return lambda: s3.get_object(Bucket=bucket, Key=prefix + key)["Body"]
+
+    return [
+        SourceFile(key=k, label=k.split("/", 1)[0], size=size, open=opener(k), s3_location=(bucket, prefix + k))
+        for k, size in objects
+    ]
+
+
+def _sha256(f: SourceFile) -> str:
+    h = hashlib.sha256()
+    stream = f.open()
+    try:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            h.update(chunk)
+    finally:
+        stream.close()
+    return h.hexdigest()
+
+
+def dataset_digest(entries: Iterable[ManifestEntry]) -> str:
+    """sha256 over ``"<key>\\t<sha256>\\n"`` of the entries sorted by key: the content address."""
+    h = hashlib.sha256()
+    for e in sorted(entries, key=lambda e: e.key):
+        h.update(f"{e.key}\t{e.sha256}\n".encode())
+    return h.hexdigest()
+
+
+def _upload(s3: Any, f: SourceFile, entry: ManifestEntry, bucket: str, key: str) -> None:
+    from boto3.s3.transfer import TransferConfig
+
+    config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD_BYTES, multipart_chunksize=MULTIPART_THRESHOLD_BYTES)
+    extra = {"Metadata": {"sha256": entry.sha256, "label": entry.label}}
+    if f.s3_location is not None:
+        src_bucket, src_key = f.s3_location
+        s3.copy(
+            {"Bucket": src_bucket, "Key": src_key},
+            bucket,
+            key,
+            ExtraArgs={**extra, "MetadataDirective": "REPLACE"},
+            Config=config,
+        )
+    else:
+        stream = f.open()
+        try:
+            s3.upload_fileobj(stream, bucket, key, ExtraArgs=extra, Config=config)
+        finally:
+            stream.close()
+
+
+def _verified(head: dict | None, entry: ManifestEntry) -> bool:
+    return (
+        head is not None
+        and head.get("ContentLength") == entry.size
+        and head.get("Metadata", {}).get("sha256") == entry.sha256
+    )
+
+
+def stage(inp: StageInput, s3: Any, *, example_dir: Path | None = None) -> StageOutput:
+    """Copy ``inp.source_uri`` into ``s3://<inp.bucket>/datasets/<digest>/``; see the module doc.
+
+    Raises :class:`DatasetError` (exit 1 in a step; exit 2 at the CLI) before any write when the
+    source is missing, empty or unlabelled; :class:`StepError` when a written object fails
+    verification. S3 connection errors propagate (exit 75: transient).
+    """
+    source = inp.source_uri
+    with tempfile.TemporaryDirectory(prefix="pipectl-example-", dir=example_dir) as tmp:
+        if source.startswith(EXAMPLE_SCHEME):
+            from pipectl.components.data import write_example
+
+            try:
+                write_example(source[len(EXAMPLE_SCHEME):], Path(tmp))
+            except ValueError as e:
+                raise DatasetError(str(e), "use example:digits, a local folder or an s3:// prefix") from e
+            files = scan_local(Path(tmp))
+        elif source.startswith("s3://"):
+            files = scan_s3(s3, source)
+        else:
+            files = scan_local(Path(source.removeprefix("file://")))
+        return _stage_files(inp, s3, files)
+
+
+def _stage_files(inp: StageInput, s3: Any, files: list[SourceFile]) -> StageOutput:
+    with ThreadPoolExecutor(max_workers=inp.max_concurrency) as pool:
+        hashes = list(pool.map(_sha256, files))
+    entries = [ManifestEntry(key=f.key, size=f.size, sha256=h, label=f.label) for f, h in zip(files, hashes)]
+    digest = dataset_digest(entries)
+    prefix = f"datasets/{digest[:20]}"
+    dataset_uri = f"s3://{inp.bucket}/{prefix}/"
+    manifest_uri = join_uri(dataset_uri, "manifest.json")
+    manifest = DatasetManifest(
+        digest=digest,
+        source_uri=inp.source_uri,
+        labels=sorted({e.label for e in entries}),
+        entries=entries,
+    )
+
+    ensure_bucket(s3, inp.bucket)
+    if object_exists(s3, inp.bucket, f"{prefix}/manifest.json") is not None:
+        existing = DatasetManifest.model_validate(read_json(s3, manifest_uri))
+        if existing.digest == digest:
+            log.info("already staged: %s (%d objects); nothing copied", dataset_uri, len(entries))
+            return StageOutput(
+                dataset_uri=dataset_uri,
+                manifest_uri=manifest_uri,
+                objects=len(entries),
+                bytes=manifest.total_bytes,
+                copied=0,
+                skipped=len(entries),
+            )
+
+    def put(pair: tuple[SourceFile, ManifestEntry]) -> bool:
+        f, entry = pair
+        key = f"{prefix}/data/{entry.key}"
+        if _verified(object_exists(s3, inp.bucket, key), entry):
+            return False
+        _upload(s3, f, entry, inp.bucket, key)
+        if not _verified(object_exists(s3, inp.bucket, key), entry):
+            raise StepError(
+                f"verification failed for s3://{inp.bucket}/{key}: size or sha256 differs after upload",
+                "the store lost or altered the write; rerun (already verified objects are skipped)",
+                transient=True,
+            )
+        return True
+
+    with ThreadPoolExecutor(max_workers=inp.max_concurrency) as pool:
+        copied = sum(pool.map(put, zip(files, entries)))
+    write_json(s3, manifest_uri, manifest.model_dump(mode="json"))
+    log.info("staged %s: %d copied, %d already present", dataset_uri, copied, len(entries) - copied)
+    return StageOutput(
+        dataset_uri=dataset_uri,
+        manifest_uri=manifest_uri,
+        objects=len(entries),
+        bytes=manifest.total_bytes,
+        copied=copied,
+        skipped=len(entries) - copied,
+    )
+
+
+def run(inp: StageInput, settings: StoreSettings) -> StageOutput:
+    """Step entry: builds the S3 client from ``settings`` and calls :func:`stage`."""
+    return stage(inp, s3_client(settings, max_pool=max(10, inp.max_concurrency)))
+
+
+def validate_source(source_uri: str) -> int:
+    """Check a local or example source without touching any store; returns the image count.
+
+    Raises :class:`DatasetError`. ``s3://`` sources are checked by the step itself.
+    """
+    if source_uri.startswith(EXAMPLE_SCHEME):
+        from pipectl.components.data import EXAMPLES
+
+        name = source_uri[len(EXAMPLE_SCHEME):]
+        if name not in EXAMPLES:
+            raise DatasetError(f"unknown example dataset {name!r}", f"known: {', '.join('example:' + e for e in EXAMPLES)}")
+        return -1
+    if source_uri.startswith("s3://"):
+        return -1
+    return len(scan_local(Path(source_uri.removeprefix("file://"))))

@@ -1,0 +1,225 @@
+"""PyTorch DDP training under ``torchrun``, checkpointing to the store and resuming from it.
+
+Every process runs :func:`run`. torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``
+(= nodes x processes per node), ``MASTER_ADDR``/``MASTER_PORT``. Backend: ``nccl`` when CUDA
+is available, else ``gloo``.
+
+Checkpoints: ``<run_uri>/checkpoints/step-<nnnnnnnn>.pt`` (model, optimiser, global step), then
+``<run_uri>/checkpoints/latest.json`` pointing at it (one PUT each: a reader never sees a
+half-written checkpoint). A restarted run (a retried step, a rescheduled gang) loads the latest
+checkpoint and continues at the same global step with the same sample order
+(``DistributedSampler.set_epoch``), so only the steps after the last checkpoint are recomputed.
+
+MLflow: rank 0 alone logs. The run is found again by the tag ``pipectl.workflow`` so a restart
+continues the same MLflow run instead of opening a second one.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data.distributed import DistributedSampler
+
+from pipectl.components.contracts import StoreSettings, TrainInput, TrainOutput
+from pipectl.components.models import SmallCNN, classification_metrics, predict
+from pipectl.components.runtime import StepError, join_uri, object_exists, parse_s3_uri, read_json, s3_client, write_json
+from pipectl.components.shards import load_split
+
+log = logging.getLogger("pipectl.train")
+
+WORKFLOW_TAG = "pipectl.workflow"
+
+
+def latest_checkpoint(s3: Any, run_uri: str) -> dict | None:
+    """``{"step": int, "uri": str}`` of the newest checkpoint under ``run_uri``, or None."""
+    bucket, key = parse_s3_uri(join_uri(run_uri, "checkpoints", "latest.json"))
+    if object_exists(s3, bucket, key) is None:
+        return None
+    return read_json(s3, join_uri(run_uri, "checkpoints", "latest.json"))
+
+
+def save_checkpoint(s3: Any, run_uri: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """Write a checkpoint, then move ``latest.json`` to it. Returns its URI."""
+    uri = join_uri(run_uri, "checkpoints", f"step-{step:08d}.pt")
+    buf = io.BytesIO()
+    torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, buf)
+    bucket, key = parse_s3_uri(uri)
+    s3.put_object(Bucket=bucket, Key=key, Body=buf.getvalue())
+    write_json(s3, join_uri(run_uri, "checkpoints", "latest.json"), {"step": step, "uri": uri})
+    return uri
+
+
+def load_checkpoint(s3: Any, uri: str) -> dict:
+    bucket, key = parse_s3_uri(uri)
+    return torch.load(io.BytesIO(s3.get_object(Bucket=bucket, Key=key)["Body"].read()), map_location="cpu")
+
+
+def _mlflow_run(inp: TrainInput, settings: StoreSettings) -> Any:
+    """Start (or re-attach to) the MLflow run of this workflow. Rank 0 only."""
+    import mlflow
+
+    if settings.mlflow_uri:
+        mlflow.set_tracking_uri(settings.mlflow_uri)
+    experiment = mlflow.set_experiment(inp.model_name)
+    found = mlflow.search_runs(
+        experiment_ids=[experiment.experiment_id],
+        filter_string=f"tags.`{WORKFLOW_TAG}` = '{inp.workflow_name}'",
+        output_format="list",
+        max_results=1,
+    )
+    if found:
+        return mlflow.start_run(run_id=found[0].info.run_id)
+    return mlflow.start_run(run_name=inp.workflow_name, tags={WORKFLOW_TAG: inp.workflow_name})
+
+
+def train(inp: TrainInput, settings: StoreSettings, s3: Any) -> TrainOutput:
+    """Train one process of the gang; returns the output (meaningful on rank 0). See module doc."""
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    use_cuda = torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    device = torch.device("cuda") if use_cuda else torch.device("cpu")
+    if not use_cuda:
+        # 2 processes each using every core thrash (REFERENCE.md §1: "set OMP_NUM_THREADS").
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    distributed = "MASTER_ADDR" in os.environ
+    if distributed and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+
+    output_uri = join_uri(inp.run_uri, "train-output.json")
+    images, labels, index = load_split(s3, inp.shards_uri, "train")
+    num_classes = len(index.labels)
+    x = torch.from_numpy(images)
+    y = torch.from_numpy(labels)
+
+    torch.manual_seed(inp.seed)
+    model = SmallCNN(num_classes=num_classes, channels=index.channels).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=inp.learning_rate)
+    sampler = DistributedSampler(range(len(x)), num_replicas=world_size, rank=rank, shuffle=True, seed=inp.seed)
+    steps_per_epoch = math.ceil(len(sampler) / inp.batch_size)
+    total_steps = steps_per_epoch * inp.epochs
+
+    done = object_exists(s3, *parse_s3_uri(output_uri))
+    if done is not None:
+        previous = TrainOutput.model_validate(read_json(s3, output_uri))
+        if previous.steps == total_steps:
+            log.info("already trained: %s (%d steps); nothing to do", output_uri, previous.steps)
+            if distributed:
+                dist.destroy_process_group()
+            return previous
+
+    resumed_from = 0
+    latest = latest_checkpoint(s3, inp.run_uri)
+    if latest is not None:
+        state = load_checkpoint(s3, latest["uri"])
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        resumed_from = int(state["step"])
+        if rank == 0:
+            log.info("resuming from checkpoint %s (step %d of %d)", latest["uri"], resumed_from, total_steps)
+    ddp = DDP(model) if distributed else model
+
+    run = _mlflow_run(inp, settings) if rank == 0 else None
+    if run is not None and resumed_from == 0:
+        import mlflow
+
+        mlflow.log_params(
+            {
+                "epochs": inp.epochs,
+                "batch_size": inp.batch_size,
+                "learning_rate": inp.learning_rate,
+                "world_size": world_size,
+                "seed": inp.seed,
+                "image_size": index.image_size,
+                "train_images": len(x),
+                "shards_uri": inp.shards_uri,
+            }
+        )
+
+    loss_fn = nn.CrossEntropyLoss()
+    step = resumed_from
+    t0 = time.perf_counter()
+    while step < total_steps:
+        epoch, offset = divmod(step, steps_per_epoch)
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        ddp.train()
+        epoch_loss = torch.zeros((), device=device)
+        for b in range(offset, steps_per_epoch):
+            idx = torch.tensor(order[b * inp.batch_size:(b + 1) * inp.batch_size])
+            xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(ddp(xb), yb)
+            loss.backward()
+            optimizer.step()
+            epoch_loss += loss.detach()
+            step += 1
+            if step % inp.checkpoint_every_steps == 0 and step < total_steps:
+                if rank == 0:
+                    save_checkpoint(s3, inp.run_uri, step, model, optimizer)
+                if distributed:
+                    dist.barrier()
+        if run is not None:
+            import mlflow
+
+            mlflow.log_metric("train_loss", (epoch_loss / max(1, steps_per_epoch - offset)).item(), step=epoch)
+    steps_this_attempt = step - resumed_from
+    elapsed = time.perf_counter() - t0
+
+    metrics = classification_metrics(predict(model, x.to(device)), y.to(device), num_classes)
+    out = TrainOutput(
+        mlflow_run_id="",
+        model_uri="",
+        steps=step,
+        steps_this_attempt=steps_this_attempt,
+        resumed_from_step=resumed_from,
+        world_size=world_size,
+        train_accuracy=round(metrics["accuracy"], 6),
+    )
+    if run is not None:
+        import mlflow
+
+        if steps_this_attempt:
+            save_checkpoint(s3, inp.run_uri, step, model, optimizer)
+        mlflow.log_metrics(
+            {
+                "train_accuracy": metrics["accuracy"],
+                "samples_per_s": steps_this_attempt * inp.batch_size * world_size / elapsed if elapsed > 0 else 0.0,
+                "steps_recomputed_after_resume": float(steps_this_attempt),
+            }
+        )
+        model_info = mlflow.pytorch.log_model(
+            model.cpu(),
+            name="model",
+            serialization_format="pickle",
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+        )
+        out.mlflow_run_id = run.info.run_id
+        out.model_uri = model_info.model_uri
+        write_json(s3, output_uri, out.model_dump(mode="json"))
+        mlflow.end_run()
+        log.info(
+            "trained %d steps (%d this attempt, resumed from %d) on world size %d; train accuracy %.4f",
+            step, steps_this_attempt, resumed_from, world_size, metrics["accuracy"],
+        )
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+    return out
+
+
+def run(inp: TrainInput, settings: StoreSettings) -> TrainOutput:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "MASTER_ADDR" not in os.environ:
+        raise StepError("WORLD_SIZE > 1 but MASTER_ADDR is unset", "launch with torchrun")
+    return train(inp, settings, s3_client(settings))

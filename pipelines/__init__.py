@@ -1,0 +1,1 @@
+"""Pipeline definitions (Hera) and the backends that run compiled workflows."""

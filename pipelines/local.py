@@ -1,0 +1,337 @@
+"""The embedded local backend: executes a *compiled* WorkflowTemplate dict on this machine.
+
+It walks the entry DAG in dependency order and runs each task's template as Argo would,
+with local processes standing in for pods:
+
+- ``container`` templates: ``command + args`` after Argo parameter substitution
+  (``{{workflow.*}}``, ``{{inputs.parameters.*}}``, ``{{tasks.<t>.outputs.parameters.*}}``);
+  output parameters are read from their ``valueFrom.path`` files.
+- ``resource`` templates creating a Volcano ``Job``: every pod replica of every task runs as a
+  process, with what the Volcano ``env``/``svc`` plugins would give it (``VC_TASK_INDEX``; the
+  pod DNS names resolve to 127.0.0.1). The job is Completed when every pod exits 0, Failed
+  otherwise.
+
+What a container filesystem would give a pod is mapped, and only that: the image's
+``python``/``torchrun`` are this interpreter's; the output folder ``/tmp/outputs`` is a per-task
+folder (like a volume mount); pods share the host network, so a fixed ``MASTER_PORT`` is
+replaced by a free port. Anything the local backend cannot honour is an error, not a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+CONTAINER_OUTPUTS_DIR = "/tmp/outputs"
+_TAG = re.compile(r"\{\{\s*([^{}]+?)\s*\}\}")
+_K8S_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+class LocalBackendError(Exception):
+    """The compiled workflow uses something the local backend cannot execute, or is malformed."""
+
+
+@dataclass
+class NodeResult:
+    """One executed task: ``phase`` is Succeeded or Failed; ``duration_s`` seconds."""
+
+    task: str
+    template: str
+    phase: str
+    exit_code: int
+    duration_s: float
+    outputs: dict[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+    message: str = ""
+
+
+@dataclass
+class RunResult:
+    workflow_name: str
+    workflow_uid: str
+    phase: str
+    nodes: list[NodeResult]
+    workdir: Path
+
+    def node(self, task: str) -> NodeResult | None:
+        return next((n for n in self.nodes if n.task == task), None)
+
+
+def substitute(text: str, values: dict[str, str], *, where: str) -> str:
+    """Replace Argo ``{{name}}`` tags from ``values``; an unknown tag raises LocalBackendError."""
+
+    def repl(m: re.Match[str]) -> str:
+        key = m.group(1)
+        if key not in values:
+            raise LocalBackendError(f"{where}: cannot resolve {{{{{key}}}}}")
+        return values[key]
+
+    return _TAG.sub(repl, text)
+
+
+def expand_k8s_vars(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion in command/args: defined vars expand, others stay as is."""
+    return _K8S_VAR.sub(lambda m: env.get(m.group(1), m.group(0)), text.replace("$$(", "\0")).replace("\0", "$(")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _topological(tasks: list[dict]) -> list[dict]:
+    by_name = {t["name"]: t for t in tasks}
+    order: list[dict] = []
+    state: dict[str, int] = {}
+
+    def visit(name: str, chain: tuple[str, ...]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            raise LocalBackendError(f"dependency cycle: {' -> '.join(chain + (name,))}")
+        if name not in by_name:
+            raise LocalBackendError(f"task {chain[-1]!r} depends on unknown task {name!r}")
+        state[name] = 1
+        task = by_name[name]
+        if "depends" in task:
+            raise LocalBackendError(f"task {name!r}: 'depends' expressions are not supported locally; use dependencies")
+        for dep in task.get("dependencies", []) or []:
+            visit(dep, chain + (name,))
+        state[name] = 2
+        order.append(task)
+
+    for t in tasks:
+        visit(t["name"], ())
+    return order
+
+
+class LocalRunner:
+    """Run one workflow from a compiled WorkflowTemplate ``template`` (its ``to_dict()``).
+
+    ``parameters``: workflow argument overrides (kebab names -> strings).
+    ``env``: environment for every step process (the store settings as ``PIPECTL_*``).
+    ``workdir``: where per-task folders and logs go.
+    ``on_event(kind, task, node_or_none)``: progress callback; kind is "start" or "end".
+    """
+
+    def __init__(
+        self,
+        template: dict[str, Any],
+        parameters: dict[str, str],
+        env: dict[str, str],
+        workdir: Path,
+        on_event: Callable[[str, str, NodeResult | None], None] | None = None,
+    ) -> None:
+        self.template = template
+        self.spec = template["spec"]
+        self.templates = {t["name"]: t for t in self.spec["templates"]}
+        base = template["metadata"]["name"].rsplit("-v", 1)[0]
+        self.workflow_name = f"{base}-{secrets.token_hex(3)[:5]}"
+        self.workflow_uid = str(uuid.uuid4())
+        self.workdir = workdir / self.workflow_name
+        self.env = env
+        self.on_event = on_event or (lambda *a: None)
+        declared = {p["name"]: p for p in self.spec.get("arguments", {}).get("parameters", [])}
+        unknown = set(parameters) - set(declared)
+        if unknown:
+            raise LocalBackendError(f"unknown workflow parameters: {', '.join(sorted(unknown))}")
+        self.parameters = {name: str(parameters.get(name, p.get("value", ""))) for name, p in declared.items()}
+        for name, p in declared.items():
+            if p.get("enum") and self.parameters[name] not in p["enum"]:
+                raise LocalBackendError(f"parameter {name}={self.parameters[name]!r} not in {p['enum']}")
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> RunResult:
+        entry = self.templates.get(self.spec["entrypoint"])
+        if entry is None or "dag" not in entry:
+            raise LocalBackendError(f"entrypoint {self.spec['entrypoint']!r} must be a DAG template")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        values = {
+            "workflow.name": self.workflow_name,
+            "workflow.uid": self.workflow_uid,
+            "workflow.namespace": self.template["metadata"].get("namespace", "default"),
+            **{f"workflow.parameters.{k}": v for k, v in self.parameters.items()},
+        }
+        nodes: list[NodeResult] = []
+        for task in _topological(entry["dag"]["tasks"]):
+            name = task["name"]
+            args = {
+                p["name"]: substitute(str(p.get("value", "")), values, where=f"task {name}")
+                for p in task.get("arguments", {}).get("parameters", [])
+            }
+            self.on_event("start", name, None)
+            node = self._run_template(name, self.templates[task["template"]], args, values)
+            nodes.append(node)
+            self.on_event("end", name, node)
+            if node.phase != "Succeeded":
+                return RunResult(self.workflow_name, self.workflow_uid, "Failed", nodes, self.workdir)
+            for out_name, out_value in node.outputs.items():
+                values[f"tasks.{name}.outputs.parameters.{out_name}"] = out_value
+        return RunResult(self.workflow_name, self.workflow_uid, "Succeeded", nodes, self.workdir)
+
+    def _run_template(self, task: str, tmpl: dict, args: dict[str, str], values: dict[str, str]) -> NodeResult:
+        inputs: dict[str, str] = {}
+        for p in tmpl.get("inputs", {}).get("parameters", []):
+            if p["name"] in args:
+                inputs[p["name"]] = args[p["name"]]
+            elif "value" in p or "default" in p:
+                inputs[p["name"]] = str(p.get("value", p.get("default")))
+            else:
+                raise LocalBackendError(f"task {task}: input parameter {p['name']!r} has no value")
+        scope = {**values, **{f"inputs.parameters.{k}": v for k, v in inputs.items()}}
+        taskdir = self.workdir / task
+        taskdir.mkdir(parents=True, exist_ok=True)
+        if "container" in tmpl:
+            return self._run_container(task, tmpl, scope, taskdir)
+        if "resource" in tmpl:
+            return self._run_resource(task, tmpl, scope, taskdir)
+        raise LocalBackendError(f"task {task}: template {tmpl['name']!r} kind is not supported locally")
+
+    # ------------------------------------------------------------------ containers
+
+    def _map_path(self, text: str, taskdir: Path) -> str:
+        return text.replace(CONTAINER_OUTPUTS_DIR, str(taskdir / "outputs"))
+
+    def _resolve_command(self, argv: list[str]) -> list[str]:
+        exe = argv[0]
+        if exe == "python":
+            return [sys.executable, *argv[1:]]
+        local = Path(sys.executable).parent / exe
+        if local.exists():
+            return [str(local), *argv[1:]]
+        found = shutil.which(exe)
+        if not found:
+            raise LocalBackendError(f"command {exe!r} not found next to {sys.executable} or on PATH")
+        return [found, *argv[1:]]
+
+    def _container_env(self, container: dict, where: str) -> dict[str, str]:
+        env = dict(self.env)
+        for item in container.get("env", []) or []:
+            if "value" not in item:
+                raise LocalBackendError(f"{where}: env {item['name']} uses valueFrom, not supported locally")
+            env[item["name"]] = str(item["value"])
+        return env
+
+    def _run_container(self, task: str, tmpl: dict, scope: dict[str, str], taskdir: Path) -> NodeResult:
+        c = tmpl["container"]
+        argv = [substitute(a, scope, where=f"task {task}") for a in (c.get("command", []) + c.get("args", []))]
+        if not argv:
+            raise LocalBackendError(f"task {task}: container has no command (templates must set command:)")
+        argv = [self._map_path(a, taskdir) for a in argv]
+        env = self._container_env(c, f"task {task}")
+        argv = [expand_k8s_vars(a, env) for a in argv]
+        log_path = taskdir / "main.log"
+        t0 = time.perf_counter()
+        code = self._spawn_all([(self._resolve_command(argv), env)], log_path)
+        node = NodeResult(task, tmpl["name"], "Succeeded" if code == 0 else "Failed", code, time.perf_counter() - t0, log_path=log_path)
+        if code == 0:
+            for p in tmpl.get("outputs", {}).get("parameters", []):
+                path = p.get("valueFrom", {}).get("path")
+                if not path:
+                    continue
+                local = Path(self._map_path(path, taskdir))
+                if not local.exists():
+                    node.phase, node.message = "Failed", f"output parameter {p['name']!r}: {path} was not written"
+                    break
+                node.outputs[p["name"]] = local.read_text()
+        else:
+            node.message = f"exit code {code}"
+        return node
+
+    # ------------------------------------------------------------------ resources
+
+    def _run_resource(self, task: str, tmpl: dict, scope: dict[str, str], taskdir: Path) -> NodeResult:
+        res = tmpl["resource"]
+        if res.get("action") != "create":
+            raise LocalBackendError(f"task {task}: resource action {res.get('action')!r} not supported locally")
+        manifest = yaml.safe_load(substitute(res["manifest"], scope, where=f"task {task} manifest"))
+        kind = (manifest.get("apiVersion"), manifest.get("kind"))
+        if kind != ("batch.volcano.sh/v1alpha1", "Job"):
+            raise LocalBackendError(f"task {task}: resource {kind[0]}/{kind[1]} not supported locally")
+        job = manifest["metadata"]["name"]
+        pods: list[tuple[list[str], dict[str, str]]] = []
+        port = str(free_port())
+        for vtask in manifest["spec"]["tasks"]:
+            replicas = vtask.get("replicas", 1)
+            if not isinstance(replicas, int):
+                raise LocalBackendError(f"task {task}: replicas must be an integer after substitution, got {replicas!r}")
+            spec = vtask["template"]["spec"]
+            if len(spec["containers"]) != 1:
+                raise LocalBackendError(f"task {task}: local pods must have exactly one container")
+            c = spec["containers"][0]
+            for index in range(replicas):
+                env = self._container_env(c, f"task {task} pod {index}")
+                env.update({"VC_TASK_INDEX": str(index), "VK_TASK_INDEX": str(index)})
+                for k, v in list(env.items()):
+                    if re.fullmatch(rf"{re.escape(job)}-[a-z0-9-]+-\d+\.{re.escape(job)}(\..*)?", v):
+                        env[k] = "127.0.0.1"  # the svc plugin's headless Service, on loopback
+                if "MASTER_PORT" in env:
+                    env["MASTER_PORT"] = port
+                argv = [self._map_path(expand_k8s_vars(a, env), taskdir) for a in c.get("command", []) + c.get("args", [])]
+                pods.append((self._resolve_command(argv), env))
+        min_available = manifest["spec"].get("minAvailable", len(pods))
+        if not isinstance(min_available, int) or min_available > len(pods):
+            raise LocalBackendError(f"task {task}: minAvailable {min_available!r} invalid for {len(pods)} pods")
+        log_path = taskdir / "main.log"
+        t0 = time.perf_counter()
+        code = self._spawn_all(pods, log_path)
+        phase = "Succeeded" if code == 0 else "Failed"
+        return NodeResult(
+            task, tmpl["name"], phase, code, time.perf_counter() - t0, log_path=log_path,
+            message=f"Volcano Job {job}: {'Completed' if code == 0 else 'Failed'} ({len(pods)} pods)",
+        )
+
+    # ------------------------------------------------------------------ processes
+
+    def _spawn_all(self, procs: list[tuple[list[str], dict[str, str]]], log_path: Path) -> int:
+        """Start every process (a gang starts together), wait for all; first non-zero exit code wins.
+
+        If one process fails the others are stopped (a gang cannot continue without a member).
+        """
+        with open(log_path, "ab") as log:
+            running = [
+                subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                for argv, env in procs
+            ]
+            try:
+                code = 0
+                pending = list(running)
+                while pending:
+                    for p in list(pending):
+                        rc = p.poll()
+                        if rc is None:
+                            continue
+                        pending.remove(p)
+                        if rc != 0 and code == 0:
+                            code = rc if rc > 0 else 128 - rc
+                            for other in pending:
+                                _kill_group(other)
+                    time.sleep(0.05)
+                return code
+            except BaseException:
+                for p in running:
+                    _kill_group(p)
+                raise
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
