@@ -76,8 +76,8 @@ class TrainingParameters(StrictModel):
         "layout (<label>/<image>.jpg), or example:digits for the bundled scikit-learn digits.",
     )
     image_size: int = Field(32, ge=8, le=512, description="Square side in pixels images are resized to.")
-    epochs: int = Field(10, ge=1, le=1000, description="Passes over the training split.")
-    batch_size: int = Field(64, ge=1, le=65536, description="Samples per optimiser step, per process.")
+    epochs: int = Field(15, ge=1, le=1000, description="Passes over the training split.")
+    batch_size: int = Field(32, ge=1, le=65536, description="Samples per optimiser step, per process.")
     learning_rate: float = Field(0.002, gt=0, le=10, description="Adam learning rate.")
     workers: int = Field(1, ge=1, le=1024, description="Pods in the training gang (nodes).")
     processes_per_worker: int = Field(

@@ -5,10 +5,11 @@ Layout written (``<digest>`` = first 20 hex of the dataset digest)::
     s3://<bucket>/datasets/<digest>/data/<label>/<file>   one object per image
     s3://<bucket>/datasets/<digest>/manifest.json         written last: marks completion
 
-Guarantees: validates the whole source before writing anything; copies in parallel (boto3
-managed transfers: multipart above 8 MiB); verifies each object by HEAD (size and the
-``sha256`` metadata it wrote); resumable (objects already present and verified are skipped)
-and idempotent (a complete prefix is detected by its manifest and nothing is copied).
+Guarantees: validates the whole source before writing anything; copies in parallel (one PUT
+below 8 MiB, boto3 managed multipart above); verifies each write (a single PUT's ETag is the
+content md5; multipart writes and copies by HEAD of size and the ``sha256`` metadata);
+resumable (one LIST finds objects an interrupted run already wrote; matching size and ETag
+are skipped) and idempotent (a complete prefix is detected by its manifest: nothing copied).
 """
 
 from __future__ import annotations
@@ -123,15 +124,17 @@ def scan_s3(s3: Any, uri: str) -> list[SourceFile]:
     ]
 
 
-def _sha256(f: SourceFile) -> str:
-    h = hashlib.sha256()
+def _digests(f: SourceFile) -> tuple[str, str]:
+    """(sha256, md5) hex of the file's bytes, in one pass. md5 only to compare S3 ETags."""
+    sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
     stream = f.open()
     try:
         for chunk in iter(lambda: stream.read(1 << 20), b""):
-            h.update(chunk)
+            sha.update(chunk)
+            md5.update(chunk)
     finally:
         stream.close()
-    return h.hexdigest()
+    return sha.hexdigest(), md5.hexdigest()
 
 
 def dataset_digest(entries: Iterable[ManifestEntry]) -> str:
@@ -142,8 +145,25 @@ def dataset_digest(entries: Iterable[ManifestEntry]) -> str:
     return h.hexdigest()
 
 
-def _upload(s3: Any, f: SourceFile, entry: ManifestEntry, bucket: str, key: str) -> None:
+def _upload(s3: Any, f: SourceFile, entry: ManifestEntry, md5: str, bucket: str, key: str) -> None:
+    """Write one object and verify it: a single PUT's ETag must equal the content md5;
+    multipart uploads and copies are verified by HEAD (size and our sha256 metadata)."""
     from boto3.s3.transfer import TransferConfig
+
+    if f.s3_location is None and entry.size < MULTIPART_THRESHOLD_BYTES:
+        stream = f.open()
+        try:
+            body = stream.read()
+        finally:
+            stream.close()
+        resp = s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata={"sha256": entry.sha256, "label": entry.label})
+        if resp.get("ETag", "").strip('"') != md5 or len(body) != entry.size:
+            raise StepError(
+                f"verification failed for s3://{bucket}/{key}: the store's ETag differs from the content md5",
+                "the source changed during staging or the store altered the write; rerun",
+                transient=True,
+            )
+        return
 
     config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD_BYTES, multipart_chunksize=MULTIPART_THRESHOLD_BYTES)
     extra = {"Metadata": {"sha256": entry.sha256, "label": entry.label}}
@@ -162,6 +182,12 @@ def _upload(s3: Any, f: SourceFile, entry: ManifestEntry, bucket: str, key: str)
             s3.upload_fileobj(stream, bucket, key, ExtraArgs=extra, Config=config)
         finally:
             stream.close()
+    if not _verified(object_exists(s3, bucket, key), entry):
+        raise StepError(
+            f"verification failed for s3://{bucket}/{key}: size or sha256 differs after upload",
+            "the store lost or altered the write; rerun (verified objects are skipped)",
+            transient=True,
+        )
 
 
 def _verified(head: dict | None, entry: ManifestEntry) -> bool:
@@ -196,10 +222,19 @@ def stage(inp: StageInput, s3: Any, *, example_dir: Path | None = None) -> Stage
         return _stage_files(inp, s3, files)
 
 
+def _existing(s3: Any, bucket: str, prefix: str) -> dict[str, tuple[int, str]]:
+    """``{key: (size, etag)}`` of the objects under ``prefix``: one LIST per 1,000 keys."""
+    found: dict[str, tuple[int, str]] = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            found[obj["Key"]] = (obj["Size"], obj.get("ETag", "").strip('"'))
+    return found
+
+
 def _stage_files(inp: StageInput, s3: Any, files: list[SourceFile]) -> StageOutput:
     with ThreadPoolExecutor(max_workers=inp.max_concurrency) as pool:
-        hashes = list(pool.map(_sha256, files))
-    entries = [ManifestEntry(key=f.key, size=f.size, sha256=h, label=f.label) for f, h in zip(files, hashes)]
+        digests = list(pool.map(_digests, files))
+    entries = [ManifestEntry(key=f.key, size=f.size, sha256=sha, label=f.label) for f, (sha, _) in zip(files, digests)]
     digest = dataset_digest(entries)
     prefix = f"datasets/{digest[:20]}"
     dataset_uri = f"s3://{inp.bucket}/{prefix}/"
@@ -211,46 +246,39 @@ def _stage_files(inp: StageInput, s3: Any, files: list[SourceFile]) -> StageOutp
         entries=entries,
     )
 
+    def result(copied: int) -> StageOutput:
+        return StageOutput(
+            dataset_uri=dataset_uri,
+            manifest_uri=manifest_uri,
+            objects=len(entries),
+            bytes=manifest.total_bytes,
+            copied=copied,
+            skipped=len(entries) - copied,
+        )
+
     ensure_bucket(s3, inp.bucket)
     if object_exists(s3, inp.bucket, f"{prefix}/manifest.json") is not None:
-        existing = DatasetManifest.model_validate(read_json(s3, manifest_uri))
-        if existing.digest == digest:
+        existing_manifest = DatasetManifest.model_validate(read_json(s3, manifest_uri))
+        if existing_manifest.digest == digest:
             log.info("already staged: %s (%d objects); nothing copied", dataset_uri, len(entries))
-            return StageOutput(
-                dataset_uri=dataset_uri,
-                manifest_uri=manifest_uri,
-                objects=len(entries),
-                bytes=manifest.total_bytes,
-                copied=0,
-                skipped=len(entries),
-            )
+            return result(0)
 
-    def put(pair: tuple[SourceFile, ManifestEntry]) -> bool:
-        f, entry = pair
+    present = _existing(s3, inp.bucket, f"{prefix}/data/")
+
+    def put(item: tuple[SourceFile, ManifestEntry, str]) -> bool:
+        f, entry, md5 = item
         key = f"{prefix}/data/{entry.key}"
-        if _verified(object_exists(s3, inp.bucket, key), entry):
-            return False
-        _upload(s3, f, entry, inp.bucket, key)
-        if not _verified(object_exists(s3, inp.bucket, key), entry):
-            raise StepError(
-                f"verification failed for s3://{inp.bucket}/{key}: size or sha256 differs after upload",
-                "the store lost or altered the write; rerun (already verified objects are skipped)",
-                transient=True,
-            )
+        size, etag = present.get(key, (-1, ""))
+        if size == entry.size and (etag == md5 or ("-" in etag and _verified(object_exists(s3, inp.bucket, key), entry))):
+            return False  # written and verified by an earlier, interrupted run
+        _upload(s3, f, entry, md5, inp.bucket, key)
         return True
 
     with ThreadPoolExecutor(max_workers=inp.max_concurrency) as pool:
-        copied = sum(pool.map(put, zip(files, entries)))
+        copied = sum(pool.map(put, [(f, e, md5) for f, e, (_, md5) in zip(files, entries, digests)]))
     write_json(s3, manifest_uri, manifest.model_dump(mode="json"))
     log.info("staged %s: %d copied, %d already present", dataset_uri, copied, len(entries) - copied)
-    return StageOutput(
-        dataset_uri=dataset_uri,
-        manifest_uri=manifest_uri,
-        objects=len(entries),
-        bytes=manifest.total_bytes,
-        copied=copied,
-        skipped=len(entries) - copied,
-    )
+    return result(copied)
 
 
 def run(inp: StageInput, settings: StoreSettings) -> StageOutput:
