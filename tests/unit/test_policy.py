@@ -1,0 +1,54 @@
+"""Pure decision rules of the steps."""
+
+import pytest
+
+from pipectl.components.contracts import Decision
+from pipectl.components.evaluate.core import decide
+from pipectl.components.preprocess.core import in_validation, is_corrupt
+from pipectl.components.stage.core import dataset_digest
+from pipectl.components.contracts import ManifestEntry
+
+
+@pytest.mark.parametrize(
+    "metric,threshold,champion,expected",
+    [
+        (0.97, 0.95, None, Decision.promote),   # first model above the bar
+        (0.94, 0.95, None, Decision.keep),      # below the bar, even with no champion
+        (0.97, 0.95, 0.96, Decision.promote),   # beats the champion
+        (0.96, 0.95, 0.96, Decision.keep),      # a tie keeps the champion
+        (0.95, 0.95, 0.99, Decision.keep),      # worse than the champion
+    ],
+)
+def test_promotion_rule(metric, threshold, champion, expected):
+    assert decide(metric, threshold, champion) is expected
+
+
+def test_split_is_a_function_of_content_and_close_to_the_fraction():
+    import hashlib
+
+    hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(4000)]
+    held_out = sum(in_validation(h, 0.2) for h in hashes) / len(hashes)
+    assert 0.18 < held_out < 0.22
+    assert [in_validation(h, 0.2) for h in hashes] == [in_validation(h, 0.2) for h in hashes]
+
+
+def test_corrupt_detection(tmp_path):
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), (1, 2, 3)).save(buf, "JPEG")
+    good = buf.getvalue()
+    assert is_corrupt(good) is None
+    assert "truncated" in is_corrupt(good[: len(good) // 2])
+    assert is_corrupt(b"hello world") == "neither a JPEG nor a PNG"
+    assert is_corrupt(b"\xff\xd8" + b"\x00" * 50 + b"\xff\xd9") is not None
+
+
+def test_dataset_digest_ignores_order_and_sees_content():
+    a = ManifestEntry(key="0/a.jpg", size=1, sha256="0" * 64, label="0")
+    b = ManifestEntry(key="1/b.jpg", size=1, sha256="1" * 64, label="1")
+    b2 = ManifestEntry(key="1/b.jpg", size=1, sha256="2" * 64, label="1")
+    assert dataset_digest([a, b]) == dataset_digest([b, a])
+    assert dataset_digest([a, b]) != dataset_digest([a, b2])

@@ -1,0 +1,95 @@
+"""The compiled training WorkflowTemplate: structure, parameters, gang manifest (C03, C04, C06)."""
+
+import pytest
+import yaml
+
+from pipectl.components.contracts import TrainingParameters
+from pipectl.pipelines.local import substitute
+from pipectl.pipelines.training import build_training
+
+
+@pytest.fixture(scope="module")
+def wt():
+    return build_training().to_dict()
+
+
+def _templates(wt):
+    return {t["name"]: t for t in wt["spec"]["templates"]}
+
+
+def _job(wt, **params):
+    """The Volcano Job as the API server would receive it after Argo's substitution."""
+    values = {f"inputs.parameters.{k}": v for k, v in TrainingParameters().as_arguments().items()}
+    values.update({f"inputs.parameters.{k}": v for k, v in params.items()})
+    values.update({"inputs.parameters.shards-uri": "s3://b/s/", "inputs.parameters.run-uri": "s3://b/r", "workflow.name": "training-abcde"})
+    return yaml.safe_load(substitute(_templates(wt)["train"]["resource"]["manifest"], values, where="test"))
+
+
+def test_dag_order_is_stage_preprocess_train_evaluate_register(wt):
+    dag = _templates(wt)["training"]["dag"]["tasks"]
+    assert [t["name"] for t in dag] == ["stage", "preprocess", "train", "evaluate", "register"]
+    assert [t.get("dependencies") for t in dag] == [None, ["stage"], ["preprocess"], ["train"], ["evaluate"]]
+
+
+def test_every_parameter_is_typed_described_and_defaulted(wt):
+    params = {p["name"]: p for p in wt["spec"]["arguments"]["parameters"]}
+    assert set(params) == {k.replace("_", "-") for k in TrainingParameters.model_fields}
+    for p in params.values():
+        assert p.get("description"), p["name"]
+        assert "value" in p, p["name"]
+    assert params["lane"]["enum"] == ["urgent", "standard", "batch"]
+    assert params["promotion-metric"]["enum"] == ["accuracy", "f1_macro"]
+
+
+def test_containers_set_command_and_read_store_settings_from_configmap_and_secret(wt):
+    for name in ("stage", "preprocess", "evaluate", "register"):
+        c = _templates(wt)[name]["container"]
+        assert c["command"][:2] == ["python", "-m"], name
+        refs = [next(iter(e)) for e in c["envFrom"]]
+        assert refs == ["configMapRef", "secretRef"]
+        assert not any("SECRET" in str(e.get("value", "")) for e in c.get("env", []))
+
+
+def test_C03_replicas_and_min_available_are_integers_after_substitution(wt):
+    job = _job(wt, workers="4")
+    assert job["spec"]["minAvailable"] == 4
+    assert job["spec"]["tasks"][0]["replicas"] == 4
+    assert isinstance(job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], int)
+
+
+def test_C04_torchrun_counts_processes_not_pods(wt):
+    job = _job(wt, workers="2", **{"processes-per-worker": "4"})
+    cmd = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[0] == "torchrun"
+    assert "--nnodes=2" in cmd and "--nproc-per-node=4" in cmd  # torchrun: WORLD_SIZE = 2 x 4 = 8
+    assert "--node-rank=$(VC_TASK_INDEX)" in cmd  # RANK = node_rank x 4 + local_rank
+    env = {e["name"]: e["value"] for e in job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["env"]}
+    assert env["MASTER_ADDR"] == "training-abcde-train-worker-0.training-abcde-train"  # rank-0 pod, every pod
+
+
+def test_C06_training_and_preprocess_pods_mount_memory_backed_shm(wt):
+    pod = _job(wt)["spec"]["tasks"][0]["template"]["spec"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
+    assert pod["volumes"][0]["emptyDir"]["medium"] == "Memory"
+    pre = _templates(wt)["preprocess"]
+    assert pre["container"]["volumeMounts"][0]["mountPath"] == "/dev/shm"
+    assert pre["volumes"][0]["emptyDir"]["medium"] == "Memory"
+
+
+def test_gang_job_is_owned_labelled_and_not_evictable_by_the_autoscaler(wt):
+    res = _templates(wt)["train"]["resource"]
+    assert res["setOwnerReference"] is True
+    assert res["action"] == "create"
+    job = _job(wt, lane="urgent")
+    assert job["spec"]["queue"] == "pipectl-urgent"
+    assert job["spec"]["schedulerName"] == "volcano"
+    meta = job["spec"]["tasks"][0]["template"]["metadata"]
+    assert meta["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+    assert meta["labels"]["workflows.argoproj.io/workflow"] == "training-abcde"
+
+
+def test_C02_conditions_match_terminal_states_only(wt):
+    res = _templates(wt)["train"]["resource"]
+    assert res["successCondition"] == "status.state.phase == Completed"
+    for transient in ("Pending", "Running", "Restarting", "Completing"):
+        assert transient not in res["failureCondition"]
