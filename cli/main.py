@@ -33,9 +33,9 @@ class Group(click.Group):
             return super().invoke(ctx)
         except PipectlError as e:
             console = _console()
-            console.print(f"[bold red]error:[/] {e.headline}")
+            console.print(f"[bold red]error:[/] {e.headline}", soft_wrap=True)
             if e.hint:
-                console.print(f"[dim]hint:[/] {e.hint}")
+                console.print(f"[dim]hint:[/] {e.hint}", soft_wrap=True)
             ctx.exit(e.exit_code)
 
 

@@ -26,10 +26,14 @@ def run_local(parameters: TrainingParameters, options: dict[str, Any], console: 
             progress.update(ids[task], description=f"{mark} {task} [dim]{node.message}[/]", completed=1)
 
     def on_services(urls: dict[str, str]) -> None:
-        console.print("[dim]services: " + ", ".join(f"{k} {v}" for k, v in urls.items()) + "[/]")
+        # Validation is over: from here on there is progress to show.
+        console.print("[dim]services: " + ", ".join(f"{k} {v}" for k, v in urls.items()) + "[/]", soft_wrap=True)
+        progress.start()
 
-    with progress:
+    try:
         summary = run_training_locally(parameters, settings, on_event, on_services)
+    finally:
+        progress.stop()
 
     if summary["phase"] != "Succeeded":
         failed = next(s for s in summary["steps"] if s["phase"] != "Succeeded")

@@ -19,6 +19,7 @@ replaced by a free port. Anything the local backend cannot honour is an error, n
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -161,6 +162,11 @@ class LocalRunner:
         if entry is None or "dag" not in entry:
             raise LocalBackendError(f"entrypoint {self.spec['entrypoint']!r} must be a DAG template")
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # What was executed, for `pipectl render` comparisons and post-mortems.
+        (self.workdir / "workflow.json").write_text(
+            json.dumps({"name": self.workflow_name, "uid": self.workflow_uid, "parameters": self.parameters,
+                        "template": self.template}, indent=2, sort_keys=True)
+        )
         values = {
             "workflow.name": self.workflow_name,
             "workflow.uid": self.workflow_uid,
@@ -236,6 +242,7 @@ class LocalRunner:
         env = self._container_env(c, f"task {task}")
         argv = [expand_k8s_vars(a, env) for a in argv]
         log_path = taskdir / "main.log"
+        (taskdir / "argv.json").write_text(json.dumps([argv]))
         t0 = time.perf_counter()
         code = self._spawn_all([(self._resolve_command(argv), env)], log_path)
         node = NodeResult(task, tmpl["name"], "Succeeded" if code == 0 else "Failed", code, time.perf_counter() - t0, log_path=log_path)
@@ -265,6 +272,7 @@ class LocalRunner:
             raise LocalBackendError(f"task {task}: resource {kind[0]}/{kind[1]} not supported locally")
         job = manifest["metadata"]["name"]
         pods: list[tuple[list[str], dict[str, str]]] = []
+        pod_argvs: list[list[str]] = []
         port = str(free_port())
         for vtask in manifest["spec"]["tasks"]:
             replicas = vtask.get("replicas", 1)
@@ -283,11 +291,14 @@ class LocalRunner:
                 if "MASTER_PORT" in env:
                     env["MASTER_PORT"] = port
                 argv = [self._map_path(expand_k8s_vars(a, env), taskdir) for a in c.get("command", []) + c.get("args", [])]
+                pod_argvs.append(argv)
                 pods.append((self._resolve_command(argv), env))
         min_available = manifest["spec"].get("minAvailable", len(pods))
         if not isinstance(min_available, int) or min_available > len(pods):
             raise LocalBackendError(f"task {task}: minAvailable {min_available!r} invalid for {len(pods)} pods")
         log_path = taskdir / "main.log"
+        (taskdir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        (taskdir / "argv.json").write_text(json.dumps(pod_argvs))
         t0 = time.perf_counter()
         code = self._spawn_all(pods, log_path)
         phase = "Succeeded" if code == 0 else "Failed"
@@ -329,7 +340,29 @@ class LocalRunner:
                 raise
 
 
+def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to ``pid`` and every descendant, found before any is signalled.
+
+    A process group is not enough: torchrun starts its workers in sessions of their own, so
+    killing torchrun's group leaves them running (seen here with torch 2.15).
+    """
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
 def _kill_group(p: subprocess.Popen) -> None:
+    kill_tree(p.pid)
     try:
         os.killpg(p.pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -15,6 +15,19 @@ from pipectl.components.errors import PipectlError, Unreachable, ValidationFaile
 from pipectl.pipelines.local import LocalBackendError, LocalRunner, NodeResult, RunResult
 
 
+def _probe_tcp(url: str, what: str, hint: str, timeout_s: float = 3.0) -> None:
+    """Open (and close) a TCP connection to ``url``'s host and port; Unreachable if refused."""
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname or "", port), timeout=timeout_s).close()
+    except OSError as e:
+        raise Unreachable(f"{what} {url} is unreachable ({e.strerror or e})", hint) from e
+
+
 def probe_s3(settings: RunSettings) -> None:
     """Fail fast (exit 3) when the configured S3 endpoint is unreachable or rejects our keys."""
     import boto3
@@ -30,6 +43,8 @@ def probe_s3(settings: RunSettings) -> None:
         config=Config(connect_timeout=3, read_timeout=10, retries={"max_attempts": 1, "mode": "standard"}, s3={"addressing_style": "path"}),
     )
     where = settings.s3_endpoint or "AWS S3"
+    if settings.s3_endpoint:
+        _probe_tcp(settings.s3_endpoint, "S3 endpoint", "check --s3-endpoint / PIPECTL_S3_ENDPOINT, or omit it to use the embedded S3 server")
     try:
         client.list_buckets()
     except EndpointConnectionError as e:

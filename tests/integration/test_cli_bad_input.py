@@ -1,0 +1,73 @@
+"""`pipectl run` refuses bad input with a clear error and exit code 2 (3 when unreachable),
+before anything is started or written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PIPECTL = str(Path(sys.executable).parent / "pipectl")
+
+
+def _run(args, tmp_path, timeout=120):
+    state = tmp_path / "state"
+    r = subprocess.run([PIPECTL, "run", "training", "--state-dir", str(state), *args], capture_output=True, text=True, timeout=timeout)
+    return r, state
+
+
+def _jpeg(path):
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (8, 8)).save(path, "JPEG")
+
+
+@pytest.mark.parametrize(
+    "make_args,message",
+    [
+        (lambda d: ["-p", f"dataset-uri={d / 'missing'}"], "does not exist"),
+        (lambda d: (d / "empty" / "cats").mkdir(parents=True) or ["-p", f"dataset-uri={d / 'empty'}"], "is empty"),
+        (lambda d: _jpeg(d / "flat" / "a.jpg") or ["-p", f"dataset-uri={d / 'flat'}"], "no label"),
+        (lambda d: ["-p", "epoch=3"], "unknown parameter 'epoch'"),
+        (lambda d: ["-p", "lane=superurgent"], "lane"),
+        (lambda d: ["-p", "workers=0"], "workers"),
+        (lambda d: ["-p", "workers"], "not key=value"),
+    ],
+    ids=["missing-path", "empty", "no-labels", "unknown-param", "bad-enum", "workers-0", "not-key-value"],
+)
+def test_bad_input_exits_2_and_writes_nothing(make_args, message, tmp_path):
+    r, state = _run(make_args(tmp_path), tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr
+    assert "hint:" in r.stderr
+    assert not state.exists(), "nothing may be written for bad input"
+    assert r.stdout == ""
+
+
+def test_bad_enum_lists_the_allowed_values(tmp_path):
+    r, _ = _run(["-p", "lane=superurgent"], tmp_path)
+    assert "'urgent', 'standard' or 'batch'" in r.stderr and "superurgent" in r.stderr
+
+
+def test_unreachable_s3_endpoint_exits_3_naming_it(tmp_path):
+    r, state = _run(["--s3-endpoint", "http://127.0.0.1:9", "--s3-access-key", "a", "--s3-secret-key", "b"], tmp_path)
+    assert r.returncode == 3, r.stderr
+    assert "http://127.0.0.1:9" in r.stderr and "unreachable" in r.stderr
+    assert not state.exists()
+
+
+def test_unreachable_mlflow_exits_3_naming_it(tmp_path):
+    r, state = _run(["--mlflow-uri", "http://127.0.0.1:9"], tmp_path)
+    assert r.returncode == 3, r.stderr
+    assert "http://127.0.0.1:9" in r.stderr
+    assert not state.exists()
+
+
+def test_render_prints_the_workflow_template():
+    r = subprocess.run([PIPECTL, "render", "training"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    assert "kind: WorkflowTemplate" in r.stdout and "name: training-v1" in r.stdout
+    assert r.stderr == ""

@@ -1,0 +1,82 @@
+"""train under real torchrun (2 processes, gloo): DDP, checkpoints, resume after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipectl.components.contracts import PreprocessInput, StageInput, TrainOutput
+from pipectl.components.preprocess.core import preprocess
+from pipectl.components.runtime import read_json
+from pipectl.components.stage.core import stage
+from pipectl.components.train.core import latest_checkpoint
+from pipectl.pipelines.local import kill_tree
+
+pytestmark = pytest.mark.integration
+
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+
+@pytest.fixture()
+def shards_uri(settings, s3, digits_dir):
+    staged = stage(StageInput(source_uri=str(digits_dir), bucket=settings.bucket), s3)
+    out = preprocess(
+        PreprocessInput(manifest_uri=staged.manifest_uri, output_uri=f"s3://{settings.bucket}/runs/wf/shards/",
+                        image_size=32, validation_fraction=0.2, max_corrupt_fraction=0.01),
+        s3,
+    )
+    return out.shards_uri
+
+
+def _argv(settings, shards_uri, outputs: Path, epochs: int, workflow: str) -> list[str]:
+    return [
+        TORCHRUN, "--standalone", "--nnodes=1", "--nproc-per-node=2", "-m", "pipectl.components.train",
+        "--shards-uri", shards_uri, "--run-uri", f"s3://{settings.bucket}/runs/{workflow}",
+        "--workflow-name", workflow, "--model-name", f"resume-{settings.bucket}", "--epochs", str(epochs),
+        "--batch-size", "32", "--learning-rate", "0.002", "--checkpoint-every-steps", "10", "--seed", "0",
+        "--outputs-dir", str(outputs),
+    ]
+
+
+def test_killed_training_resumes_from_its_last_checkpoint(settings, s3, shards_uri, step_env, tmp_path):
+    workflow = "wf-resume"
+    argv = _argv(settings, shards_uri, tmp_path / "out1", epochs=8, workflow=workflow)
+    proc = subprocess.Popen(argv, env=step_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    run_uri = f"s3://{settings.bucket}/runs/{workflow}"
+    deadline = time.monotonic() + 180
+    latest = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        latest = latest_checkpoint(s3, run_uri)
+        if latest and latest["step"] >= 30:
+            break
+        time.sleep(0.1)
+    kill_tree(proc.pid)  # torchrun and its workers die at once, as when their node is preempted
+    proc.wait()
+    assert latest is not None and latest["step"] >= 30, "training must be killed after a checkpoint"
+    killed_at = latest_checkpoint(s3, run_uri)["step"]
+
+    r = subprocess.run(_argv(settings, shards_uri, tmp_path / "out2", epochs=8, workflow=workflow), env=step_env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = TrainOutput.model_validate(json.loads((tmp_path / "out2" / "output.json").read_text()))
+    assert out.resumed_from_step == killed_at
+    assert out.steps == 8 * 23  # ceil(1438 / 2 / 32) = 23 steps per epoch on 2 ranks
+    assert out.steps_this_attempt == out.steps - killed_at < out.steps  # fewer steps recomputed
+    assert out.world_size == 2
+    assert out.train_accuracy > 0.9
+    assert read_json(s3, f"{run_uri}/train-output.json") == out.model_dump(mode="json")
+
+    import mlflow
+
+    mlflow.set_tracking_uri(settings.mlflow_uri)
+    runs = mlflow.search_runs(experiment_names=[f"resume-{settings.bucket}"], output_format="list")
+    assert [r.info.run_id for r in runs] == [out.mlflow_run_id], "the restart continued the same MLflow run"
+
+    # A third attempt (the step retried after it had finished) trains nothing.
+    r = subprocess.run(_argv(settings, shards_uri, tmp_path / "out3", epochs=8, workflow=workflow), env=step_env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / "out3" / "output.json").read_text()) == out.model_dump(mode="json")
