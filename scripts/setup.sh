@@ -43,6 +43,10 @@ PY
   touch "$venv/.complete"
   echo "setup: environment built in $(( $(date +%s) - start )) s" >&2
 fi
-"$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e .
+# setuptools' editable-install warnings are noise here; show them only if the install fails.
+if ! "$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e . 2>"$venv/editable-install.log"; then
+  cat "$venv/editable-install.log" >&2
+  exit 1
+fi
 ln -sfn "$venv" .venv
 echo "setup: .venv -> $venv" >&2
