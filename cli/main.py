@@ -78,20 +78,28 @@ def _parameters(pairs: tuple[str, ...]) -> Any:
         fail(str(e), "parameters are the WorkflowTemplate arguments, e.g. -p epochs=5 -p lane=urgent", code=2)
 
 
-def _compile_config(bucket: str | None) -> Any:
+def _launcher_option() -> Any:
+    return click.option(
+        "--launcher", type=click.Choice(["volcano", "pytorchjob"]), default="volcano", show_default=True,
+        help="Gang job the train step creates: a Volcano Job or a Kubeflow PyTorchJob.",
+    )
+
+
+def _compile_config(bucket: str | None, launcher: str = "volcano") -> Any:
     from pipectl.pipelines.training import CompileConfig
 
-    return CompileConfig(bucket=bucket) if bucket else CompileConfig()
+    return CompileConfig(launcher=launcher, **({"bucket": bucket} if bucket else {}))
 
 
 @main.command()
 @_pipeline_arg()
 @click.option("--bucket", envvar="PIPECTL_BUCKET", default=None, help="Bucket baked into the template's URIs.")
-def render(pipeline: str, bucket: str | None) -> None:
+@_launcher_option()
+def render(pipeline: str, bucket: str | None, launcher: str) -> None:
     """Print the WorkflowTemplate YAML of PIPELINE (exactly what submit sends and run executes)."""
     from pipectl.pipelines.training import build_training
 
-    click.echo(build_training(_compile_config(bucket)).to_yaml(), nl=False)
+    click.echo(build_training(_compile_config(bucket, launcher)).to_yaml(), nl=False)
 
 
 @main.group()
@@ -120,13 +128,14 @@ def data_example(directory: Path, name: str) -> None:
 @click.option("--bucket", default=None, help="Bucket for datasets, shards, checkpoints. [default: pipectl]")
 @click.option("--mlflow-uri", default=None, help="MLflow tracking URI. Default: start an embedded MLflow server.")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Folder for local state. [default: .pipectl]")
+@_launcher_option()
 @click.option("--output", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def run(pipeline: str, params: tuple[str, ...], output_format: str, **opts: Any) -> None:
+def run(pipeline: str, params: tuple[str, ...], output_format: str, launcher: str, **opts: Any) -> None:
     """Run PIPELINE on this machine with the embedded local backend (same compiled workflow)."""
     from pipectl.cli.run_local import run_local
 
     parameters = _parameters(params)
-    result = run_local(parameters, {k: v for k, v in opts.items() if v is not None}, _console())
+    result = run_local(parameters, {k: v for k, v in opts.items() if v is not None}, launcher, _console())
     if output_format == "json":
         click.echo(json.dumps(result, indent=2, sort_keys=True))
     if result["phase"] != "Succeeded":

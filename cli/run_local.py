@@ -7,7 +7,7 @@ from typing import Any
 from pipectl.components.contracts import RunSettings, TrainingParameters
 
 
-def run_local(parameters: TrainingParameters, options: dict[str, Any], console: Any) -> dict[str, Any]:
+def run_local(parameters: TrainingParameters, options: dict[str, Any], launcher: str, console: Any) -> dict[str, Any]:
     """Run with progress on ``console``; returns the summary dict (see pipelines.run_local)."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -31,7 +31,7 @@ def run_local(parameters: TrainingParameters, options: dict[str, Any], console: 
         progress.start()
 
     try:
-        summary = run_training_locally(parameters, settings, on_event, on_services)
+        summary = run_training_locally(parameters, settings, on_event, on_services, launcher=launcher)
     finally:
         progress.stop()
 

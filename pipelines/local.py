@@ -57,6 +57,7 @@ class NodeResult:
     outputs: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
     message: str = ""
+    attempts: int = 1
 
 
 @dataclass
@@ -71,11 +72,47 @@ class RunResult:
         return next((n for n in self.nodes if n.task == task), None)
 
 
+def _eval_expression(expr: str, values: dict[str, str], where: str) -> str:
+    """Evaluate an Argo ``{{=...}}`` expression tag: integer arithmetic (+ - * //, /) over
+    ``asInt(name)``/``asFloat(name)`` and number literals. Anything else is an error here
+    (the local backend does not embed expr-lang)."""
+    import ast
+
+    def ev(node: ast.AST) -> float | int:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Div)):
+            a, b = ev(node.left), ev(node.right)
+            return {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
+                    ast.FloorDiv: lambda: a // b, ast.Div: lambda: a / b}[type(node.op)]()
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("asInt", "asFloat")
+                and len(node.args) == 1):
+            name = ast.unparse(node.args[0])
+            if name not in values:
+                raise LocalBackendError(f"{where}: cannot resolve {name} in expression {expr!r}")
+            return int(values[name]) if node.func.id == "asInt" else float(values[name])
+        raise LocalBackendError(f"{where}: expression {expr!r} is beyond what the local backend evaluates")
+
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except SyntaxError as e:
+        raise LocalBackendError(f"{where}: bad expression {expr!r}: {e}") from e
+    result = ev(tree)
+    return str(int(result)) if float(result).is_integer() else str(result)
+
+
 def substitute(text: str, values: dict[str, str], *, where: str) -> str:
-    """Replace Argo ``{{name}}`` tags from ``values``; an unknown tag raises LocalBackendError."""
+    """Replace Argo ``{{name}}`` tags from ``values`` and evaluate ``{{=expr}}`` tags.
+
+    An unknown tag raises LocalBackendError.
+    """
 
     def repl(m: re.Match[str]) -> str:
         key = m.group(1)
+        if key.startswith("="):
+            return _eval_expression(key[1:], values, where)
         if key not in values:
             raise LocalBackendError(f"{where}: cannot resolve {{{{{key}}}}}")
         return values[key]
@@ -199,14 +236,25 @@ class LocalRunner:
                 inputs[p["name"]] = str(p.get("value", p.get("default")))
             else:
                 raise LocalBackendError(f"task {task}: input parameter {p['name']!r} has no value")
-        scope = {**values, **{f"inputs.parameters.{k}": v for k, v in inputs.items()}}
-        taskdir = self.workdir / task
-        taskdir.mkdir(parents=True, exist_ok=True)
-        if "container" in tmpl:
-            return self._run_container(task, tmpl, scope, taskdir)
-        if "resource" in tmpl:
-            return self._run_resource(task, tmpl, scope, taskdir)
-        raise LocalBackendError(f"task {task}: template {tmpl['name']!r} kind is not supported locally")
+        limit = int((tmpl.get("retryStrategy") or {}).get("limit", 0))
+        attempt = 0
+        while True:
+            scope = {**values, "retries": str(attempt), **{f"inputs.parameters.{k}": v for k, v in inputs.items()}}
+            taskdir = self.workdir / task if attempt == 0 else self.workdir / f"{task}({attempt})"
+            taskdir.mkdir(parents=True, exist_ok=True)
+            if "container" in tmpl:
+                node = self._run_container(task, tmpl, scope, taskdir)
+            elif "resource" in tmpl:
+                node = self._run_resource(task, tmpl, scope, taskdir)
+            else:
+                raise LocalBackendError(f"task {task}: template {tmpl['name']!r} kind is not supported locally")
+            # Locally nothing is preempted or evicted: the only retryable class is a step that
+            # declares itself transient (exit 75), within the template's retry limit.
+            if node.phase == "Succeeded" or node.exit_code != 75 or attempt >= limit:
+                node.attempts = attempt + 1
+                return node
+            attempt += 1
+            time.sleep(1)
 
     # ------------------------------------------------------------------ containers
 
@@ -268,32 +316,49 @@ class LocalRunner:
             raise LocalBackendError(f"task {task}: resource action {res.get('action')!r} not supported locally")
         manifest = yaml.safe_load(substitute(res["manifest"], scope, where=f"task {task} manifest"))
         kind = (manifest.get("apiVersion"), manifest.get("kind"))
-        if kind != ("batch.volcano.sh/v1alpha1", "Job"):
-            raise LocalBackendError(f"task {task}: resource {kind[0]}/{kind[1]} not supported locally")
         job = manifest["metadata"]["name"]
+        port = str(free_port())
+        if kind == ("batch.volcano.sh/v1alpha1", "Job"):
+            # (replica group, replicas, pod spec, env the Volcano env plugin adds per index)
+            groups = [(t["name"], t.get("replicas", 1), t["template"]["spec"]) for t in manifest["spec"]["tasks"]]
+            min_available = manifest["spec"].get("minAvailable", None)
+
+            def plugin_env(group: str, index: int, rank: int) -> dict[str, str]:
+                return {"VC_TASK_INDEX": str(index), "VK_TASK_INDEX": str(index)}
+        elif kind == ("kubeflow.org/v1", "PyTorchJob"):
+            specs = manifest["spec"]["pytorchReplicaSpecs"]
+            groups = [(g, specs[g].get("replicas", 1), specs[g]["template"]["spec"]) for g in ("Master", "Worker") if g in specs]
+            min_available = manifest["spec"].get("runPolicy", {}).get("schedulingPolicy", {}).get("minAvailable")
+            total = sum(r for _, r, _ in groups if isinstance(r, int))
+
+            def plugin_env(group: str, index: int, rank: int) -> dict[str, str]:
+                # what the training operator sets: MASTER_* point at the master, RANK = pod index
+                return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(total), "RANK": str(rank)}
+        else:
+            raise LocalBackendError(f"task {task}: resource {kind[0]}/{kind[1]} not supported locally")
         pods: list[tuple[list[str], dict[str, str]]] = []
         pod_argvs: list[list[str]] = []
-        port = str(free_port())
-        for vtask in manifest["spec"]["tasks"]:
-            replicas = vtask.get("replicas", 1)
+        rank = 0
+        for group, replicas, spec in groups:
             if not isinstance(replicas, int):
                 raise LocalBackendError(f"task {task}: replicas must be an integer after substitution, got {replicas!r}")
-            spec = vtask["template"]["spec"]
             if len(spec["containers"]) != 1:
                 raise LocalBackendError(f"task {task}: local pods must have exactly one container")
             c = spec["containers"][0]
             for index in range(replicas):
-                env = self._container_env(c, f"task {task} pod {index}")
-                env.update({"VC_TASK_INDEX": str(index), "VK_TASK_INDEX": str(index)})
+                env = self._container_env(c, f"task {task} pod {group}-{index}")
+                env.update(plugin_env(group, index, rank))
+                rank += 1
                 for k, v in list(env.items()):
-                    if re.fullmatch(rf"{re.escape(job)}-[a-z0-9-]+-\d+\.{re.escape(job)}(\..*)?", v):
-                        env[k] = "127.0.0.1"  # the svc plugin's headless Service, on loopback
+                    if re.fullmatch(rf"{re.escape(job)}-[a-z0-9-]+-\d+(\.{re.escape(job)})?(\..*)?", v):
+                        env[k] = "127.0.0.1"  # the job's headless Service, on loopback
                 if "MASTER_PORT" in env:
                     env["MASTER_PORT"] = port
                 argv = [self._map_path(expand_k8s_vars(a, env), taskdir) for a in c.get("command", []) + c.get("args", [])]
                 pod_argvs.append(argv)
                 pods.append((self._resolve_command(argv), env))
-        min_available = manifest["spec"].get("minAvailable", len(pods))
+        if min_available is None:
+            min_available = len(pods)
         if not isinstance(min_available, int) or min_available > len(pods):
             raise LocalBackendError(f"task {task}: minAvailable {min_available!r} invalid for {len(pods)} pods")
         log_path = taskdir / "main.log"
@@ -304,7 +369,7 @@ class LocalRunner:
         phase = "Succeeded" if code == 0 else "Failed"
         return NodeResult(
             task, tmpl["name"], phase, code, time.perf_counter() - t0, log_path=log_path,
-            message=f"Volcano Job {job}: {'Completed' if code == 0 else 'Failed'} ({len(pods)} pods)",
+            message=f"{kind[1]} {job}: {'Completed' if code == 0 else 'Failed'} ({len(pods)} pods)",
         )
 
     # ------------------------------------------------------------------ processes

@@ -124,6 +124,8 @@ def run_training_locally(
     settings: RunSettings,
     on_event: Callable[[str, str, NodeResult | None], None] | None = None,
     on_services: Callable[[dict[str, str]], None] | None = None,
+    *,
+    launcher: str = "volcano",
 ) -> dict[str, Any]:
     """Run the compiled ``training`` workflow on this machine; returns :func:`summarise`'s dict.
 
@@ -139,7 +141,7 @@ def run_training_locally(
         probe_mlflow(settings.mlflow_uri)
     validate_dataset(parameters, settings)
 
-    template = build_training(CompileConfig(bucket=settings.bucket)).to_dict()
+    template = build_training(CompileConfig(bucket=settings.bucket, launcher=launcher)).to_dict()
     state_dir = Path(settings.state_dir).resolve()
     embed_s3 = settings.s3_endpoint is None and settings.s3_access_key is None
     try:

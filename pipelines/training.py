@@ -6,15 +6,15 @@ backend (:mod:`pipectl.pipelines.local`) executes the very same compiled dict.
 
 Each step's container arguments are generated from the component's Input contract
 (``--<field> {{inputs.parameters.<field>}}``), so the template and the component cannot drift.
-The ``train`` step is an Argo resource template that creates ONE Volcano Job (a gang:
-``minAvailable`` = every pod), whose pods run ``torchrun`` with
-``--nnodes=<workers> --node-rank=$(VC_TASK_INDEX) --nproc-per-node=<processes per worker>``:
-WORLD_SIZE = workers x processes per worker (field case C04).
+The ``train`` step is an Argo resource template that creates ONE gang job (a Volcano Job or a
+PyTorchJob: :mod:`pipectl.pipelines.gang`). Every template carries the typed retry policy and
+lane settings of :mod:`pipectl.pipelines.policy`.
 """
 
 from __future__ import annotations
 
-import yaml
+from typing import Literal
+
 from hera.workflows import (
     DAG,
     Container,
@@ -26,6 +26,9 @@ from hera.workflows import (
 )
 from hera.workflows.models import (
     ConfigMapEnvSource,
+    ConfigMapKeySelector,
+    SemaphoreRef,
+    Synchronization,
     EmptyDirVolumeSource,
     EnvFromSource,
     SecretEnvSource,
@@ -49,11 +52,10 @@ from pipectl.components.contracts import (
     TrainingParameters,
 )
 
+from pipectl.pipelines.gang import LAUNCHERS, OUTPUTS_DIR, STORE_CONFIGMAP, STORE_SECRET, GangConfig
+from pipectl.pipelines.policy import LANE_TAINT_KEY, SEMAPHORE_CONFIGMAP, RetryPolicy, lane_toleration_for
+
 TEMPLATE_NAME = "training-v1"
-OUTPUTS_DIR = "/tmp/outputs"
-MASTER_PORT = 29500
-STORE_CONFIGMAP = "pipectl-store"
-STORE_SECRET = "pipectl-s3-credentials"
 
 
 class CompileConfig(BaseModel):
@@ -67,6 +69,11 @@ class CompileConfig(BaseModel):
     train_image: str = Field("pipectl/step-train:0.1.0", description="Image with DALI and torch: preprocess, train.")
     service_account: str = Field("pipectl-workflow", description="ServiceAccount of workflow pods.")
     shm_gib: int = Field(2, ge=1, le=256, description="Size of the in-memory /dev/shm of training pods (C06).")
+    launcher: Literal["volcano", "pytorchjob"] = Field("volcano", description="Gang job kind the train step creates.")
+    retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Retries by failure class; backoff from scale_up_s.")
+
+    def gang(self) -> GangConfig:
+        return GangConfig(image=self.train_image, service_account=self.service_account, shm_gib=self.shm_gib, lane_taint_key=LANE_TAINT_KEY)
 
 
 def kebab(name: str) -> str:
@@ -99,7 +106,7 @@ def _store_env() -> list[EnvFromSource]:
     ]
 
 
-def _step(name: str, image: str, module: str, contract: type[BaseModel], output: type[BaseModel], fixed: dict[str, str] | None = None) -> Container:
+def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type[BaseModel], output: type[BaseModel], fixed: dict[str, str] | None = None) -> Container:
     """A container template running ``python -m pipectl.components.<module>``.
 
     Inputs are the contract's fields minus ``fixed`` (compile-time values baked into args).
@@ -117,6 +124,10 @@ def _step(name: str, image: str, module: str, contract: type[BaseModel], output:
         inputs=_input_params(names),
         outputs=_outputs(output),
         env_from=_store_env(),
+        retry_strategy=cfg.retry.build(),
+        timeout=f"{cfg.retry.attempt_timeout_s}s",
+        priority_class_name="pipectl-{{workflow.parameters.lane}}",
+        tolerations=[lane_toleration_for("{{workflow.parameters.lane}}")],
     )
 
 
@@ -136,99 +147,26 @@ TRAIN_INPUTS = [
 ]
 
 
-def volcano_job_manifest(cfg: CompileConfig) -> str:
-    """The Volcano ``batch.volcano.sh/v1alpha1`` Job the ``train`` step creates (YAML text).
-
-    One task ``worker`` with ``replicas: workers`` and ``minAvailable: workers`` (the whole gang
-    binds or none does). Volcano's ``svc`` plugin gives pods stable DNS names
-    ``<job>-worker-<i>.<job>`` and its ``env`` plugin sets ``VC_TASK_INDEX`` (docs:
-    volcano.sh "Job plugins"). Replica counts are substituted unquoted so they stay integers (C03).
-    """
-    p = "{{inputs.parameters.%s}}"
-    job = "{{workflow.name}}-train"
-    train_args = []
-    for n in ("shards_uri", "run_uri", "model_name", "epochs", "batch_size", "learning_rate", "checkpoint_every_steps", "seed"):
-        train_args += [f"--{kebab(n)}", p % kebab(n)]
-    manifest = {
-        "apiVersion": "batch.volcano.sh/v1alpha1",
-        "kind": "Job",
-        "metadata": {
-            "name": job,
-            "labels": {"workflows.argoproj.io/workflow": "{{workflow.name}}", "pipectl.io/step": "train"},
-        },
-        "spec": {
-            "schedulerName": "volcano",
-            "minAvailable": "__WORKERS__",
-            "queue": "pipectl-" + p % "lane",
-            "priorityClassName": "pipectl-" + p % "lane",
-            "maxRetry": 0,
-            "plugins": {"svc": [], "env": []},
-            "tasks": [
-                {
-                    "name": "worker",
-                    "replicas": "__WORKERS__",
-                    "template": {
-                        "metadata": {
-                            "labels": {"workflows.argoproj.io/workflow": "{{workflow.name}}", "pipectl.io/step": "train"},
-                            "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"},
-                        },
-                        "spec": {
-                            "restartPolicy": "Never",
-                            "serviceAccountName": cfg.service_account,
-                            "containers": [
-                                {
-                                    "name": "train",
-                                    "image": cfg.train_image,
-                                    "command": [
-                                        "torchrun",
-                                        f"--nnodes={p % 'workers'}",
-                                        "--node-rank=$(VC_TASK_INDEX)",
-                                        f"--nproc-per-node={p % 'processes-per-worker'}",
-                                        "--master-addr=$(MASTER_ADDR)",
-                                        "--master-port=$(MASTER_PORT)",
-                                        "-m",
-                                        "pipectl.components.train",
-                                        *train_args,
-                                        "--workflow-name",
-                                        "{{workflow.name}}",
-                                        "--outputs-dir",
-                                        OUTPUTS_DIR,
-                                    ],
-                                    "env": [
-                                        {"name": "MASTER_ADDR", "value": f"{job}-worker-0.{job}"},
-                                        {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
-                                    ],
-                                    "envFrom": [
-                                        {"configMapRef": {"name": STORE_CONFIGMAP, "optional": True}},
-                                        {"secretRef": {"name": STORE_SECRET, "optional": True}},
-                                    ],
-                                    "resources": {"limits": {"nvidia.com/gpu": "__GPUS__"}},
-                                    "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-                                }
-                            ],
-                            "volumes": [
-                                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{cfg.shm_gib}Gi"}}
-                            ],
-                        },
-                    },
-                }
-            ],
-        },
-    }
-    text = yaml.safe_dump(manifest, sort_keys=False)
-    # Unquoted placeholders: after Argo substitutes them the YAML scalars parse as integers.
-    return text.replace("__WORKERS__", p % "workers").replace("__GPUS__", p % "gpus-per-worker")
-
-
 def _train_template(cfg: CompileConfig) -> Resource:
+    """Resource template creating ONE gang job (Volcano Job or PyTorchJob) and waiting for it.
+
+    Conditions look only at terminal states (C02); ``setOwnerReference`` makes the job (and its
+    pods) go when the Workflow is deleted; a retry creates a new job named after ``{{retries}}``.
+    """
+    launcher = LAUNCHERS[cfg.launcher]
     return Resource(
         name="train",
         action="create",
         set_owner_reference=True,
-        manifest=volcano_job_manifest(cfg),
-        success_condition="status.state.phase == Completed",
-        failure_condition="status.state.phase in (Failed, Aborted, Terminated)",
+        manifest=launcher.manifest(cfg.gang()),
+        success_condition=launcher.success_condition,
+        failure_condition=launcher.failure_condition,
         inputs=_input_params(TRAIN_INPUTS),
+        retry_strategy=cfg.retry.build(),
+        timeout=f"{cfg.retry.attempt_timeout_s}s",
+        synchronization=Synchronization(
+            semaphores=[SemaphoreRef(config_map_key_ref=ConfigMapKeySelector(name=SEMAPHORE_CONFIGMAP, key="{{inputs.parameters.lane}}"))]
+        ),
     )
 
 
@@ -254,13 +192,13 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
     """The ``training-v1`` WorkflowTemplate for ``cfg`` (defaults when None)."""
     cfg = cfg or CompileConfig()
     run_uri = f"s3://{cfg.bucket}/runs/{{{{workflow.name}}}}"
-    stage = _step("stage", cfg.light_image, "stage", StageInput, StageOutput, fixed={"bucket": cfg.bucket})
-    preprocess = _step("preprocess", cfg.train_image, "preprocess", PreprocessInput, PreprocessOutput)
+    stage = _step(cfg, "stage", cfg.light_image, "stage", StageInput, StageOutput, fixed={"bucket": cfg.bucket})
+    preprocess = _step(cfg, "preprocess", cfg.train_image, "preprocess", PreprocessInput, PreprocessOutput)
     preprocess.volume_mounts = [VolumeMount(name="dshm", mount_path="/dev/shm")]
     preprocess.volumes = [Volume(name="dshm", empty_dir=EmptyDirVolumeSource(medium="Memory", size_limit=f"{cfg.shm_gib}Gi"))]
     train = _train_template(cfg)
-    evaluate = _step("evaluate", cfg.light_image, "evaluate", EvaluateInput, EvaluateOutput)
-    register = _step("register", cfg.light_image, "register", RegisterInput, RegisterOutput)
+    evaluate = _step(cfg, "evaluate", cfg.light_image, "evaluate", EvaluateInput, EvaluateOutput)
+    register = _step(cfg, "register", cfg.light_image, "register", RegisterInput, RegisterOutput)
 
     def task_args(names: dict[str, str]) -> list[Parameter]:
         return [Parameter(name=kebab(k), value=v) for k, v in names.items()]

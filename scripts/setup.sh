@@ -43,10 +43,31 @@ PY
   touch "$venv/.complete"
   echo "setup: environment built in $(( $(date +%s) - start )) s" >&2
 fi
+# The checkout's own .venv: a light venv that sees the cached dependencies through a .pth file
+# (site.addsitedir, so their own .pth files load too) and has pipectl installed editable from
+# THIS checkout. Two checkouts never fight over one editable install.
+PY_MM=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+deps_site="$venv/lib/python$PY_MM/site-packages"
+if [ -L .venv ]; then rm .venv; fi  # older layout: a link to the cache
+if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.deps 2>/dev/null)" != "$venv" ]; then
+  rm -rf .venv
+  "$PYTHON" -m venv --without-pip .venv
+fi
+own_site=".venv/lib/python$PY_MM/site-packages"
+echo "import site; site.addsitedir('$deps_site')" > "$own_site/pipectl-deps.pth"
+# Console scripts of the dependencies (torchrun, mlflow, pytest...), re-pointed at this venv.
+for script in "$venv"/bin/*; do
+  name=$(basename "$script")
+  case "$name" in python*|pip*|activate*|Activate*) continue ;; esac
+  if head -c 64 "$script" 2>/dev/null | grep -q "^#!$venv/bin/python"; then
+    sed "1s|.*|#!$PWD/.venv/bin/python|" "$script" > ".venv/bin/$name"
+    chmod +x ".venv/bin/$name"
+  fi
+done
+echo "$venv" > .venv/.deps
 # setuptools' editable-install warnings are noise here; show them only if the install fails.
-if ! "$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e . 2>"$venv/editable-install.log"; then
-  cat "$venv/editable-install.log" >&2
+if ! "$venv/bin/pip" --python .venv/bin/python install --quiet --no-deps --no-build-isolation -e . 2>.venv/editable-install.log; then
+  cat .venv/editable-install.log >&2
   exit 1
 fi
-ln -sfn "$venv" .venv
-echo "setup: .venv -> $venv" >&2
+echo "setup: .venv (this checkout) + dependencies from $venv" >&2

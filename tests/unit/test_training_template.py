@@ -5,12 +5,17 @@ import yaml
 
 from pipectl.components.contracts import TrainingParameters
 from pipectl.pipelines.local import substitute
-from pipectl.pipelines.training import build_training
+from pipectl.pipelines.training import CompileConfig, build_training
 
 
 @pytest.fixture(scope="module")
 def wt():
     return build_training().to_dict()
+
+
+@pytest.fixture(scope="module")
+def wt_pytorchjob():
+    return build_training(CompileConfig(launcher="pytorchjob")).to_dict()
 
 
 def _templates(wt):
@@ -21,7 +26,7 @@ def _job(wt, **params):
     """The Volcano Job as the API server would receive it after Argo's substitution."""
     values = {f"inputs.parameters.{k}": v for k, v in TrainingParameters().as_arguments().items()}
     values.update({f"inputs.parameters.{k}": v for k, v in params.items()})
-    values.update({"inputs.parameters.shards-uri": "s3://b/s/", "inputs.parameters.run-uri": "s3://b/r", "workflow.name": "training-abcde"})
+    values.update({"inputs.parameters.shards-uri": "s3://b/s/", "inputs.parameters.run-uri": "s3://b/r", "workflow.name": "training-abcde", "retries": "0"})
     return yaml.safe_load(substitute(_templates(wt)["train"]["resource"]["manifest"], values, where="test"))
 
 
@@ -50,21 +55,31 @@ def test_containers_set_command_and_read_store_settings_from_configmap_and_secre
         assert not any("SECRET" in str(e.get("value", "")) for e in c.get("env", []))
 
 
-def test_C03_replicas_and_min_available_are_integers_after_substitution(wt):
+def test_C03_replicas_and_min_available_are_integers_after_substitution(wt, wt_pytorchjob):
     job = _job(wt, workers="4")
     assert job["spec"]["minAvailable"] == 4
     assert job["spec"]["tasks"][0]["replicas"] == 4
-    assert isinstance(job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], int)
+    assert job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 0
+    ptj = _job(wt_pytorchjob, workers="4", **{"gpus-per-worker": "8"})
+    specs = ptj["spec"]["pytorchReplicaSpecs"]
+    assert (specs["Master"]["replicas"], specs["Worker"]["replicas"]) == (1, 3)  # 1 master + 3 workers
+    assert ptj["spec"]["runPolicy"]["schedulingPolicy"]["minAvailable"] == 4
+    assert specs["Worker"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
 
 
-def test_C04_torchrun_counts_processes_not_pods(wt):
+def test_C04_torchrun_counts_processes_not_pods(wt, wt_pytorchjob):
     job = _job(wt, workers="2", **{"processes-per-worker": "4"})
-    cmd = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["command"]
+    pod = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]
+    cmd = pod["command"]
     assert cmd[0] == "torchrun"
     assert "--nnodes=2" in cmd and "--nproc-per-node=4" in cmd  # torchrun: WORLD_SIZE = 2 x 4 = 8
     assert "--node-rank=$(VC_TASK_INDEX)" in cmd  # RANK = node_rank x 4 + local_rank
-    env = {e["name"]: e["value"] for e in job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["env"]}
-    assert env["MASTER_ADDR"] == "training-abcde-train-worker-0.training-abcde-train"  # rank-0 pod, every pod
+    env = {e["name"]: e["value"] for e in pod["env"]}
+    assert env["MASTER_ADDR"] == "training-abcde-train-0-worker-0.training-abcde-train-0"  # rank-0 pod, every pod
+    ptj = _job(wt_pytorchjob, workers="2", **{"processes-per-worker": "4"})
+    for group in ("Master", "Worker"):
+        cmd = ptj["spec"]["pytorchReplicaSpecs"][group]["template"]["spec"]["containers"][0]["command"]
+        assert "--nnodes=2" in cmd and "--nproc-per-node=4" in cmd and "--node-rank=$(RANK)" in cmd
 
 
 def test_C06_training_and_preprocess_pods_mount_memory_backed_shm(wt):

@@ -1,0 +1,170 @@
+"""Cluster policy as typed tables: priority lanes and autoscaler-aware retries.
+
+Pure: no I/O. :mod:`pipectl.pipelines.training` renders these into templates, and
+:mod:`pipectl.pipelines.cluster` into the cluster manifests under ``argo/``.
+"""
+
+from __future__ import annotations
+
+from hera.workflows.models import Backoff, RetryAffinity, RetryNodeAntiAffinity, RetryStrategy, Toleration
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pipectl.components.contracts import ExitCode, Lane
+
+LANE_TAINT_KEY = "pipectl.io/lane"
+
+
+class LaneSpec(BaseModel):
+    """What one priority lane maps to on the cluster.
+
+    - ``priority_value``/``preemption_policy``: the Kubernetes PriorityClass
+      (``PreemptLowerPriority`` lets the scheduler evict lower-priority pods; ``Never`` does not).
+    - ``queue_weight``/``queue_reclaimable``/``queue_capability_gpus``: the Volcano Queue
+      (weight: share of the cluster under contention; reclaimable: other queues may take its
+      resources back; capability: a hard ceiling).
+    - ``argo_priority``: ``Workflow.spec.priority``, which only orders the controller's own queues
+      (parallelism, semaphores), never pods (REFERENCE.md §5).
+    - ``concurrency``: semaphore size (ConfigMap key = lane name) for gang jobs of the lane.
+    - ``tolerates_reserved``: pods tolerate the taint ``pipectl.io/lane=<lane>:NoSchedule`` of
+      reserved buffer nodes (only urgent nodes are tainted).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lane: Lane
+    priority_value: int = Field(ge=0, le=1_000_000_000)
+    preemption_policy: str = Field(pattern="^(PreemptLowerPriority|Never)$")
+    queue_weight: int = Field(ge=1)
+    queue_reclaimable: bool
+    queue_capability_gpus: int | None = Field(default=None, ge=1)
+    argo_priority: int
+    concurrency: int = Field(ge=1)
+    tolerates_reserved: bool
+
+    @property
+    def priority_class(self) -> str:
+        return f"pipectl-{self.lane.value}"
+
+    @property
+    def queue(self) -> str:
+        return f"pipectl-{self.lane.value}"
+
+
+LANES: dict[Lane, LaneSpec] = {
+    Lane.urgent: LaneSpec(
+        lane=Lane.urgent, priority_value=1_000_000, preemption_policy="PreemptLowerPriority",
+        queue_weight=8, queue_reclaimable=False, argo_priority=100, concurrency=4, tolerates_reserved=True,
+    ),
+    Lane.standard: LaneSpec(
+        lane=Lane.standard, priority_value=100_000, preemption_policy="Never",
+        queue_weight=4, queue_reclaimable=True, argo_priority=50, concurrency=8, tolerates_reserved=False,
+    ),
+    Lane.batch: LaneSpec(
+        lane=Lane.batch, priority_value=1_000, preemption_policy="Never",
+        queue_weight=1, queue_reclaimable=True, argo_priority=0, concurrency=16, tolerates_reserved=False,
+    ),
+}
+
+SEMAPHORE_CONFIGMAP = "pipectl-lanes"
+
+
+def lane_toleration_for(lane_expr: str) -> Toleration:
+    """A toleration of ``pipectl.io/lane=<lane>:NoSchedule``; ``lane_expr`` may be an Argo tag.
+
+    Only urgent buffer nodes carry the taint, so for other lanes it tolerates nothing that exists.
+    """
+    return Toleration(key=LANE_TAINT_KEY, operator="Equal", value=lane_expr, effect="NoSchedule")
+
+
+# Messages Argo records on a node when the infrastructure, not the code, ended the pod.
+# Sources: REFERENCE.md §5 and field case C01 ("Pod was terminated due to imminent node shutdown",
+# "pod deleted", kubelet "Evicted"), Kubernetes pod disruption conditions (DisruptionTarget:
+# PreemptionByScheduler, DeletionByTaintManager, TerminationByKubelet), cluster-autoscaler scale-down.
+INFRA_MESSAGE_PATTERNS = (
+    "imminent node shutdown",
+    "pod deleted",
+    "evicted",
+    "preempt",
+    "node shutdown",
+    "deletionbytaintmanager",
+    "terminationbykubelet",
+    "scale.?down",
+)
+OOM_PATTERN = "oomkilled"
+
+
+class RetryPolicy(BaseModel):
+    """Retries by failure class, rendered to an Argo ``retryStrategy``.
+
+    Classes (field case C01):
+    - infrastructure (status Error, or a preemption/eviction/shutdown/deletion message): up to
+      ``infra_limit`` retries;
+    - declared transient (exit 75, EX_TEMPFAIL): retried while fewer than ``transient_limit``
+      retries have happened;
+    - code (anything else, e.g. exit 1): never retried. OOM kills (exit 137 "OOMKilled") count as
+      code unless ``retry_oom``.
+
+    Backoff is derived from ``scale_up_s``, the time the Cluster Autoscaler needs to add a node:
+    delays start at scale_up_s/16 and double, capped at scale_up_s per delay, so the first four
+    retries together wait ~scale_up_s (a replacement node has arrived); ``step_timeout_s`` plus
+    ``scale_up_s`` bounds each attempt (Argo's template ``timeout`` counts Pending time).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    scale_up_s: int = Field(600, ge=30, le=7200, description="Seconds the autoscaler takes to add a (GPU) node.")
+    infra_limit: int = Field(6, ge=0, le=50)
+    transient_limit: int = Field(3, ge=0, le=50)
+    retry_oom: bool = False
+    step_timeout_s: int = Field(6 * 3600, ge=60, description="Running-time budget of one attempt.")
+
+    @model_validator(mode="after")
+    def _budgets(self) -> "RetryPolicy":
+        if self.transient_limit > self.infra_limit:
+            raise ValueError("transient_limit cannot exceed infra_limit (the retryStrategy limit)")
+        return self
+
+    @property
+    def backoff_duration_s(self) -> int:
+        return max(5, self.scale_up_s // 16)
+
+    @property
+    def backoff_cap_s(self) -> int:
+        return self.scale_up_s
+
+    @property
+    def attempt_timeout_s(self) -> int:
+        """Template ``timeout``: Pending (a scale-up) plus running time."""
+        return self.scale_up_s + self.step_timeout_s
+
+    @property
+    def max_duration_s(self) -> int:
+        """``backoff.maxDuration``: every attempt at its timeout plus every delay at its cap."""
+        return (self.infra_limit + 1) * self.attempt_timeout_s + self.infra_limit * self.backoff_cap_s
+
+    def delays_s(self) -> list[int]:
+        """Seconds Argo waits before retry 1..infra_limit: duration x 2^n, capped."""
+        return [min(self.backoff_duration_s * 2**n, self.backoff_cap_s) for n in range(self.infra_limit)]
+
+    def expression(self) -> str:
+        """The ``retryStrategy.expression`` (expr-lang, evaluated by the workflow controller)."""
+        patterns = list(INFRA_MESSAGE_PATTERNS) + ([OOM_PATTERN] if self.retry_oom else [])
+        infra = f'lastRetry.status == "Error" || lastRetry.message matches "(?i)({"|".join(patterns)})"'
+        transient = f'(lastRetry.exitCode == "{int(ExitCode.TEMPFAIL)}" && asInt(retries) < {self.transient_limit})'
+        return f"{infra} || {transient}"
+
+    def build(self) -> RetryStrategy:
+        """Hera model of the retryStrategy. ``retryPolicy`` is Always: the expression decides
+        (a policy and an expression are ANDed; REFERENCE.md §5)."""
+        return RetryStrategy(
+            limit=self.infra_limit,
+            retry_policy="Always",
+            expression=self.expression(),
+            backoff=Backoff(
+                duration=f"{self.backoff_duration_s}s",
+                factor=2,
+                cap=f"{self.backoff_cap_s}s",
+                max_duration=f"{self.max_duration_s}s",
+            ),
+            affinity=RetryAffinity(node_anti_affinity=RetryNodeAntiAffinity()),
+        )
