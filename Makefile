@@ -23,7 +23,7 @@ render: setup
 
 # Regenerate the checked-in rendered manifests under argo/ (never done silently by tests).
 golden: setup
-	$(VENV)/bin/pipectl render training > argo/workflowtemplates/training-v1.yaml
+	rm -rf argo && $(VENV)/bin/pipectl render cluster --write argo
 
 clean:
 	rm -rf .pipectl .pytest_cache

@@ -17,6 +17,7 @@ import click
 from pipectl.cli.errors import PipectlError, fail
 
 PIPELINES = ("training",)
+RENDERABLE = ("training", "cluster")
 
 
 def _console() -> Any:
@@ -92,14 +93,31 @@ def _compile_config(bucket: str | None, launcher: str = "volcano") -> Any:
 
 
 @main.command()
-@_pipeline_arg()
+@click.argument("what", type=click.Choice(RENDERABLE))
 @click.option("--bucket", envvar="PIPECTL_BUCKET", default=None, help="Bucket baked into the template's URIs.")
 @_launcher_option()
-def render(pipeline: str, bucket: str | None, launcher: str) -> None:
-    """Print the WorkflowTemplate YAML of PIPELINE (exactly what submit sends and run executes)."""
-    from pipectl.pipelines.training import build_training
+@click.option("--write", "write_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="(cluster) write every manifest under this folder (argo/) instead of printing.")
+def render(what: str, bucket: str | None, launcher: str, write_dir: Path | None) -> None:
+    """Print the WorkflowTemplate of a pipeline (what submit sends and run executes), or with
+    `cluster` every manifest of argo/ (namespace, RBAC, lanes, config, alerts, templates, cron)."""
+    cfg = _compile_config(bucket, launcher)
+    if what == "training":
+        from pipectl.pipelines.training import build_training
 
-    click.echo(build_training(_compile_config(bucket, launcher)).to_yaml(), nl=False)
+        click.echo(build_training(cfg).to_yaml(), nl=False)
+        return
+    from pipectl.pipelines.cluster import render_files
+
+    files = render_files(cfg)
+    if write_dir is None:
+        click.echo("---\n".join(files[p] for p in sorted(files)), nl=False)
+        return
+    for rel, text in files.items():
+        target = write_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        _console().print(f"wrote {target}")
 
 
 @main.group()

@@ -28,6 +28,7 @@ from hera.workflows.models import (
     ConfigMapEnvSource,
     ConfigMapKeySelector,
     SemaphoreRef,
+    WorkflowMetadata,
     Synchronization,
     EmptyDirVolumeSource,
     EnvFromSource,
@@ -268,7 +269,17 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
         entrypoint="training",
         service_account_name=cfg.service_account,
         labels={"app.kubernetes.io/part-of": "pipectl"},
-        annotations={"workflows.argoproj.io/description": "Train, evaluate and register an image classifier."},
+        annotations={
+            "workflows.argoproj.io/title": "Training pipeline",
+            "workflows.argoproj.io/description": "Stage, preprocess (DALI), train (DDP gang), evaluate against the champion, register in MLflow.",
+        },
+        workflow_metadata=WorkflowMetadata(
+            annotations={
+                "workflows.argoproj.io/title": "training: {{workflow.parameters.model-name}} ({{workflow.parameters.lane}} lane)",
+                "workflows.argoproj.io/description": "dataset {{workflow.parameters.dataset-uri}}",
+            },
+            labels={"pipectl.io/lane": "{{workflow.parameters.lane}}"},
+        ),
         arguments=_workflow_parameters(),
         templates=[dag, stage, preprocess, train, evaluate, register],
     )

@@ -28,6 +28,19 @@ CRDS = [
 ]
 
 
+# Kubernetes built-in kinds: (OpenAPI v3 file in k8s.io/kubernetes api/openapi-spec/v3, apiVersion, kind, schema name)
+K8S_MODULE = ("k8s.io/kubernetes", "v1.34.4")
+K8S_KINDS = [
+    ("api__v1_openapi.json", "v1", "Namespace", "io.k8s.api.core.v1.Namespace"),
+    ("api__v1_openapi.json", "v1", "ServiceAccount", "io.k8s.api.core.v1.ServiceAccount"),
+    ("api__v1_openapi.json", "v1", "ConfigMap", "io.k8s.api.core.v1.ConfigMap"),
+    ("api__v1_openapi.json", "v1", "Pod", "io.k8s.api.core.v1.Pod"),
+    ("apis__rbac.authorization.k8s.io__v1_openapi.json", "rbac.authorization.k8s.io/v1", "Role", "io.k8s.api.rbac.v1.Role"),
+    ("apis__rbac.authorization.k8s.io__v1_openapi.json", "rbac.authorization.k8s.io/v1", "RoleBinding", "io.k8s.api.rbac.v1.RoleBinding"),
+    ("apis__scheduling.k8s.io__v1_openapi.json", "scheduling.k8s.io/v1", "PriorityClass", "io.k8s.api.scheduling.v1.PriorityClass"),
+]
+
+
 def module_dir(module: str, version: str) -> Path:
     out = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"], check=True, capture_output=True, text=True)
     info = json.loads(out.stdout)
@@ -54,6 +67,32 @@ def main() -> None:
         target = OUT / f"{group}_{crd_version}_{kind}.json"
         target.write_text(json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n")
         print(f"{target.relative_to(OUT.parents[1])}: {target.stat().st_size // 1024} KiB from {module}@{version}")
+    k8s = module_dir(*K8S_MODULE)
+    for filename, api_version, kind, name in K8S_KINDS:
+        spec = json.loads((k8s / "api" / "openapi-spec" / "v3" / filename).read_text())
+        components = strip(spec["components"]["schemas"])
+        needed = _closure(components, name)
+        schema = {"$ref": f"#/components/schemas/{name}", "components": {"schemas": {k: components[k] for k in sorted(needed)}}}
+        doc = {"x-pipectl-source": f"{K8S_MODULE[0]}@{K8S_MODULE[1]}/api/openapi-spec/v3/{filename}", "apiVersion": api_version, "kind": kind, "schema": schema}
+        group = api_version.rsplit("/", 1)[0] if "/" in api_version else "core"
+        target = OUT / f"{group}_{api_version.rsplit('/', 1)[-1]}_{kind}.json"
+        target.write_text(json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n")
+        print(f"{target.relative_to(OUT.parents[1])}: {target.stat().st_size // 1024} KiB")
+
+
+def _closure(components: dict, root: str) -> set[str]:
+    """Names of every schema reachable from ``root`` through $ref."""
+    seen: set[str] = set()
+    stack = [root]
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        text = json.dumps(components[name])
+        for ref in set(__import__("re").findall(r'#/components/schemas/([^"]+)"', text)):
+            stack.append(ref)
+    return seen
 
 
 if __name__ == "__main__":

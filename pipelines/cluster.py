@@ -1,0 +1,257 @@
+"""Cluster manifests under ``argo/`` (kustomize), rendered from the typed tables.
+
+Pure: :func:`cluster_manifests` maps a :class:`CompileConfig` to ``{relative path: [objects]}``;
+``pipectl render cluster --write argo/`` writes them and tests/golden keeps them in sync.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hera.workflows import CronWorkflow
+from hera.workflows.models import WorkflowTemplateRef
+
+from pipectl.pipelines.gang import STORE_CONFIGMAP, STORE_SECRET
+from pipectl.pipelines.policy import LANES, SEMAPHORE_CONFIGMAP
+from pipectl.pipelines.training import TEMPLATE_NAME, CompileConfig, build_training
+
+ARTIFACT_BUCKET = "pipectl-artifacts"
+CEPH_RGW_ENDPOINT = "rook-ceph-rgw-pipectl.rook-ceph.svc:80"
+MLFLOW_URI = "http://mlflow.mlflow.svc:5000"
+RETRAIN_TIMEZONE = "Europe/Berlin"
+# 05:30 local: outside the 01:00-03:59 window in which EU/US DST changes skip or repeat an hour.
+RETRAIN_SCHEDULE = "30 5 * * *"
+
+
+def _meta(name: str, cfg: CompileConfig, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "namespace": cfg.namespace, "labels": {"app.kubernetes.io/part-of": "pipectl"}, **extra}
+
+
+def namespace(cfg: CompileConfig) -> list[dict]:
+    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cfg.namespace, "labels": {"app.kubernetes.io/part-of": "pipectl"}}}]
+
+
+def rbac(cfg: CompileConfig) -> list[dict]:
+    """Least privilege for workflow pods: the executor reports results through
+    WorkflowTaskResults (Argo >= 3.4 emissary executor), and the train step's resource template
+    creates, watches and deletes exactly one kind of gang job. Nothing else."""
+    job_verbs = ["create", "get", "list", "watch", "delete", "patch"]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(cfg.service_account, cfg)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(cfg.service_account, cfg),
+            "rules": [
+                {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},
+                {"apiGroups": ["batch.volcano.sh"], "resources": ["jobs"], "verbs": job_verbs},
+                {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": job_verbs},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(cfg.service_account, cfg),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": cfg.service_account},
+            "subjects": [{"kind": "ServiceAccount", "name": cfg.service_account, "namespace": cfg.namespace}],
+        },
+    ]
+
+
+def priority_classes() -> list[dict]:
+    return [
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": spec.priority_class, "labels": {"app.kubernetes.io/part-of": "pipectl"}},
+            "value": spec.priority_value,
+            "preemptionPolicy": spec.preemption_policy,
+            "globalDefault": False,
+            "description": f"pipectl lane {spec.lane.value}",
+        }
+        for spec in LANES.values()
+    ]
+
+
+def volcano_queues() -> list[dict]:
+    out = []
+    for spec in LANES.values():
+        queue: dict[str, Any] = {"weight": spec.queue_weight, "reclaimable": spec.queue_reclaimable}
+        if spec.queue_capability_gpus:
+            queue["capability"] = {"nvidia.com/gpu": str(spec.queue_capability_gpus)}
+        out.append({
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "Queue",
+            "metadata": {"name": spec.queue, "labels": {"app.kubernetes.io/part-of": "pipectl"}},
+            "spec": queue,
+        })
+    return out
+
+
+def config_maps(cfg: CompileConfig) -> list[dict]:
+    """Semaphore sizes per lane, store settings for steps, and the Argo artifact repository on
+    Ceph RGW (credentials only as Secret references)."""
+    artifact_repo = {
+        "s3": {
+            "bucket": ARTIFACT_BUCKET,
+            "endpoint": CEPH_RGW_ENDPOINT,
+            "insecure": True,
+            "keyFormat": "{{workflow.name}}/{{pod.name}}",
+            "accessKeySecret": {"name": STORE_SECRET, "key": "PIPECTL_S3_ACCESS_KEY"},
+            "secretKeySecret": {"name": STORE_SECRET, "key": "PIPECTL_S3_SECRET_KEY"},
+        }
+    }
+    import yaml
+
+    return [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(SEMAPHORE_CONFIGMAP, cfg),
+         "data": {spec.lane.value: str(spec.concurrency) for spec in LANES.values()}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(STORE_CONFIGMAP, cfg),
+         "data": {"PIPECTL_S3_ENDPOINT": f"http://{CEPH_RGW_ENDPOINT}", "PIPECTL_BUCKET": cfg.bucket, "PIPECTL_MLFLOW_URI": MLFLOW_URI}},
+        {"apiVersion": "v1", "kind": "ConfigMap",
+         "metadata": _meta("artifact-repositories", cfg, annotations={"workflows.argoproj.io/default-artifact-repository": "ceph-rgw"}),
+         "data": {"ceph-rgw": yaml.safe_dump(artifact_repo, sort_keys=True)}},
+    ]
+
+
+def controller_config(cfg: CompileConfig) -> list[dict]:
+    """workflow-controller-configmap (namespace ``argo``): pod GC, TTL, metrics, and the namespace's defaults."""
+    import yaml
+
+    defaults = {
+        "spec": {
+            "podGC": {"strategy": "OnPodSuccess", "deleteDelayDuration": "10m"},
+            "ttlStrategy": {"secondsAfterSuccess": 86400, "secondsAfterFailure": 7 * 86400},
+        }
+    }
+    return [{
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "workflow-controller-configmap", "namespace": "argo", "labels": {"app.kubernetes.io/part-of": "pipectl"}},
+        "data": {
+            "workflowDefaults": yaml.safe_dump(defaults, sort_keys=True),
+            "metricsConfig": yaml.safe_dump({"enabled": True, "path": "/metrics", "port": 9090}, sort_keys=True),
+            "namespaceParallelism": "50",
+            # Argo UI: a link from every workflow to its MLflow run (the train step tags the run
+            # with pipectl.workflow=<workflow name>).
+            "links": yaml.safe_dump([{
+                "name": "MLflow run",
+                "scope": "workflow",
+                "url": MLFLOW_URI + "/#/experiments?searchFilter=tags.%60pipectl.workflow%60%3D%27${metadata.name}%27",
+            }]),
+        },
+    }]
+
+
+def prometheus_rules(cfg: CompileConfig) -> list[dict]:
+    """Alerts: GPU memory > 90% for 5m (DCGM exporter), a workflow Failed, training Pending
+    longer than the autoscaler's scale-up budget."""
+    pending_s = cfg.retry.scale_up_s
+    return [{
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": _meta("pipectl", cfg),
+        "spec": {"groups": [{
+            "name": "pipectl",
+            "rules": [
+                {"alert": "PipectlGPUMemoryHigh",
+                 "expr": "DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE) > 0.9",
+                 "for": "5m", "labels": {"severity": "warning"},
+                 "annotations": {"summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} above 90% memory for 5 minutes"}},
+                {"alert": "PipectlWorkflowFailed",
+                 "expr": 'increase(argo_workflows_total_count{phase="Failed", namespace="%s"}[10m]) > 0' % cfg.namespace,
+                 "labels": {"severity": "warning"},
+                 "annotations": {"summary": "a pipectl workflow failed in the last 10 minutes"}},
+                {"alert": "PipectlTrainingPendingTooLong",
+                 "expr": 'max by (pod) (kube_pod_status_phase{phase="Pending", namespace="%s"} * on (pod) group_left '
+                         'kube_pod_labels{label_pipectl_io_step="train"}) > 0' % cfg.namespace,
+                 "for": f"{pending_s}s", "labels": {"severity": "critical"},
+                 "annotations": {"summary": f"training pod Pending longer than the scale-up budget ({pending_s} s)"}},
+            ],
+        }]},
+    }]
+
+
+def grafana_dashboard(cfg: CompileConfig) -> list[dict]:
+    def panel(i: int, title: str, expr: str) -> dict:
+        return {"id": i, "type": "timeseries", "title": title, "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
+                "targets": [{"expr": expr, "refId": "A"}]}
+
+    dashboard = {
+        "title": "pipectl training pipelines",
+        "uid": "pipectl",
+        "schemaVersion": 39,
+        "panels": [
+            panel(0, "Step duration (s)", 'max by (template_name) (argo_workflows_pods_total_count{namespace="%s"})' % cfg.namespace),
+            panel(1, "Retries by class", 'sum by (class) (increase(pipectl_step_retries_total[1h]))'),
+            panel(2, "Queue wait per lane (s)", 'max by (queue) (volcano_queue_pod_group_inqueue_count)'),
+            panel(3, "GPU utilisation (%)", 'avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)'),
+        ],
+    }
+    return [{"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": _meta("pipectl-grafana-dashboard", cfg, labels={"app.kubernetes.io/part-of": "pipectl", "grafana_dashboard": "1"}),
+             "data": {"pipectl.json": json.dumps(dashboard, indent=2, sort_keys=True)}}]
+
+
+def retrain_cron(cfg: CompileConfig) -> CronWorkflow:
+    """CronWorkflow ``retrain``: the training WorkflowTemplate daily at 05:30 Europe/Berlin.
+
+    DST-safe: the time is outside the hours a DST change skips or repeats, and ``when`` skips a
+    run if the previous one started less than 20 hours ago (a repeated hour can never run twice).
+    ``concurrencyPolicy: Forbid``: a retrain never overlaps the previous one.
+    """
+    return CronWorkflow(
+        name="retrain",
+        namespace=cfg.namespace,
+        labels={"app.kubernetes.io/part-of": "pipectl"},
+        annotations={"workflows.argoproj.io/title": "Scheduled retraining",
+                     "workflows.argoproj.io/description": "Retrains and registers the model daily."},
+        schedules=[RETRAIN_SCHEDULE],
+        timezone=RETRAIN_TIMEZONE,
+        concurrency_policy="Forbid",
+        starting_deadline_seconds=3600,
+        successful_jobs_history_limit=3,
+        failed_jobs_history_limit=5,
+        when="{{= cronworkflow.lastScheduledTime == nil || (now() - cronworkflow.lastScheduledTime).Hours() >= 20 }}",
+        workflow_template_ref=WorkflowTemplateRef(name=TEMPLATE_NAME),
+        workflow_metadata=None,
+    )
+
+
+def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]:
+    """Every manifest under ``argo/``: relative path -> objects (a multi-document YAML file)."""
+    cfg = cfg or CompileConfig()
+    return {
+        "namespace.yaml": namespace(cfg),
+        "rbac.yaml": rbac(cfg),
+        "priorityclasses.yaml": priority_classes(),
+        "volcano-queues.yaml": volcano_queues(),
+        "configmaps.yaml": config_maps(cfg),
+        "controller/workflow-controller-configmap.yaml": controller_config(cfg),
+        "monitoring/prometheus-rules.yaml": prometheus_rules(cfg),
+        "monitoring/grafana-dashboard.yaml": grafana_dashboard(cfg),
+        f"workflowtemplates/{TEMPLATE_NAME}.yaml": [build_training(cfg).to_dict()],
+        "cronworkflows/retrain.yaml": [retrain_cron(cfg).to_dict()],
+    }
+
+
+def kustomization(files: list[str]) -> dict:
+    """kustomization.yaml listing the namespaced resources (the controller config lives in ``argo``)."""
+    return {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": sorted(files),
+    }
+
+
+def render_files(cfg: CompileConfig | None = None) -> dict[str, str]:
+    """``argo/`` as text: each manifest file (multi-document YAML) plus kustomization.yaml."""
+    import yaml
+
+    manifests = cluster_manifests(cfg)
+    files = {path: yaml.safe_dump_all(objs, sort_keys=False) for path, objs in manifests.items()}
+    header = "# Rendered by `pipectl render cluster --write argo` (make golden). Do not edit by hand.\n"
+    files = {path: header + text for path, text in files.items()}
+    files["kustomization.yaml"] = header + yaml.safe_dump(kustomization(list(manifests)), sort_keys=False)
+    return files
