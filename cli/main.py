@@ -120,6 +120,36 @@ def render(what: str, bucket: str | None, launcher: str, write_dir: Path | None)
         _console().print(f"wrote {target}")
 
 
+@main.command()
+@click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
+@click.option("--output", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def lint(paths: tuple[Path, ...], output_format: str) -> None:
+    """Validate manifests against the Argo/Volcano/Kubeflow/Kubernetes schemas and pipectl's
+    policy rules. PATHS: YAML files or folders; none = everything `pipectl render cluster` makes.
+    Exit 2 when anything is found."""
+    import yaml
+
+    from pipectl.pipelines.lint import lint_objects, load_paths
+
+    if paths:
+        objects = load_paths(list(paths))
+    else:
+        from pipectl.pipelines.cluster import render_files
+
+        objects = [(f"render:{rel}", doc) for rel, text in render_files().items() if rel != "kustomization.yaml"
+                   for doc in yaml.safe_load_all(text) if doc]
+    findings = lint_objects(objects)
+    if output_format == "json":
+        click.echo(json.dumps([{"where": f.where, "message": f.message} for f in findings], indent=2))
+    from rich.text import Text
+
+    for f in findings:
+        _console().print(Text("✗ ", style="red") + Text(str(f)), soft_wrap=True)
+    if findings:
+        fail(f"{len(findings)} problem(s) in {len(objects)} object(s)", "fix each field named above", code=2)
+    _console().print(f"{len(objects)} object(s) valid")
+
+
 @main.group()
 def data() -> None:
     """Example datasets that ship with pipectl."""

@@ -25,6 +25,7 @@ CRDS = [
     ("volcano.sh/volcano", "v1.10.0", "config/crd/volcano/bases/batch.volcano.sh_jobs.yaml", "v1alpha1"),
     ("volcano.sh/volcano", "v1.10.0", "config/crd/volcano/bases/scheduling.volcano.sh_queues.yaml", "v1beta1"),
     ("github.com/kubeflow/training-operator", "v1.8.1", "manifests/base/crds/kubeflow.org_pytorchjobs.yaml", "v1"),
+    ("github.com/prometheus-operator/prometheus-operator", "v0.80.1", "example/prometheus-operator-crd-full/monitoring.coreos.com_prometheusrules.yaml", "v1"),
 ]
 
 
@@ -50,8 +51,9 @@ def module_dir(module: str, version: str) -> Path:
 
 
 def strip(node):
+    """Drop schema ``description`` annotations (strings), keep properties named "description"."""
     if isinstance(node, dict):
-        return {k: strip(v) for k, v in node.items() if k != "description"}
+        return {k: strip(v) for k, v in node.items() if not (k == "description" and isinstance(v, str))}
     if isinstance(node, list):
         return [strip(v) for v in node]
     return node

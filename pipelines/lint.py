@@ -1,0 +1,244 @@
+"""``pipectl lint``: schema validation against upstream CRDs/OpenAPI plus pipectl's policy rules.
+
+Schemas (vendored under ``schemas/`` by ``scripts/vendor_schemas.py``, from argo-workflows
+v4.0.5, volcano v1.10.0, training-operator v1.8.1 and kubernetes v1.34.4) are checked with
+``jsonschema``; on top, fields a CRD's structural schema does not declare are reported, because
+the API server silently prunes them (Hera also drops some unknown fields: REFERENCE.md §1).
+
+Policy rules on WorkflowTemplates/CronWorkflows: every parameter default is in its enum; gang
+manifests, after Argo substitution with the defaults and with every lane, have integer replicas,
+``minAvailable`` equal to the gang size, whole-number GPUs, and a lane that exists; no secret
+literal in any env; every container sets ``command``; images are pinned (no ``:latest``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+SCHEMAS = Path(__file__).resolve().parent / "schemas"
+SECRET_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)", re.I)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: ``where`` is ``<source> <kind>/<name> <field path>``."""
+
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+@functools.lru_cache(maxsize=None)
+def _schemas() -> dict[tuple[str, str], dict]:
+    out = {}
+    for path in SCHEMAS.glob("*.json"):
+        doc = json.loads(path.read_text())
+        out[(doc["apiVersion"], doc["kind"])] = doc["schema"]
+    return out
+
+
+def _path(parts: Any) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(root)"
+
+
+def _resolve(schema: dict, root: dict) -> dict:
+    while "$ref" in schema:
+        ref = schema["$ref"]
+        node: Any = root
+        for part in ref.lstrip("#/").split("/"):
+            node = node[part]
+        schema = node
+    if "allOf" in schema and len(schema["allOf"]) == 1:
+        merged = {k: v for k, v in schema.items() if k != "allOf"}
+        merged.update(_resolve(schema["allOf"][0], root))
+        return merged
+    return schema
+
+
+def _unknown_fields(obj: Any, schema: dict, root: dict, path: list) -> Iterator[tuple[list, str]]:
+    """Fields the structural schema does not declare (the API server would prune them)."""
+    schema = _resolve(schema, root)
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return
+    if isinstance(obj, dict):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key, value in obj.items():
+            if props is not None and key in props:
+                yield from _unknown_fields(value, props[key], root, path + [key])
+            elif isinstance(extra, dict):
+                yield from _unknown_fields(value, extra, root, path + [key])
+            elif props is not None and extra is None and path[-1:] != ["metadata"]:
+                yield path + [key], key
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(obj):
+            yield from _unknown_fields(item, schema["items"], root, path + [i])
+
+
+def validate_schema(obj: dict, source: str) -> list[Finding]:
+    """Schema findings for one object; an object of a kind with no vendored schema is a finding."""
+    import jsonschema
+
+    kind, api = obj.get("kind"), obj.get("apiVersion")
+    name = (obj.get("metadata") or {}).get("name", "?")
+    where = f"{source} {kind}/{name}"
+    schema = _schemas().get((api, kind))
+    if schema is None:
+        return [Finding(where, f"no schema for {api} {kind}; pipectl lint cannot check it")]
+    findings = []
+    validator = jsonschema.Draft7Validator(schema)
+    for err in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path)):
+        findings.append(Finding(f"{where} {_path(err.absolute_path)}", err.message))
+    for path, key in _unknown_fields(obj, schema, schema, []):
+        findings.append(Finding(f"{where} {_path(path)}", f"unknown field {key!r}: the API server would drop it"))
+    return findings
+
+
+# ---------------------------------------------------------------- policy
+
+
+def _containers(tmpl: dict) -> Iterator[tuple[str, dict]]:
+    if "container" in tmpl:
+        yield "container", tmpl["container"]
+    if "script" in tmpl:
+        yield "script", tmpl["script"]
+
+
+def _gang_objects(wt: dict) -> Iterator[tuple[int, str, dict, str]]:
+    """(template index, lane, job after substitution, label) for each resource template, with the
+    workflow parameter defaults and each lane of the lane enum."""
+    import yaml
+
+    from pipectl.pipelines.local import LocalBackendError, substitute
+
+    params = {p["name"]: p for p in wt["spec"].get("arguments", {}).get("parameters", [])}
+    lanes = params.get("lane", {}).get("enum") or [params.get("lane", {}).get("value", "standard")]
+    for i, tmpl in enumerate(wt["spec"].get("templates", [])):
+        res = tmpl.get("resource")
+        if not res or not res.get("manifest"):
+            continue
+        for lane in lanes:
+            values = {"workflow.name": "lint-abcde", "workflow.uid": "0", "retries": "0"}
+            for p in tmpl.get("inputs", {}).get("parameters", []):
+                default = params.get(p["name"], {}).get("value", p.get("value", "lint"))
+                values[f"inputs.parameters.{p['name']}"] = str(default)
+            values["inputs.parameters.lane"] = lane
+            try:
+                yield i, lane, yaml.safe_load(substitute(res["manifest"], values, where=f"templates[{i}]")), ""
+            except (LocalBackendError, yaml.YAMLError) as e:
+                yield i, lane, {}, f"manifest does not render: {e}"
+
+
+def _gang_pods(job: dict) -> list[tuple[Any, dict]]:
+    if job.get("kind") == "Job":
+        return [(t.get("replicas"), t["template"]["spec"]) for t in job["spec"].get("tasks", [])]
+    if job.get("kind") == "PyTorchJob":
+        return [(s.get("replicas"), s["template"]["spec"]) for s in job["spec"].get("pytorchReplicaSpecs", {}).values()]
+    return []
+
+
+def check_policy(obj: dict, source: str) -> list[Finding]:
+    """pipectl's rules for WorkflowTemplates (see the module doc)."""
+    from pipectl.components.contracts import Lane
+
+    if obj.get("kind") not in ("WorkflowTemplate", "Workflow"):
+        return []
+    where = f"{source} {obj['kind']}/{obj.get('metadata', {}).get('name', '?')}"
+    findings: list[Finding] = []
+    for j, p in enumerate(obj["spec"].get("arguments", {}).get("parameters", [])):
+        if p.get("enum") and p.get("value") not in p["enum"]:
+            findings.append(Finding(f"{where} spec.arguments.parameters[{j}]", f"default {p.get('value')!r} of {p['name']} is not in its enum {p['enum']}"))
+    for i, tmpl in enumerate(obj["spec"].get("templates", [])):
+        for kind, c in _containers(tmpl):
+            at = f"{where} spec.templates[{i}].{kind}"
+            if kind == "container" and not c.get("command"):
+                findings.append(Finding(at, f"template {tmpl['name']!r} sets no command (entrypoint look-up needs a registry)"))
+            findings += _image_findings(c.get("image", ""), at)
+            findings += _env_findings(c.get("env") or [], at)
+    for i, lane, job, error in _gang_objects(obj):
+        at = f"{where} spec.templates[{i}].resource.manifest (lane={lane})"
+        if error:
+            findings.append(Finding(at, error))
+            continue
+        findings += [Finding(f"{at} {f.where.split(' ', 2)[-1]}", f.message) for f in validate_schema(job, source) if "no schema" not in f.message]
+        pods = _gang_pods(job)
+        if not pods:
+            continue
+        replicas = [r for r, _ in pods]
+        if not all(isinstance(r, int) for r in replicas):
+            findings.append(Finding(at, f"replicas must be integers after substitution, got {replicas!r}"))
+            continue
+        gang = sum(replicas)
+        min_available = job["spec"].get("minAvailable", job["spec"].get("runPolicy", {}).get("schedulingPolicy", {}).get("minAvailable"))
+        if min_available != gang:
+            findings.append(Finding(at, f"minAvailable {min_available!r} must equal the gang size {gang} (all pods or none)"))
+        queue = job["spec"].get("queue", job["spec"].get("runPolicy", {}).get("schedulingPolicy", {}).get("queue"))
+        if queue not in {f"pipectl-{lane_.value}" for lane_ in Lane}:
+            findings.append(Finding(at, f"queue {queue!r} is not a lane's queue"))
+        for _, pod in pods:
+            for c in pod.get("containers", []):
+                gpus = (c.get("resources", {}).get("limits") or {}).get("nvidia.com/gpu")
+                if gpus is not None and not isinstance(gpus, int):
+                    findings.append(Finding(at, f"nvidia.com/gpu must be a whole number, got {gpus!r}"))
+                if not c.get("command"):
+                    findings.append(Finding(at, f"container {c.get('name')!r} sets no command"))
+                findings += _image_findings(c.get("image", ""), at)
+                findings += _env_findings(c.get("env") or [], at)
+            pc = pod.get("priorityClassName")
+            if pc is not None and pc not in {f"pipectl-{lane_.value}" for lane_ in Lane}:
+                findings.append(Finding(at, f"priorityClassName {pc!r} is not a lane's PriorityClass"))
+    return findings
+
+
+def _image_findings(image: str, at: str) -> list[Finding]:
+    if "{{" in image:
+        return []
+    name = image.rsplit("/", 1)[-1]
+    if "@sha256:" in image:
+        return []
+    if ":" not in name or name.endswith(":latest"):
+        return [Finding(at, f"image {image!r} is not pinned: use a version tag or a digest, never latest")]
+    return []
+
+
+def _env_findings(env: list[dict], at: str) -> list[Finding]:
+    return [
+        Finding(at, f"env {e['name']} carries a secret literal: use valueFrom.secretKeyRef or envFrom a Secret")
+        for e in env
+        if SECRET_NAME.search(e.get("name", "")) and "value" in e
+    ]
+
+
+def lint_objects(objects: list[tuple[str, dict]]) -> list[Finding]:
+    """Schema and policy findings for ``(source, object)`` pairs."""
+    findings: list[Finding] = []
+    for source, obj in objects:
+        findings += validate_schema(obj, source)
+        findings += check_policy(obj, source)
+    return findings
+
+
+def load_paths(paths: list[Path]) -> list[tuple[str, dict]]:
+    """Every YAML document in ``paths`` (files, or folders searched for ``*.yaml`` except kustomization)."""
+    import yaml
+
+    out = []
+    for path in paths:
+        files = sorted(path.rglob("*.yaml")) if path.is_dir() else [path]
+        for f in files:
+            if f.name == "kustomization.yaml":
+                continue
+            for doc in yaml.safe_load_all(f.read_text()):
+                if doc:
+                    out.append((str(f), doc))
+    return out
