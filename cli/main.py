@@ -190,5 +190,10 @@ def run(pipeline: str, params: tuple[str, ...], output_format: str, launcher: st
         sys.exit(1)
 
 
+from pipectl.cli.cluster_cmds import register as _register_cluster_commands  # noqa: E402
+
+_register_cluster_commands(main)
+
+
 def entrypoint() -> NoReturn:  # pragma: no cover
     sys.exit(main())

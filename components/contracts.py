@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -105,6 +105,16 @@ class TrainingParameters(StrictModel):
         if not _MODEL_NAME.match(v):
             raise ValueError("model name must be 1-100 of letters, digits, '.', '_', '-', starting alphanumeric")
         return v
+
+    @model_validator(mode="after")
+    def _one_process_per_gpu(self) -> "TrainingParameters":
+        # C04: every pod runs processes-per-worker processes; on GPUs each needs its own device.
+        if self.gpus_per_worker and self.processes_per_worker != self.gpus_per_worker:
+            raise ValueError(
+                f"processes-per-worker ({self.processes_per_worker}) must equal gpus-per-worker "
+                f"({self.gpus_per_worker}) on GPU pods: one torchrun process per GPU"
+            )
+        return self
 
     @classmethod
     def argo_name(cls, field: str) -> str:

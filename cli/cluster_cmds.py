@@ -1,0 +1,255 @@
+"""Cluster commands: submit, templates apply, cron, list, status, logs, retry.
+
+Parse, call :mod:`pipectl.pipelines.kube`, print. Objects are validated (typed parameters, then
+schema) before anything is sent; ``--dry-run`` prints exactly the object that would be sent.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from pipectl.cli.errors import fail
+
+
+def _common(fn: Any) -> Any:
+    fn = click.option("--namespace", "-n", default="pipectl", show_default=True, envvar="PIPECTL_NAMESPACE")(fn)
+    fn = click.option("--context", default=None, help="kubeconfig context (default: current).")(fn)
+    return fn
+
+
+def _output(fn: Any) -> Any:
+    return click.option("--output", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)(fn)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def _cluster(namespace: str, context: str | None) -> Any:
+    from pipectl.pipelines.kube import ArgoCluster
+
+    return ArgoCluster(namespace, context)
+
+
+def _check(objects: list[dict]) -> None:
+    from pipectl.pipelines.lint import lint_objects
+
+    findings = lint_objects([("submit", o) for o in objects])
+    if findings:
+        fail("; ".join(str(f) for f in findings[:5]), "this is a pipectl bug if the object was rendered by pipectl", code=2)
+
+
+def _print_objects(objects: list[dict]) -> None:
+    import yaml
+
+    click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
+
+
+def register(main: click.Group) -> None:
+    @main.command()
+    @click.argument("pipeline", type=click.Choice(["training"]))
+    @click.option("-p", "--parameter", "params", multiple=True, metavar="KEY=VALUE")
+    @click.option("--lane", type=click.Choice(["urgent", "standard", "batch"]), default=None, help="Priority lane (same as -p lane=...).")
+    @click.option("--dry-run", is_flag=True, help="Print the Workflow that would be created; send nothing.")
+    @click.option("--wait", is_flag=True, help="Follow the workflow; exit 1 unless it Succeeded.")
+    @_common
+    @_output
+    def submit(pipeline: str, params: tuple[str, ...], lane: str | None, dry_run: bool, wait: bool, namespace: str, context: str | None, output_format: str) -> None:
+        """Submit PIPELINE: a Workflow referencing its WorkflowTemplate, with validated parameters."""
+        from pipectl.cli.main import _parameters
+        from pipectl.pipelines.kube import workflow_for
+        from pipectl.pipelines.training import TEMPLATE_NAME
+
+        parameters = _parameters(params + ((f"lane={lane}",) if lane else ()))
+        wf = workflow_for(TEMPLATE_NAME, namespace, parameters)
+        _check([wf])
+        if dry_run:
+            _print_objects([wf])
+            return
+        cluster = _cluster(namespace, context)
+        created = cluster.create_workflow(wf)
+        name = created["metadata"]["name"]
+        _console().print(f"submitted workflow {name} (lane {parameters.lane.value}, priority {wf['spec']['priority']})")
+        if not wait:
+            click.echo(json.dumps({"name": name}) if output_format == "json" else name)
+            return
+        final = _follow(cluster, name)
+        phase = final.get("status", {}).get("phase")
+        if output_format == "json":
+            click.echo(json.dumps({"name": name, "phase": phase, "message": final.get("status", {}).get("message")}))
+        else:
+            click.echo(f"{name} {phase}")
+        if phase != "Succeeded":
+            sys.exit(1)
+
+    @main.group()
+    def templates() -> None:
+        """WorkflowTemplates on the cluster."""
+
+    @templates.command("apply")
+    @click.option("--dry-run", is_flag=True)
+    @_common
+    def templates_apply(dry_run: bool, namespace: str, context: str | None) -> None:
+        """Create or update every pipeline's WorkflowTemplate (linted first)."""
+        from pipectl.pipelines.training import CompileConfig, build_training
+
+        objs = [build_training(CompileConfig(namespace=namespace)).to_dict()]
+        _check(objs)
+        if dry_run:
+            _print_objects(objs)
+            return
+        cluster = _cluster(namespace, context)
+        for o in objs:
+            cluster.apply(o)
+            _console().print(f"applied WorkflowTemplate {o['metadata']['name']}")
+
+    @main.group()
+    def cron() -> None:
+        """Scheduled retraining (CronWorkflows)."""
+
+    @cron.command("apply")
+    @click.option("--dry-run", is_flag=True)
+    @_common
+    def cron_apply(dry_run: bool, namespace: str, context: str | None) -> None:
+        """Create or update the `retrain` CronWorkflow."""
+        from pipectl.pipelines.cluster import retrain_cron
+        from pipectl.pipelines.training import CompileConfig
+
+        objs = [retrain_cron(CompileConfig(namespace=namespace)).to_dict()]
+        _check(objs)
+        if dry_run:
+            _print_objects(objs)
+            return
+        cluster = _cluster(namespace, context)
+        for o in objs:
+            cluster.apply(o)
+            _console().print(f"applied CronWorkflow {o['metadata']['name']}")
+
+    @cron.command("list")
+    @_common
+    @_output
+    def cron_list(namespace: str, context: str | None, output_format: str) -> None:
+        rows = [
+            {"name": c["metadata"]["name"], "schedules": c["spec"].get("schedules"), "timezone": c["spec"].get("timezone"),
+             "suspended": bool(c["spec"].get("suspend")), "last": c.get("status", {}).get("lastScheduledTime")}
+            for c in _cluster(namespace, context).list("cronworkflows")
+        ]
+        _rows(rows, output_format)
+
+    def _suspend(name: str, namespace: str, context: str | None, value: bool) -> None:
+        _cluster(namespace, context).patch("cronworkflows", name, {"spec": {"suspend": value}})
+        _console().print(f"{'suspended' if value else 'resumed'} CronWorkflow {name}")
+
+    @cron.command("suspend")
+    @click.argument("name")
+    @_common
+    def cron_suspend(name: str, namespace: str, context: str | None) -> None:
+        _suspend(name, namespace, context, True)
+
+    @cron.command("resume")
+    @click.argument("name")
+    @_common
+    def cron_resume(name: str, namespace: str, context: str | None) -> None:
+        _suspend(name, namespace, context, False)
+
+    @cron.command("trigger")
+    @click.argument("name")
+    @_common
+    def cron_trigger(name: str, namespace: str, context: str | None) -> None:
+        """Run the CronWorkflow NAME now: exactly one Workflow from its workflowSpec."""
+        from pipectl.pipelines.kube import cron_trigger_workflow
+
+        cluster = _cluster(namespace, context)
+        wf = cluster.create_workflow(cron_trigger_workflow(cluster.get("cronworkflows", name)))
+        click.echo(wf["metadata"]["name"])
+
+    @main.command("list")
+    @_common
+    @_output
+    def list_(namespace: str, context: str | None, output_format: str) -> None:
+        """Workflows of pipectl in the namespace, newest first."""
+        items = _cluster(namespace, context).list("workflows", "app.kubernetes.io/part-of=pipectl")
+        items.sort(key=lambda w: w["metadata"].get("creationTimestamp", ""), reverse=True)
+        _rows([{"name": w["metadata"]["name"], "phase": w.get("status", {}).get("phase", "Pending"),
+                "lane": w["metadata"].get("labels", {}).get("pipectl.io/lane"), "started": w.get("status", {}).get("startedAt")}
+               for w in items], output_format)
+
+    @main.command()
+    @click.argument("name")
+    @_common
+    @_output
+    def status(name: str, namespace: str, context: str | None, output_format: str) -> None:
+        """Phase of workflow NAME and of each of its steps."""
+        wf = _cluster(namespace, context).get("workflows", name)
+        nodes = sorted((wf.get("status", {}).get("nodes") or {}).values(), key=lambda n: n.get("startedAt") or "")
+        _rows([{"step": n.get("displayName"), "type": n.get("type"), "phase": n.get("phase"), "message": n.get("message", "")}
+               for n in nodes if n.get("type") in ("Pod", "Retry", "DAG")], output_format)
+        phase = wf.get("status", {}).get("phase")
+        _console().print(f"workflow {name}: {phase}")
+        if phase in ("Failed", "Error"):
+            sys.exit(1)
+
+    @main.command()
+    @click.argument("name")
+    @_common
+    def logs(name: str, namespace: str, context: str | None) -> None:
+        """Logs of every pod of workflow NAME (steps and gang pods)."""
+        for pod, text in _cluster(namespace, context).logs(name):
+            click.echo(f"==> {pod} <==")
+            click.echo(text, nl=not text.endswith("\n"))
+
+    @main.command()
+    @click.argument("name")
+    @_common
+    def retry(name: str, namespace: str, context: str | None) -> None:
+        """Run workflow NAME again with the same template and arguments (a new Workflow: its
+        checkpoints are per workflow, so training starts fresh; stage and register are idempotent)."""
+        cluster = _cluster(namespace, context)
+        old = cluster.get("workflows", name)
+        wf = {
+            "apiVersion": old["apiVersion"], "kind": "Workflow",
+            "metadata": {"generateName": old["metadata"].get("generateName") or f"{name}-", "namespace": namespace,
+                         "labels": {**old["metadata"].get("labels", {}), "pipectl.io/retry-of": name}},
+            "spec": {k: v for k, v in old["spec"].items() if k in ("workflowTemplateRef", "arguments", "priority")},
+        }
+        click.echo(cluster.create_workflow(wf)["metadata"]["name"])
+
+
+def _rows(rows: list[dict], output_format: str) -> None:
+    if output_format == "json":
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    if not rows:
+        _console().print("nothing found")
+        return
+    table = Table(*rows[0].keys())
+    for r in rows:
+        table.add_row(*[str(v) if v is not None else "" for v in r.values()])
+    Console().print(table)
+
+
+def _follow(cluster: Any, name: str) -> dict:
+    """Live per-step progress on stderr until the workflow ends."""
+    console = _console()
+    shown: dict[str, str] = {}
+
+    def on_change(wf: dict) -> None:
+        for node in sorted((wf.get("status", {}).get("nodes") or {}).values(), key=lambda n: n.get("startedAt") or ""):
+            if node.get("type") not in ("Pod", "Retry"):
+                continue
+            key, phase = node.get("displayName", "?"), node.get("phase", "")
+            if shown.get(key) != phase:
+                shown[key] = phase
+                mark = {"Succeeded": "[green]✓[/]", "Failed": "[red]✗[/]", "Error": "[red]✗[/]"}.get(phase, "…")
+                console.print(f"{mark} {key} {phase} {node.get('message', '')}")
+
+    return cluster.wait(name, on_change)

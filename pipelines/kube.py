@@ -1,0 +1,147 @@
+"""The cluster backend: Workflows, WorkflowTemplates and CronWorkflows through the Kubernetes API.
+
+Objects are built by pure functions (:func:`workflow_for`, :func:`cron_trigger_workflow`) so
+``--dry-run`` prints exactly what would be sent; :class:`ArgoCluster` does the I/O with the
+official ``kubernetes`` client (kubeconfig, or in-cluster config) and maps its failures to the
+CLI's exit codes: unreachable/unauthorised -> :class:`Unreachable` (3), rejected as invalid ->
+:class:`ValidationFailed` (2), anything else -> :class:`PipectlError` (1).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator
+
+from pipectl.components.contracts import TrainingParameters
+from pipectl.components.errors import PipectlError, Unreachable, ValidationFailed
+from pipectl.pipelines.policy import LANES
+
+GROUP, VERSION = "argoproj.io", "v1alpha1"
+TERMINAL = ("Succeeded", "Failed", "Error")
+
+
+def workflow_for(template_name: str, namespace: str, parameters: TrainingParameters) -> dict[str, Any]:
+    """The Workflow ``pipectl submit`` creates: a reference to the WorkflowTemplate with every
+    typed parameter, the lane's Argo ``spec.priority`` (orders the controller's queues) and labels."""
+    lane = LANES[parameters.lane]
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Workflow",
+        "metadata": {
+            "generateName": template_name.rsplit("-v", 1)[0] + "-",
+            "namespace": namespace,
+            "labels": {
+                "app.kubernetes.io/part-of": "pipectl",
+                "pipectl.io/lane": parameters.lane.value,
+                "workflows.argoproj.io/workflow-template": template_name,
+            },
+        },
+        "spec": {
+            "workflowTemplateRef": {"name": template_name},
+            "priority": lane.argo_priority,
+            "arguments": {"parameters": [{"name": k, "value": v} for k, v in parameters.as_arguments().items()]},
+        },
+    }
+
+
+def cron_trigger_workflow(cron: dict[str, Any]) -> dict[str, Any]:
+    """One Workflow from a CronWorkflow's ``workflowSpec``, labelled as Argo labels cron runs."""
+    name = cron["metadata"]["name"]
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Workflow",
+        "metadata": {
+            "generateName": f"{name}-",
+            "namespace": cron["metadata"]["namespace"],
+            "labels": {"workflows.argoproj.io/cron-workflow": name, "app.kubernetes.io/part-of": "pipectl"},
+        },
+        "spec": cron["spec"]["workflowSpec"],
+    }
+
+
+class ArgoCluster:
+    """Kubernetes API access for Argo objects in one namespace."""
+
+    def __init__(self, namespace: str, context: str | None = None) -> None:
+        from kubernetes import client, config
+
+        self.namespace = namespace
+        try:
+            try:
+                config.load_kube_config(context=context)
+            except config.ConfigException:
+                config.load_incluster_config()
+        except config.ConfigException as e:
+            raise Unreachable(f"no Kubernetes configuration: {e}", "set KUBECONFIG or run inside a cluster") from e
+        self.api = client.CustomObjectsApi()
+        self.core = client.CoreV1Api()
+        self.host = client.Configuration.get_default_copy().host
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, missing_ok: bool = False, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return fn(*args, _request_timeout=30, **kwargs)
+        except ApiException as e:
+            if e.status == 404 and missing_ok:
+                return None
+            detail = (e.body or "")[:500] if isinstance(e.body, str) else str(e.reason)
+            if e.status in (401, 403):
+                raise Unreachable(f"{what}: the API server {self.host} refused us ({e.status} {e.reason})", "check your kubeconfig credentials and RBAC") from e
+            if e.status in (400, 422):
+                raise ValidationFailed(f"{what}: rejected by the API server: {detail}", "run `pipectl lint` on what you sent") from e
+            if e.status == 404:
+                raise PipectlError(f"{what}: not found ({detail})", f"check the name and namespace {self.namespace}") from e
+            raise PipectlError(f"{what}: API error {e.status} {e.reason}: {detail}") from e
+        except (HTTPError, OSError) as e:
+            raise Unreachable(f"{what}: the API server {self.host} is unreachable ({e})", "check KUBECONFIG / the cluster") from e
+
+    # ---------------------------------------------------------------- objects
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create ``obj`` (a WorkflowTemplate or CronWorkflow) or replace the existing one."""
+        plural = obj["kind"].lower() + "s"
+        name = obj["metadata"]["name"]
+        current = self._call(f"get {obj['kind']} {name}", self.api.get_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, name, missing_ok=True)
+        if current is None:
+            return self._call(f"create {obj['kind']} {name}", self.api.create_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, obj)
+        body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
+        return self._call(f"replace {obj['kind']} {name}", self.api.replace_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, name, body)
+
+    def create_workflow(self, wf: dict[str, Any]) -> dict[str, Any]:
+        return self._call("create Workflow", self.api.create_namespaced_custom_object, GROUP, VERSION, self.namespace, "workflows", wf)
+
+    def get(self, plural: str, name: str) -> dict[str, Any]:
+        return self._call(f"get {plural} {name}", self.api.get_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, name)
+
+    def list(self, plural: str, label_selector: str = "") -> list[dict[str, Any]]:
+        out = self._call(f"list {plural}", self.api.list_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, label_selector=label_selector)
+        return out.get("items", [])
+
+    def patch(self, plural: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call(f"patch {plural} {name}", self.api.patch_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, name, body)
+
+    def logs(self, workflow: str) -> Iterator[tuple[str, str]]:
+        """(pod name, log text) for every pod of ``workflow`` (steps and gang pods), oldest first."""
+        pods = self._call("list pods", self.core.list_namespaced_pod, self.namespace, label_selector=f"workflows.argoproj.io/workflow={workflow}")
+        for pod in sorted(pods.items, key=lambda p: p.metadata.creation_timestamp):
+            names = [c.name for c in pod.spec.containers]
+            container = "main" if "main" in names else names[0]
+            yield pod.metadata.name, self._call(f"logs of {pod.metadata.name}", self.core.read_namespaced_pod_log, pod.metadata.name, self.namespace, container=container)
+
+    def wait(self, name: str, on_change: Callable[[dict[str, Any]], None], poll_s: float = 2.0, timeout_s: float | None = None) -> dict[str, Any]:
+        """Poll the Workflow until it ends; ``on_change`` gets it whenever a node phase changes."""
+        seen: dict[str, str] = {}
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            wf = self.get("workflows", name)
+            nodes = {n.get("displayName", k): n.get("phase", "") for k, n in (wf.get("status", {}).get("nodes") or {}).items()}
+            if nodes != seen:
+                seen = nodes
+                on_change(wf)
+            if wf.get("status", {}).get("phase") in TERMINAL:
+                return wf
+            if deadline is not None and time.monotonic() > deadline:
+                raise PipectlError(f"workflow {name} still {wf.get('status', {}).get('phase')} after {timeout_s:.0f} s")
+            time.sleep(poll_s)
