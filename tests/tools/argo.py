@@ -32,7 +32,7 @@ def argoexpr_binary() -> Path:
 
 
 class ArgoExpr:
-    """Evaluates retry expressions with a scope like the controller's buildRetryStrategyLocalScope."""
+    """Retry expressions (scope as the controller's buildRetryStrategyLocalScope) and resource conditions (as argoexec)."""
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen([str(argoexpr_binary())], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -51,6 +51,15 @@ class ArgoExpr:
         if answer.get("error"):
             raise ValueError(answer["error"])
         return bool(answer["result"])
+
+    def resource_state(self, success: str, failure: str, obj: dict) -> str:
+        """"succeeded", "failed" or "waiting": argoexec's verdict on ``obj`` for the conditions."""
+        self.proc.stdin.write(json.dumps({"success": success, "failure": failure, "object": obj}) + "\n")
+        self.proc.stdin.flush()
+        answer = json.loads(self.proc.stdout.readline())
+        if answer.get("error"):
+            raise ValueError(answer["error"])
+        return answer["state"]
 
     def close(self) -> None:
         self.proc.stdin.close()

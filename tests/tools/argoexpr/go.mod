@@ -2,7 +2,11 @@ module pipectl.dev/tests/argoexpr
 
 go 1.25.7
 
-require github.com/argoproj/argo-workflows/v4 v4.0.5
+require (
+	github.com/argoproj/argo-workflows/v4 v4.0.5
+	github.com/tidwall/gjson v1.18.0
+	k8s.io/apimachinery v0.33.1
+)
 
 require (
 	dario.cat/mergo v1.0.2 // indirect
@@ -12,11 +16,16 @@ require (
 	github.com/doublerebel/bellows v0.0.0-20160303004610-f177d92a03d3 // indirect
 	github.com/evilmonkeyinc/jsonpath v0.8.1 // indirect
 	github.com/expr-lang/expr v1.17.7 // indirect
+	github.com/go-logr/logr v1.4.3 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/huandu/xstrings v1.5.0 // indirect
 	github.com/mitchellh/copystructure v1.2.0 // indirect
 	github.com/mitchellh/reflectwalk v1.0.2 // indirect
 	github.com/shopspring/decimal v1.4.0 // indirect
 	github.com/spf13/cast v1.9.2 // indirect
+	github.com/tidwall/match v1.1.1 // indirect
+	github.com/tidwall/pretty v1.2.1 // indirect
 	golang.org/x/crypto v0.49.0 // indirect
+	k8s.io/klog/v2 v2.130.1 // indirect
+	k8s.io/utils v0.0.0-20260319190234-28399d86e0b5 // indirect
 )

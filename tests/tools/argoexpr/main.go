@@ -2,8 +2,13 @@
 // controller does (argo-workflows v4 workflow/controller/operator.go: buildRetryStrategyLocalScope
 // + util/expr/env.GetFuncMap + util/expr/argoexpr.EvalBool), for pipectl's tests.
 //
-// stdin: one JSON object per line {"expression": "...", "scope": {"retries": "1", "lastRetry.exitCode": "1", ...}}
-// stdout: one JSON object per line {"result": true|false, "error": "..."}
+// It also evaluates resource-template success/failure conditions as argoexec does
+// (workflow/executor/resource.go: labels.Parse + gjson lookups, failure checked first).
+//
+// stdin: one JSON object per line, either
+//   {"expression": "...", "scope": {"retries": "1", "lastRetry.exitCode": "1", ...}}
+//   {"success": "...", "failure": "...", "object": {...}}
+// stdout: one JSON object per line {"result": true|false, "state": "succeeded|failed|waiting", "error": "..."}
 package main
 
 import (
@@ -13,15 +18,67 @@ import (
 
 	"github.com/argoproj/argo-workflows/v4/util/expr/argoexpr"
 	"github.com/argoproj/argo-workflows/v4/util/expr/env"
+	"github.com/tidwall/gjson"
+	"k8s.io/apimachinery/pkg/labels"
 )
+
+// gjsonLabels: argoexec's labels.Labels over a JSON object.
+type gjsonLabels struct{ json []byte }
+
+func (g gjsonLabels) Has(label string) bool  { return gjson.GetBytes(g.json, label).Exists() }
+func (g gjsonLabels) Get(label string) string { return gjson.GetBytes(g.json, label).String() }
+
+func requirements(cond string) (labels.Requirements, error) {
+	if cond == "" {
+		return nil, nil
+	}
+	sel, err := labels.Parse(cond)
+	if err != nil {
+		return nil, err
+	}
+	reqs, _ := sel.Requirements()
+	return reqs, nil
+}
+
+// state mirrors argoexec's matchConditions.
+func state(success, failure string, object []byte) (string, error) {
+	succ, err := requirements(success)
+	if err != nil {
+		return "", err
+	}
+	fail, err := requirements(failure)
+	if err != nil {
+		return "", err
+	}
+	ls := gjsonLabels{json: object}
+	for _, req := range fail {
+		if req.Matches(ls) {
+			return "failed", nil
+		}
+	}
+	matched := 0
+	for _, req := range succ {
+		if req.Matches(ls) {
+			matched++
+		}
+	}
+	if matched >= len(succ) {
+		return "succeeded", nil
+	}
+	return "waiting", nil
+}
 
 type request struct {
 	Expression string            `json:"expression"`
 	Scope      map[string]string `json:"scope"`
+	Success    string            `json:"success"`
+	Failure    string            `json:"failure"`
+	Object     json.RawMessage   `json:"object"`
 }
 
 type response struct {
 	Result bool   `json:"result"`
+	State  string `json:"state,omitempty"`
 	Error  string `json:"error,omitempty"`
 }
 
@@ -33,6 +90,15 @@ func main() {
 		var req request
 		if err := json.Unmarshal(in.Bytes(), &req); err != nil {
 			_ = out.Encode(response{Error: err.Error()})
+			continue
+		}
+		if req.Object != nil {
+			st, err := state(req.Success, req.Failure, req.Object)
+			resp := response{State: st}
+			if err != nil {
+				resp.Error = err.Error()
+			}
+			_ = out.Encode(resp)
 			continue
 		}
 		scope := map[string]interface{}{}
