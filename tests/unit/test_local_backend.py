@@ -107,3 +107,50 @@ spec:
     assert result.phase == "Succeeded", result.node("g").log_path.read_text()
     assert sorted(p.name for p in tmp_path.glob("pod-*")) == ["pod-0", "pod-1", "pod-2"]
     assert (tmp_path / "pod-2").read_text() == "127.0.0.1"
+
+
+def test_declared_transient_failure_is_retried_within_the_limit(tmp_path):
+    marker = tmp_path / "first-attempt-done"
+    flaky = {
+        "name": "flaky",
+        "retryStrategy": {"limit": 2},
+        "container": {"command": ["python", "-c", f"import os, sys; p = {str(marker)!r}; "
+                                  "sys.exit(0) if os.path.exists(p) else (open(p, 'w').close(), sys.exit(75))"]},
+    }
+    code_bug = {"name": "bug", "retryStrategy": {"limit": 2}, "container": {"command": ["python", "-c", "raise SystemExit(1)"]}}
+    ok = LocalRunner(_wf([{"name": "a", "template": "flaky"}], [flaky]), {}, {}, tmp_path / "r1").run()
+    assert ok.phase == "Succeeded" and ok.node("a").attempts == 2
+    bad = LocalRunner(_wf([{"name": "a", "template": "bug"}], [code_bug]), {}, {}, tmp_path / "r2").run()
+    assert bad.phase == "Failed" and bad.node("a").attempts == 1  # exit 1 is a code failure: never retried
+
+
+def test_pytorchjob_runs_master_and_workers_with_operator_env(tmp_path):
+    manifest = """
+apiVersion: kubeflow.org/v1
+kind: PyTorchJob
+metadata: {name: "{{workflow.name}}-t-{{retries}}"}
+spec:
+  runPolicy: {schedulingPolicy: {minAvailable: {{inputs.parameters.n}}}}
+  pytorchReplicaSpecs:
+    Master:
+      replicas: 1
+      template: {spec: {containers: [{name: c, command: [python, -c, "%(code)s", "%(dir)s"]}]}}
+    Worker:
+      replicas: {{=asInt(inputs.parameters.n) - 1}}
+      template: {spec: {containers: [{name: c, command: [python, -c, "%(code)s", "%(dir)s"]}]}}
+""" % {"code": "import os,sys; open(sys.argv[1] + '/rank-' + os.environ['RANK'], 'w').write(os.environ['WORLD_SIZE'] + ' ' + os.environ['MASTER_ADDR'])",
+       "dir": tmp_path}
+    tmpl = {"name": "gang", "inputs": {"parameters": [{"name": "n"}]}, "resource": {"action": "create", "manifest": manifest}}
+    wf = _wf([{"name": "g", "template": "gang", "arguments": {"parameters": [{"name": "n", "value": "3"}]}}], [tmpl])
+    result = LocalRunner(wf, {}, {}, tmp_path / "runs").run()
+    assert result.phase == "Succeeded", result.node("g").log_path.read_text()
+    assert sorted(p.name for p in tmp_path.glob("rank-*")) == ["rank-0", "rank-1", "rank-2"]
+    assert (tmp_path / "rank-2").read_text() == "3 127.0.0.1"
+    assert result.node("g").message.startswith("PyTorchJob ") and result.node("g").message.endswith("(3 pods)")
+
+
+def test_expression_tags_and_their_limits():
+    assert substitute("{{=asInt(inputs.parameters.n) - 1}}", {"inputs.parameters.n": "4"}, where="t") == "3"
+    assert substitute("{{=asInt(a) * 2 + 1}}", {"a": "4"}, where="t") == "9"
+    with pytest.raises(LocalBackendError, match="beyond what the local backend evaluates"):
+        substitute("{{=sprig.upper(a)}}", {"a": "x"}, where="t")
