@@ -32,6 +32,9 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except (KeyboardInterrupt, click.exceptions.Abort):
+            _console().print("[yellow]interrupted[/]: everything this run started has been stopped")
+            ctx.exit(130)
         except PipectlError as e:
             console = _console()
             console.print(f"[bold red]error:[/] {e.headline}", soft_wrap=True)
@@ -162,7 +165,12 @@ def data_example(directory: Path, name: str) -> None:
     """Write the example dataset NAME to DIRECTORY in ImageFolder layout (<label>/<image>.jpg)."""
     from pipectl.components.data import write_example
 
-    n = write_example(name, directory)
+    if not str(directory).strip() or str(directory) in (".", ""):
+        fail("DIRECTORY is empty", "name a folder to write into, e.g. pipectl data example ./digits", code=2)
+    try:
+        n = write_example(name, directory)
+    except OSError as e:
+        fail(f"cannot write to {directory}: {e.strerror or e}", "choose a writable folder", code=2)
     _console().print(f"wrote {n} images of {name} to {directory}")
     click.echo(str(directory))
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import re
+import signal
 from typing import Any
 
 from pipectl.components.contracts import RunSettings, TrainingParameters
+
+
+_CAUSE = re.compile(r"^(error|hint): |^[A-Za-z_.]+(Error|Exception): ")
 
 
 def run_local(parameters: TrainingParameters, options: dict[str, Any], launcher: str, console: Any) -> dict[str, Any]:
@@ -30,27 +35,36 @@ def run_local(parameters: TrainingParameters, options: dict[str, Any], launcher:
         console.print("[dim]services: " + ", ".join(f"{k} {v}" for k, v in urls.items()) + "[/]", soft_wrap=True)
         progress.start()
 
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)  # unwinds: gang processes and services are stopped on the way out
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         summary = run_training_locally(parameters, settings, on_event, on_services, launcher=launcher)
     finally:
         progress.stop()
+        signal.signal(signal.SIGTERM, previous)
 
     if summary["phase"] != "Succeeded":
         failed = next(s for s in summary["steps"] if s["phase"] != "Succeeded")
         console.print(f"[bold red]workflow {summary['workflow']} Failed[/] at step {failed['task']} ({failed['message']})")
         try:
             with open(failed["log"], errors="replace") as f:
-                tail = f.readlines()[-25:]
-            console.print("".join(tail).rstrip(), markup=False, style="dim")
+                lines = f.readlines()
         except OSError:
-            pass
+            lines = []
+        console.print("".join(lines[-15:]).rstrip(), markup=False, style="dim")
+        causes = [line.rstrip() for line in lines if _CAUSE.search(line) and "torch.distributed.elastic" not in line]
+        if causes:  # under torchrun the real error sits above its ChildFailedError boilerplate
+            console.print("cause: " + "\n       ".join(dict.fromkeys(causes[-4:])), markup=False, style="bold")
         console.print(f"[dim]log: {failed['log']}[/]")
         return summary
 
     table = Table(title=f"workflow {summary['workflow']} Succeeded", show_header=False)
     model = summary.get("model", {})
     table.add_row("model", f"{model.get('name')} version {model.get('version')}")
-    table.add_row("alias", model.get("alias") or f"(none; champion is version {model.get('champion_version')})")
+    champion = model.get("champion_version")
+    table.add_row("alias", model.get("alias") or (f"(none; champion is version {champion})" if champion else "(none; no champion yet)"))
     for k, v in summary.get("metrics", {}).items():
         table.add_row(k, f"{v:.4f}")
     table.add_row("decision", str(summary.get("decision")))

@@ -97,7 +97,7 @@ class TrainingParameters(StrictModel):
     max_corrupt_fraction: float = Field(
         0.01, ge=0, le=1, description="Preprocess fails if more than this share of images is corrupt."
     )
-    seed: int = Field(0, ge=0, description="Random seed for initialisation and sampling.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Random seed for initialisation and sampling.")
 
     @field_validator("model_name")
     @classmethod

@@ -7,6 +7,7 @@ configured endpoints are probed, before any service starts or any byte is writte
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,8 +29,19 @@ def _probe_tcp(url: str, what: str, hint: str, timeout_s: float = 3.0) -> None:
         raise Unreachable(f"{what} {url} is unreachable ({e.strerror or e})", hint) from e
 
 
+def _check_url(url: str, what: str, flag: str) -> None:
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValidationFailed(f"{what} {url!r} is not an http(s):// URL", f"write {flag} http://host:port")
+
+
 def probe_s3(settings: RunSettings) -> None:
-    """Fail fast (exit 3) when the configured S3 endpoint is unreachable or rejects our keys."""
+    """Fail fast when the configured S3 endpoint is malformed (exit 2), unreachable, not S3, or
+    rejects our keys (exit 3)."""
+    if settings.s3_endpoint:
+        _check_url(settings.s3_endpoint, "S3 endpoint", "--s3-endpoint")
     import boto3
     from botocore.config import Config
     from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
@@ -51,22 +63,36 @@ def probe_s3(settings: RunSettings) -> None:
         raise Unreachable(f"S3 endpoint {where} is unreachable ({e})", "check --s3-endpoint / PIPECTL_S3_ENDPOINT, or omit it to use the embedded S3 server") from e
     except ClientError as e:
         code = e.response.get("Error", {}).get("Code", "")
-        raise Unreachable(f"S3 endpoint {where} refused the request: {code}", "check PIPECTL_S3_ACCESS_KEY / PIPECTL_S3_SECRET_KEY") from e
+        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403") or status in (401, 403):
+            raise Unreachable(f"S3 endpoint {where} refused our credentials: {code}",
+                              "check --s3-access-key/--s3-secret-key (or PIPECTL_S3_ACCESS_KEY/PIPECTL_S3_SECRET_KEY)") from e
+        raise Unreachable(f"S3 endpoint {where} answered, but not as an S3 server would (HTTP {status} {code})",
+                          "check that --s3-endpoint is the S3 gateway (Ceph RGW, MinIO...), not another service") from e
     except BotoCoreError as e:
         raise Unreachable(f"S3 endpoint {where}: {e}", "check --s3-endpoint and the credentials") from e
 
 
 def probe_mlflow(uri: str) -> None:
-    """Fail fast (exit 3) when the MLflow tracking server does not answer ``/health``."""
-    import urllib.request
+    """Fail fast when the MLflow tracking server is not usable: exit 2 for a malformed URI,
+    exit 3 when it is unreachable, is not MLflow, or refuses our credentials (MLflow's own
+    ``MLFLOW_TRACKING_USERNAME``/``PASSWORD``/``TOKEN`` are honoured, as by the steps)."""
+    _check_url(uri, "MLflow tracking URI", "--mlflow-uri")
+    hint = "check --mlflow-uri / PIPECTL_MLFLOW_URI, or omit it to use the embedded server"
+    _probe_tcp(uri, "MLflow tracking server", hint)
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
 
-    if not uri.startswith(("http://", "https://")):
-        return
     try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5):  # noqa: S310
-            return
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    except MlflowException as e:
+        text = str(e)
+        if any(code in text for code in ("401", "403", "UNAUTHENTICATED", "PERMISSION_DENIED")):
+            raise Unreachable(f"MLflow tracking server {uri} refused our credentials",
+                              "set MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD") from e
+        raise Unreachable(f"{uri} answered, but not as an MLflow tracking server ({text.splitlines()[0][:200]})", hint) from e
     except Exception as e:
-        raise Unreachable(f"MLflow tracking server {uri} is unreachable ({e})", "check --mlflow-uri / PIPECTL_MLFLOW_URI, or omit it to use the embedded server") from e
+        raise Unreachable(f"MLflow tracking server {uri} is unreachable ({e})", hint) from e
 
 
 def validate_dataset(parameters: TrainingParameters, settings: RunSettings) -> None:
@@ -88,6 +114,21 @@ def validate_dataset(parameters: TrainingParameters, settings: RunSettings) -> N
         raise ValidationFailed(e.headline, e.hint) from e
 
 
+def gpu_count() -> int:
+    """NVIDIA GPUs the driver exposes on this machine (0 without a driver)."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return len(list(gpus.iterdir())) if gpus.is_dir() else 0
+
+
+def _number(text: str | None) -> int | float | None:
+    if text in (None, ""):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
 def summarise(result: RunResult, parameters: TrainingParameters) -> dict[str, Any]:
     """What ``pipectl run`` prints: phase, each step, and the model/metrics when registered."""
     summary: dict[str, Any] = {
@@ -102,7 +143,10 @@ def summarise(result: RunResult, parameters: TrainingParameters) -> dict[str, An
     outputs = {n.task: n.outputs for n in result.nodes}
     if "preprocess" in outputs:
         pre = outputs["preprocess"]
-        summary["preprocess"] = {k: pre.get(k) for k in ("images-per-s", "device", "corrupt", "train-count", "validation-count")}
+        summary["preprocess"] = {
+            "device": pre.get("device"),
+            **{k: _number(pre.get(k)) for k in ("images-per-s", "corrupt", "train-count", "validation-count")},
+        }
     if "evaluate" in outputs:
         ev = outputs["evaluate"]
         summary["mlflow_run_id"] = ev.get("mlflow-run-id")
@@ -141,8 +185,20 @@ def run_training_locally(
         probe_mlflow(settings.mlflow_uri)
     validate_dataset(parameters, settings)
 
+    if parameters.gpus_per_worker and not gpu_count():
+        raise ValidationFailed(
+            f"gpus-per-worker={parameters.gpus_per_worker} but this machine has no NVIDIA GPU",
+            "use -p gpus-per-worker=0 to train on CPU here, or submit to a cluster",
+        )
     template = build_training(CompileConfig(bucket=settings.bucket, launcher=launcher)).to_dict()
     state_dir = Path(settings.state_dir).resolve()
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        probe = state_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ValidationFailed(f"state folder {state_dir} is not usable ({e.strerror or e})", "pass --state-dir a writable folder") from e
     embed_s3 = settings.s3_endpoint is None and settings.s3_access_key is None
     try:
         services = EmbeddedServices(state_dir, s3=embed_s3, mlflow=settings.mlflow_uri is None)
@@ -155,7 +211,8 @@ def run_training_locally(
             effective = settings.model_copy(update=update)
             if on_services:
                 on_services({k: v for k, v in (("s3", effective.s3_endpoint), ("mlflow", effective.mlflow_uri)) if v})
-            runner = LocalRunner(template, parameters.as_arguments(), effective.step_env(), state_dir / "runs", on_event)
+            # Steps inherit this environment (as a pod inherits its image's), plus the store settings.
+            runner = LocalRunner(template, parameters.as_arguments(), {**os.environ, **effective.step_env()}, state_dir / "runs", on_event)
             result = runner.run()
     except ServiceStartError as e:
         raise PipectlError(f"{e}", f"see {e.log_path}") from e

@@ -132,6 +132,26 @@ def decode_all(encoded: list[bytes], image_size: int, batch_size: int, use_gpu: 
     return out, time.perf_counter() - t0
 
 
+def decode_robust(encoded: list[bytes], image_size: int, batch_size: int, use_gpu: bool) -> tuple[np.ndarray, list[int], float]:
+    """:func:`decode_all`, but an image DALI cannot decode is isolated instead of failing the lot.
+
+    DALI fails a whole pipeline on one bad sample; on failure the list is split in halves and
+    each half decoded with a fresh pipeline, down to single images. Cost: a clean list decodes
+    once; each bad image adds ~log2(N) pipeline builds. Returns (images of the decodable ones in
+    order [M, 3, S, S], indices of the undecodable ones, seconds in DALI).
+    """
+    try:
+        images, seconds = decode_all(encoded, image_size, batch_size, use_gpu)
+        return images, [], seconds
+    except RuntimeError:
+        if len(encoded) == 1:
+            return np.zeros((0, 3, image_size, image_size), np.float16), [0], 0.0
+    mid = len(encoded) // 2
+    left, bad_left, s_left = decode_robust(encoded[:mid], image_size, batch_size, use_gpu)
+    right, bad_right, s_right = decode_robust(encoded[mid:], image_size, batch_size, use_gpu)
+    return np.concatenate([left, right]), bad_left + [mid + i for i in bad_right], s_left + s_right
+
+
 def preprocess(inp: PreprocessInput, s3: Any) -> PreprocessOutput:
     """See the module doc. Raises :class:`StepError` (exit 1) when too many images are corrupt."""
     manifest = DatasetManifest.model_validate(read_json(s3, inp.manifest_uri))
@@ -145,18 +165,36 @@ def preprocess(inp: PreprocessInput, s3: Any) -> PreprocessOutput:
     with ThreadPoolExecutor(max_workers=16) as pool:
         blobs = list(pool.map(fetch, [e.key for e in manifest.entries]))
 
-    good: dict[str, list[tuple[bytes, int]]] = {"train": [], "validation": []}
     quarantined: list[dict[str, str]] = []
+
+    def quarantine(key: str, blob: bytes, reason: str) -> None:
+        quarantined.append({"key": key, "reason": reason})
+        out_bucket, out_key = parse_s3_uri(join_uri(inp.output_uri, "quarantine", key))
+        s3.put_object(Bucket=out_bucket, Key=out_key, Body=blob)
+        log.warning("quarantined %s: %s", key, reason)
+
+    candidates: dict[str, list[tuple[str, bytes, int]]] = {"train": [], "validation": []}
     for entry, blob in zip(manifest.entries, blobs):
         reason = is_corrupt(blob)
         if reason:
-            quarantined.append({"key": entry.key, "reason": reason})
-            out_bucket, out_prefix = parse_s3_uri(join_uri(inp.output_uri, "quarantine", entry.key))
-            s3.put_object(Bucket=out_bucket, Key=out_prefix, Body=blob)
-            log.warning("quarantined %s: %s", entry.key, reason)
+            quarantine(entry.key, blob, reason)
             continue
         split = "validation" if in_validation(entry.sha256, inp.validation_fraction) else "train"
-        good[split].append((blob, label_index[entry.label]))
+        candidates[split].append((entry.key, blob, label_index[entry.label]))
+
+    use_gpu = inp.device == "gpu" or (inp.device == "auto" and gpu_available())
+    if inp.device == "gpu" and not gpu_available():
+        raise StepError("device=gpu but DALI sees no CUDA device", "use device=auto or cpu, or schedule on a GPU node")
+    decoded_splits: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    seconds = 0.0
+    for split, items in candidates.items():
+        images, bad, dali_s = decode_robust([b for _, b, _ in items], inp.image_size, inp.batch_size, use_gpu)
+        seconds += dali_s
+        for i in bad:
+            quarantine(items[i][0], items[i][1], "DALI could not decode it")
+        bad_set = set(bad)
+        labels = np.asarray([y for i, (_, _, y) in enumerate(items) if i not in bad_set], dtype=np.int64)
+        decoded_splits[split] = (images, labels)
 
     total = len(manifest.entries)
     if quarantined:
@@ -167,27 +205,21 @@ def preprocess(inp: PreprocessInput, s3: Any) -> PreprocessOutput:
             f"above max-corrupt-fraction {inp.max_corrupt_fraction:.1%}",
             f"see {join_uri(inp.output_uri, 'quarantine.json')}; fix the dataset or raise max-corrupt-fraction",
         )
-    if not good["train"] or not good["validation"]:
+    counts = {split: len(labels) for split, (_, labels) in decoded_splits.items()}
+    if not counts["train"] or not counts["validation"]:
         raise StepError(
-            f"a split is empty (train {len(good['train'])}, validation {len(good['validation'])} images)",
+            f"a split is empty (train {counts['train']}, validation {counts['validation']} images)",
             "use a larger dataset or a validation-fraction between 0.05 and 0.5",
         )
 
-    use_gpu = inp.device == "gpu" or (inp.device == "auto" and gpu_available())
-    if inp.device == "gpu" and not gpu_available():
-        raise StepError("device=gpu but DALI sees no CUDA device", "use device=auto or cpu, or schedule on a GPU node")
     shards: dict[str, list[str]] = {"train": [], "validation": []}
-    seconds = 0.0
-    for split, items in good.items():
-        images, dali_s = decode_all([b for b, _ in items], inp.image_size, inp.batch_size, use_gpu)
-        seconds += dali_s
-        labels = np.asarray([y for _, y in items], dtype=np.int64)
-        for n, start in enumerate(range(0, len(items), inp.shard_size)):
+    for split, (images, labels) in decoded_splits.items():
+        for n, start in enumerate(range(0, len(labels), inp.shard_size)):
             uri = join_uri(inp.output_uri, f"{split}-{n:05d}.npz")
             put_npz(s3, uri, images[start:start + inp.shard_size], labels[start:start + inp.shard_size])
             shards[split].append(uri)
 
-    decoded = len(good["train"]) + len(good["validation"])
+    decoded = counts["train"] + counts["validation"]
     index = ShardIndex(
         labels=manifest.labels,
         image_size=inp.image_size,
@@ -196,8 +228,8 @@ def preprocess(inp: PreprocessInput, s3: Any) -> PreprocessOutput:
         std=STD,
         train=shards["train"],
         validation=shards["validation"],
-        train_count=len(good["train"]),
-        validation_count=len(good["validation"]),
+        train_count=counts["train"],
+        validation_count=counts["validation"],
     )
     write_json(s3, join_uri(inp.output_uri, "index.json"), index.model_dump(mode="json"))
     rate = decoded / seconds if seconds > 0 else 0.0
@@ -205,8 +237,8 @@ def preprocess(inp: PreprocessInput, s3: Any) -> PreprocessOutput:
     log.info("DALI on %s: %d images in %.2f s (%.0f images/s); %d quarantined", device, decoded, seconds, rate, len(quarantined))
     return PreprocessOutput(
         shards_uri=inp.output_uri.rstrip("/") + "/",
-        train_count=len(good["train"]),
-        validation_count=len(good["validation"]),
+        train_count=counts["train"],
+        validation_count=counts["validation"],
         corrupt=len(quarantined),
         images_per_s=round(rate, 1),
         device=device,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -91,9 +92,14 @@ def scan_local(root: Path) -> list[SourceFile]:
         raise DatasetError(f"dataset path {root} does not exist", "check the path, or run: pipectl data example DIR")
     if not root.is_dir():
         raise DatasetError(f"dataset path {root} is not a folder", "pass the folder that holds one subfolder per label")
-    files = sorted(
-        p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".")
-    )
+    files = []
+    for folder, dirs, names in os.walk(root, followlinks=True):  # a symlinked label folder counts
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # hidden folders are not classes
+        for name in names:
+            p = Path(folder) / name
+            if p.suffix.lower() in IMAGE_SUFFIXES and not name.startswith(".") and p.is_file():
+                files.append(p)
+    files.sort()
     keys = [p.relative_to(root).as_posix() for p in files]
     _check_layout(keys, str(root))
     return [
@@ -104,14 +110,26 @@ def scan_local(root: Path) -> list[SourceFile]:
 
 def scan_s3(s3: Any, uri: str) -> list[SourceFile]:
     """List the images under an ``s3://bucket/prefix`` (ImageFolder layout)."""
-    bucket, prefix = parse_s3_uri(uri)
+    from botocore.exceptions import ClientError
+
+    try:
+        bucket, prefix = parse_s3_uri(uri)
+    except ValueError as e:
+        raise DatasetError(f"dataset URI {uri!r} is not s3://bucket/prefix", "write s3://<bucket>/<prefix>") from e
     prefix = prefix.rstrip("/") + "/" if prefix else ""
     objects: list[tuple[str, int]] = []
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for obj in page.get("Contents", []):
-            rel = obj["Key"][len(prefix):]
-            if Path(rel).suffix.lower() in IMAGE_SUFFIXES:
-                objects.append((rel, obj["Size"]))
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                rel = obj["Key"][len(prefix):]
+                if Path(rel).suffix.lower() in IMAGE_SUFFIXES and not any(part.startswith(".") for part in rel.split("/")):
+                    objects.append((rel, obj["Size"]))
+    except ClientError as e:
+        code = e.response.get("Error", {}).get("Code", "")
+        if code in ("NoSuchBucket", "AccessDenied", "AllAccessDisabled"):
+            raise DatasetError(f"dataset {uri}: bucket {bucket!r} {'does not exist' if code == 'NoSuchBucket' else 'is not readable'} ({code})",
+                               "check the bucket name and that these credentials can list it") from e
+        raise
     objects.sort()
     _check_layout([k for k, _ in objects], uri)
 
@@ -145,6 +163,13 @@ def dataset_digest(entries: Iterable[ManifestEntry]) -> str:
     return h.hexdigest()
 
 
+def _metadata(entry: ManifestEntry) -> dict[str, str]:
+    """S3 user metadata must be ASCII: the label is percent-encoded (RFC 3986)."""
+    from urllib.parse import quote
+
+    return {"sha256": entry.sha256, "label": quote(entry.label, safe="")}
+
+
 def _upload(s3: Any, f: SourceFile, entry: ManifestEntry, md5: str, bucket: str, key: str) -> None:
     """Write one object and verify it: a single PUT's ETag must equal the content md5;
     multipart uploads and copies are verified by HEAD (size and our sha256 metadata)."""
@@ -156,7 +181,7 @@ def _upload(s3: Any, f: SourceFile, entry: ManifestEntry, md5: str, bucket: str,
             body = stream.read()
         finally:
             stream.close()
-        resp = s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata={"sha256": entry.sha256, "label": entry.label})
+        resp = s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata=_metadata(entry))
         if resp.get("ETag", "").strip('"') != md5 or len(body) != entry.size:
             raise StepError(
                 f"verification failed for s3://{bucket}/{key}: the store's ETag differs from the content md5",
@@ -166,7 +191,7 @@ def _upload(s3: Any, f: SourceFile, entry: ManifestEntry, md5: str, bucket: str,
         return
 
     config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD_BYTES, multipart_chunksize=MULTIPART_THRESHOLD_BYTES)
-    extra = {"Metadata": {"sha256": entry.sha256, "label": entry.label}}
+    extra = {"Metadata": _metadata(entry)}
     if f.s3_location is not None:
         src_bucket, src_key = f.s3_location
         s3.copy(

@@ -71,3 +71,46 @@ def test_render_prints_the_workflow_template():
     assert r.returncode == 0
     assert "kind: WorkflowTemplate" in r.stdout and "name: training-v1" in r.stdout
     assert r.stderr == ""
+
+
+@pytest.mark.parametrize(
+    "args,message,code",
+    [
+        (["--s3-endpoint", "not-a-url"], "is not an http(s):// URL", 2),
+        (["--mlflow-uri", "127.0.0.1:5000"], "is not an http(s):// URL", 2),
+        (["-p", "seed=99999999999999999999999"], "seed", 2),
+        (["-p", "gpus-per-worker=2", "-p", "processes-per-worker=2"], "no NVIDIA GPU", 2),
+    ],
+    ids=["s3-not-a-url", "mlflow-no-scheme", "seed-too-large", "gpus-without-gpu"],
+)
+def test_more_bad_input_found_by_breaking_it(args, message, code, tmp_path):
+    r, state = _run(args, tmp_path)
+    assert r.returncode == code, r.stderr
+    assert message in r.stderr
+    assert not state.exists()
+
+
+def test_unusable_state_dir_is_a_clear_error(tmp_path):
+    r = subprocess.run([PIPECTL, "run", "training", "--state-dir", "/proc/pipectl-state"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "is not usable" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_server_that_is_not_mlflow_exits_3(tmp_path):
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        r, state = _run(["--mlflow-uri", f"http://127.0.0.1:{server.server_address[1]}"], tmp_path)
+    finally:
+        server.shutdown()
+    assert r.returncode == 3, r.stderr
+    assert "not as an MLflow tracking server" in r.stderr
+    assert not state.exists()
+
+
+@pytest.mark.parametrize("target", ["", "/proc/nope"])
+def test_data_example_refuses_bad_targets(target):
+    r = subprocess.run([PIPECTL, "data", "example", target], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr

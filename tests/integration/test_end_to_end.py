@@ -95,3 +95,25 @@ def test_the_local_backend_executes_the_rendered_template(tmp_path):
         assert [a for a in argv if a.startswith("--")] == flags, step
     (pod_argv,) = json.loads((Path(summary["workdir"]) / "train" / "argv.json").read_text())
     assert pod_argv[0] == "torchrun" and "--nnodes=1" in pod_argv and "--nproc-per-node=2" in pod_argv
+
+
+def test_sigterm_stops_every_process_the_run_started(tmp_path):
+    import signal
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen([PIPECTL, "run", "training", "--state-dir", str(tmp_path / "state")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    runs = tmp_path / "state" / "runs"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not list(runs.glob("*/train/main.log")):
+        time.sleep(0.2)
+    time.sleep(2)  # torchrun and its workers are up
+    started = psutil.Process(proc.pid).children(recursive=True)
+    assert any("torchrun" in " ".join(p.cmdline()) for p in started), "the kill must land during training"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode == 143
+    _, alive = psutil.wait_procs(started, timeout=15)
+    assert alive == [], [p.cmdline()[:3] for p in alive]

@@ -66,3 +66,21 @@ def test_dali_matches_a_reference_resize_and_normalise(small_digits_dir):
     ref = np.stack([(np.asarray(Image.open(p).convert("RGB"), np.float32) - 127.5) / 127.5 for p in paths]).transpose(0, 3, 1, 2)
     # same size in and out: the resize is an identity, differences come from the JPEG decoders only
     assert np.abs(out.astype(np.float32) - ref).mean() < 0.02
+
+
+def test_an_image_only_dali_rejects_is_isolated_and_quarantined(small_digits_dir):
+    """A PNG with valid chunks but bad deflate data passes the cheap checks; DALI fails the batch."""
+    import struct
+    import zlib
+
+    from pipectl.components.preprocess.core import decode_robust
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    bad_png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 16, 16, 8, 2, 0, 0, 0))
+               + chunk(b"IDAT", b"\x78\x9c" + b"\xff" * 40) + chunk(b"IEND", b""))
+    good = [p.read_bytes() for p in sorted(small_digits_dir.rglob("*.jpg"))[:20]]
+    images, bad, _ = decode_robust(good[:7] + [bad_png] + good[7:], image_size=16, batch_size=8, use_gpu=False)
+    assert bad == [7]
+    assert images.shape == (20, 3, 16, 16)

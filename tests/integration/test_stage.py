@@ -121,3 +121,17 @@ def test_large_objects_go_multipart_and_are_verified(settings, s3, tmp_path):
     s3.delete_object(Bucket=settings.bucket, Key=out.dataset_uri.split("/", 3)[3] + "manifest.json")
     again = stage(StageInput(source_uri=str(tmp_path / "ds"), bucket=settings.bucket), s3)
     assert (again.copied, again.skipped) == (0, 2)
+
+
+def test_non_ascii_labels_are_staged(settings, s3, small_digits_dir, tmp_path):
+    import shutil
+
+    from pipectl.components.runtime import read_json
+
+    ds = tmp_path / "ds"
+    shutil.copytree(small_digits_dir / "0", ds / "zéro un")
+    shutil.copytree(small_digits_dir / "1", ds / "一")
+    out = stage(StageInput(source_uri=str(ds), bucket=settings.bucket), s3)
+    assert out.copied == 60
+    manifest = read_json(s3, out.manifest_uri)
+    assert manifest["labels"] == ["zéro un", "一"]

@@ -54,3 +54,13 @@ def test_dataset_error_exits_2_at_the_cli_and_1_in_a_step():
     e = DatasetError("x")
     assert e.cli_exit == 2
     assert e.step_exit == 1
+
+
+def test_symlinked_label_folders_are_followed_and_hidden_folders_ignored(tmp_path):
+    real = tmp_path / "elsewhere" / "dog"
+    _jpeg(real / "b.jpg")
+    ds = tmp_path / "ds"
+    _jpeg(ds / "cat" / "a.jpg")
+    (ds / "dog").symlink_to(real, target_is_directory=True)
+    _jpeg(ds / ".thumbs" / "t.jpg")
+    assert [f.key for f in scan_local(ds)] == ["cat/a.jpg", "dog/b.jpg"]

@@ -1,0 +1,297 @@
+#!/usr/bin/env bash
+# tests/cluster/build.sh — build (once) and cache the binaries of the loopback
+# test cluster from the Go module proxy.
+#
+# These machines reach the Go module proxy, Debian and PyPI, but not GitHub
+# releases or image registries, so every component is compiled from its
+# published Go module (see ../shared/REFERENCE.md §4):
+#
+#   etcd                     go.etcd.io/etcd/server/v3       via etcd-wrapper/go.mod
+#   kube-apiserver           k8s.io/kubernetes/cmd/...       via k8s-wrapper/go.mod
+#   kube-controller-manager    (staging modules replaced by their v0.N.P tags)
+#   kube-scheduler
+#   workflow-controller      github.com/argoproj/argo-workflows/v4   go install @version
+#   argo (CLI + argo server) github.com/argoproj/argo-workflows/v4   writable copy (ui/dist placeholder)
+#   vc-scheduler             volcano.sh/volcano              writable copy (go.mod has replaces)
+#   vc-controller-manager
+#   kwok                     sigs.k8s.io/kwok/cmd/kwok       go install @version
+#
+# Cache layout (one directory per component and version, so bumping a version
+# rebuilds only that component):
+#
+#   ${PIPECTL_CACHE_DIR:-$HOME/.cache/pipectl}/cluster-bin/<component>-<version>/<component>
+#
+# A component whose cached binary exists is skipped, so the script is
+# idempotent and cheap on a warm cache. Binaries are written to a temporary
+# name and renamed into place only after a successful build, so an interrupted
+# build never leaves a "cached" half-written binary.
+#
+# Usage:   tests/cluster/build.sh [component ...]     (default: all of them)
+# Env:     PIPECTL_CACHE_DIR   cache root (default ~/.cache/pipectl)
+#          PIPECTL_BUILD_NICE  nice level for the compiler (default 10; the
+#                              machine is shared with other test runs)
+#
+# Components are built one after another with GOMAXPROCS=2 to keep the machine
+# usable. A component that fails is reported (with the tail of its log) and the
+# others are still built; the exit status is 1 if any component failed.
+
+set -euo pipefail
+shopt -s inherit_errexit   # command substitutions fail like other commands
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# --- versions -----------------------------------------------------------------
+K8S_VERSION=v1.34.4          # k8s.io/kubernetes; staging modules are v0.34.4
+ETCD_VERSION=v3.6.16         # go.etcd.io/etcd/server/v3 (keep in sync with etcd-wrapper/go.mod)
+ARGO_VERSION=v4.0.5          # github.com/argoproj/argo-workflows/v4 (v3 is not on the proxy)
+VOLCANO_VERSION=v1.10.0      # volcano.sh/volcano (newer versions are not on the proxy)
+KWOK_VERSION=v0.8.0          # sigs.k8s.io/kwok
+
+ALL_COMPONENTS=(
+  etcd
+  kube-apiserver kube-controller-manager kube-scheduler
+  workflow-controller argo
+  vc-scheduler vc-controller-manager
+  kwok
+)
+
+# --- paths ----------------------------------------------------------------------
+CACHE_ROOT=${PIPECTL_CACHE_DIR:-$HOME/.cache/pipectl}
+BIN_ROOT=$CACHE_ROOT/cluster-bin
+WORK=$BIN_ROOT/.work        # wrapper modules and writable module copies
+LOGS=$BIN_ROOT/.logs        # one build log per component
+mkdir -p "$BIN_ROOT" "$WORK" "$LOGS"
+
+# --- Go toolchain and build settings -------------------------------------------
+if ! command -v go >/dev/null 2>&1; then
+  export PATH=/usr/local/go/bin:$PATH
+fi
+export GOTOOLCHAIN=local     # never try to download another toolchain
+export GOWORK=off            # never pick up a go.work from a parent directory
+export GOFLAGS=-mod=mod      # let go resolve and record go.sum entries in the work dirs
+export GOMAXPROCS=2          # also the default for `go build -p`
+export CGO_ENABLED=0         # static binaries, like the upstream release builds
+NICE=(nice -n "${PIPECTL_BUILD_NICE:-10}")
+# -buildvcs=false: the work dirs may sit inside some git checkout; stamping its
+# VCS state into third-party binaries would be wrong (and needs git).
+GO_BUILD_FLAGS=(-trimpath -buildvcs=false)
+BUILD_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+
+# Only one build at a time per cache (a second invocation waits).
+exec {LOCK_FD}>"$BIN_ROOT/.build.lock"
+if ! flock -n "$LOCK_FD"; then
+  echo "build.sh: another build holds $BIN_ROOT/.build.lock; waiting..."
+  flock "$LOCK_FD"
+fi
+
+# --- helpers --------------------------------------------------------------------
+
+log() { printf '[build.sh %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+# module_dir MODULE VERSION: download a module into the module cache (read-only)
+# and print its directory.
+module_dir() {
+  local json dir
+  json=$(cd "$WORK" && GOFLAGS= go mod download -json "$1@$2")
+  dir=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p' <<<"$json")
+  [[ -d $dir ]] || { echo "module_dir: no directory for $1@$2: $json" >&2; return 1; }
+  echo "$dir"
+}
+
+# writable_copy MODULE VERSION NAME: copy a module out of the (read-only) module
+# cache into $WORK/NAME and print that directory. Needed when the module's
+# go.mod has replace directives (they only apply to the main module, so
+# `go install mod/cmd@version` refuses it) or when files must be added.
+# A stamp file marks a complete copy; an incomplete one is redone.
+writable_copy() {
+  local src dst=$WORK/$3
+  if [[ ! -f $dst/.pipectl-copy-complete ]]; then
+    src=$(module_dir "$1" "$2")
+    rm -rf "$dst"
+    cp -r "$src" "$dst"
+    chmod -R u+w "$dst"
+    touch "$dst/.pipectl-copy-complete"
+  fi
+  echo "$dst"
+}
+
+# wrapper_dir NAME: a fresh work copy of the wrapper module tests/cluster/NAME
+# (go build -mod=mod writes go.sum and may tidy go.mod; keep that out of the repo).
+wrapper_dir() {
+  local dst=$WORK/$1
+  mkdir -p "$dst"
+  cp "$HERE/$1/go.mod" "$dst/go.mod"
+  echo "$dst"
+}
+
+# has_replaces GO_MOD: true if the go.mod file contains replace directives.
+has_replaces() { grep -Eq '^[[:space:]]*replace[[:space:](]' "$1"; }
+
+# --- one function per component: build_<name> OUTPUT_PATH ------------------------
+
+build_etcd() {
+  local dir
+  dir=$(wrapper_dir etcd-wrapper)
+  cd "$dir"
+  # The server module's root package is the etcd main (it calls etcdmain.Main).
+  "${NICE[@]}" go build "${GO_BUILD_FLAGS[@]}" -ldflags '-s -w' \
+    -o "$1" go.etcd.io/etcd/server/v3
+}
+
+# Kubernetes: hack/lib/golang.sh builds with these tags, and hack/lib/version.sh
+# sets the same version variables in component-base and client-go. The version
+# matters: kube-apiserver derives its binary/emulation version from gitVersion.
+# The module zip carries no git commit, so gitCommit stays empty and the tree
+# state is "archive" (what upstream uses for tarball builds).
+K8S_TAGS=selinux,notest,grpcnotrace
+k8s_ldflags() {
+  local major minor flags="-s -w" pkg
+  major=${K8S_VERSION#v}; major=${major%%.*}
+  minor=${K8S_VERSION#v*.}; minor=${minor%%.*}
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+    flags+=" -X $pkg.gitTreeState=archive -X $pkg.buildDate=$BUILD_DATE"
+  done
+  echo "$flags"
+}
+build_k8s_cmd() {  # build_k8s_cmd CMD OUTPUT_PATH
+  local dir
+  dir=$(wrapper_dir k8s-wrapper)
+  cd "$dir"
+  "${NICE[@]}" go build "${GO_BUILD_FLAGS[@]}" -tags "$K8S_TAGS" -ldflags "$(k8s_ldflags)" \
+    -o "$2" "k8s.io/kubernetes/cmd/$1"
+}
+build_kube-apiserver()          { build_k8s_cmd kube-apiserver "$1"; }
+build_kube-controller-manager() { build_k8s_cmd kube-controller-manager "$1"; }
+build_kube-scheduler()          { build_k8s_cmd kube-scheduler "$1"; }
+
+# Argo Workflows: version variables as in its Makefile. `version` also picks
+# the default executor image tag (tests pass --executor-image anyway).
+ARGO_MOD=github.com/argoproj/argo-workflows/v4
+argo_ldflags() {
+  echo "-s -w -X $ARGO_MOD.version=$ARGO_VERSION -X $ARGO_MOD.buildDate=$BUILD_DATE -X $ARGO_MOD.gitTreeState=archive"
+}
+build_workflow-controller() {
+  local mod_dir gobin
+  mod_dir=$(module_dir "$ARGO_MOD" "$ARGO_VERSION")
+  if has_replaces "$mod_dir/go.mod"; then
+    # A release with replace directives must be built from a writable copy.
+    local dir
+    dir=$(writable_copy "$ARGO_MOD" "$ARGO_VERSION" "argo-workflows-$ARGO_VERSION")
+    cd "$dir"
+    "${NICE[@]}" go build "${GO_BUILD_FLAGS[@]}" -ldflags "$(argo_ldflags)" \
+      -o "$1" ./cmd/workflow-controller
+  else
+    # v4.0.5 has none: install straight from the module, with upstream's go.mod.
+    gobin=$(mktemp -d "$WORK/gobin.XXXXXX")
+    (cd "$WORK" && GOBIN=$gobin "${NICE[@]}" go install "${GO_BUILD_FLAGS[@]}" \
+      -ldflags "$(argo_ldflags)" "$ARGO_MOD/cmd/workflow-controller@$ARGO_VERSION")
+    mv "$gobin/workflow-controller" "$1"
+    rm -rf "$gobin"
+  fi
+}
+build_argo() {
+  local dir
+  dir=$(writable_copy "$ARGO_MOD" "$ARGO_VERSION" "argo-workflows-$ARGO_VERSION")
+  cd "$dir"
+  # The CLI (which contains `argo server`) embeds the UI bundle with
+  # //go:embed dist/app, which only exists after a yarn build. A placeholder
+  # index.html gives a blank UI and a fully working API.
+  if [[ ! -e ui/dist/app/index.html ]]; then
+    mkdir -p ui/dist/app
+    printf '<!doctype html><title>Argo</title><p>UI not built (pipectl test cluster).</p>\n' \
+      >ui/dist/app/index.html
+  fi
+  "${NICE[@]}" go build "${GO_BUILD_FLAGS[@]}" -ldflags "$(argo_ldflags)" -o "$1" ./cmd/argo
+}
+
+# Volcano: go.mod replaces k8s.io/* and grpc, so build from a writable copy.
+# Version variables as in its Makefile.def (no git SHA in a module zip).
+VOLCANO_MOD=volcano.sh/volcano
+volcano_ldflags() {
+  echo "-s -w -X $VOLCANO_MOD/pkg/version.Version=$VOLCANO_VERSION -X $VOLCANO_MOD/pkg/version.Built=$BUILD_DATE"
+}
+build_volcano_cmd() {  # build_volcano_cmd CMD_DIR OUTPUT_PATH
+  local dir
+  dir=$(writable_copy "$VOLCANO_MOD" "$VOLCANO_VERSION" "volcano-$VOLCANO_VERSION")
+  cd "$dir"
+  "${NICE[@]}" go build "${GO_BUILD_FLAGS[@]}" -ldflags "$(volcano_ldflags)" -o "$2" "./cmd/$1"
+}
+build_vc-scheduler()          { build_volcano_cmd scheduler "$1"; }
+build_vc-controller-manager() { build_volcano_cmd controller-manager "$1"; }
+
+# KWOK: no replace directives, so a plain `go install ...@version`.
+build_kwok() {
+  local gobin
+  gobin=$(mktemp -d "$WORK/gobin.XXXXXX")
+  (cd "$WORK" && GOBIN=$gobin "${NICE[@]}" go install "${GO_BUILD_FLAGS[@]}" \
+    -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" \
+    "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION")
+  mv "$gobin/kwok" "$1"
+  rm -rf "$gobin"
+}
+
+version_of() {
+  case $1 in
+    etcd) echo "$ETCD_VERSION" ;;
+    kube-*) echo "$K8S_VERSION" ;;
+    workflow-controller|argo) echo "$ARGO_VERSION" ;;
+    vc-*) echo "$VOLCANO_VERSION" ;;
+    kwok) echo "$KWOK_VERSION" ;;
+    *) return 1 ;;
+  esac
+}
+
+# --- driver -----------------------------------------------------------------------
+
+fmt_duration() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+
+components=("$@")
+[[ ${#components[@]} -gt 0 ]] || components=("${ALL_COMPONENTS[@]}")
+for c in "${components[@]}"; do
+  version_of "$c" >/dev/null || { echo "build.sh: unknown component '$c' (known: ${ALL_COMPONENTS[*]})" >&2; exit 2; }
+done
+
+log "go: $(go version); cache: $BIN_ROOT"
+summary=()
+failed=0
+total_start=$SECONDS
+for c in "${components[@]}"; do
+  version=$(version_of "$c")
+  dest=$BIN_ROOT/$c-$version/$c
+  if [[ -x $dest ]]; then
+    log "$c $version: cached at $dest"
+    summary+=("$(printf '%-24s %-9s %-8s %8s  %s' "$c" "$version" cached - "$dest")")
+    continue
+  fi
+  mkdir -p "$(dirname "$dest")"
+  tmp=$dest.partial.$$
+  logfile=$LOGS/$c-$version.log
+  log "$c $version: building (log: $logfile)"
+  start=$SECONDS
+  # Subshell: each build function may cd; `set -e` inside stops at the first
+  # error. errexit is off in this shell around the pipeline (bash would ignore
+  # `set -e` inside a subshell that is part of an `||` list).
+  set +e
+  ( set -euo pipefail; "build_$c" "$tmp" ) 2>&1 | tee "$logfile"
+  rc=${PIPESTATUS[0]}
+  set -e
+  took=$((SECONDS - start))
+  if [[ $rc -eq 0 && -x $tmp ]]; then
+    mv -f "$tmp" "$dest"
+    log "$c $version: built in $(fmt_duration "$took") -> $dest"
+    summary+=("$(printf '%-24s %-9s %-8s %8s  %s' "$c" "$version" built "$(fmt_duration "$took")" "$dest")")
+  else
+    rm -f "$tmp"
+    failed=1
+    log "$c $version: FAILED after $(fmt_duration "$took") (exit $rc); last lines of $logfile:"
+    tail -n 25 "$logfile" | sed 's/^/    | /'
+    summary+=("$(printf '%-24s %-9s %-8s %8s  %s' "$c" "$version" FAILED "$(fmt_duration "$took")" "see $logfile")")
+  fi
+done
+
+echo
+log "summary (total $(fmt_duration $((SECONDS - total_start)))):"
+printf '  %-24s %-9s %-8s %8s  %s\n' component version status time path
+printf '  %s\n' "${summary[@]}"
+exit "$failed"
