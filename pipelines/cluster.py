@@ -183,10 +183,13 @@ def grafana_dashboard(cfg: CompileConfig) -> list[dict]:
         "uid": "pipectl",
         "schemaVersion": 39,
         "panels": [
-            panel(0, "Step duration (s)", 'max by (template_name) (argo_workflows_pods_total_count{namespace="%s"})' % cfg.namespace),
-            panel(1, "Retries by class", 'sum by (class) (increase(pipectl_step_retries_total[1h]))'),
-            panel(2, "Queue wait per lane (s)", 'max by (queue) (volcano_queue_pod_group_inqueue_count)'),
-            panel(3, "GPU utilisation (%)", 'avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)'),
+            panel(0, "Step duration (s)", "max by (step) (pipectl_step_duration_seconds)"),
+            panel(1, "Failed attempts by class (1h): Error = infrastructure, exit 75 = transient, other = code",
+                  'sum by (status, exit_code) (increase(pipectl_step_attempts{status!="Succeeded"}[1h]))'),
+            panel(2, "Pods waiting per lane (Pending, by PriorityClass)",
+                  'sum by (priority_class) (kube_pod_status_phase{phase="Pending", namespace="%s"} '
+                  '* on (namespace, pod) group_left (priority_class) kube_pod_info{priority_class=~"pipectl-.*"})' % cfg.namespace),
+            panel(3, "GPU utilisation (%)", "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)"),
         ],
     }
     return [{"apiVersion": "v1", "kind": "ConfigMap",

@@ -168,3 +168,23 @@ class RetryPolicy(BaseModel):
             ),
             affinity=RetryAffinity(node_anti_affinity=RetryNodeAntiAffinity()),
         )
+
+
+def step_metrics(step: str, *, container: bool) -> list:
+    """Argo template-level Prometheus metrics behind the Grafana dashboard (argo/monitoring/).
+
+    ``pipectl_step_attempts`` counts every attempt by step, final phase and (for containers) exit
+    code, so retries can be split by class in PromQL: status Error = infrastructure, exit 75 =
+    declared transient, other exit codes = code. ``pipectl_step_duration_seconds``: last duration.
+    Variables ``{{status}}``, ``{{exitCode}}``, ``{{duration}}``: Argo docs, "Custom metrics".
+    """
+    from hera.workflows import Counter, Gauge, Label
+
+    labels = [Label(key="step", value=step), Label(key="status", value="{{status}}"), Label(key="lane", value="{{workflow.parameters.lane}}")]
+    if container:
+        labels.append(Label(key="exit_code", value="{{exitCode}}"))
+    return [
+        Counter(name="pipectl_step_attempts", help="Attempts of a pipectl step by outcome", labels=labels, value="1"),
+        Gauge(name="pipectl_step_duration_seconds", help="Duration of the last attempt of a pipectl step",
+              labels=[Label(key="step", value=step)], realtime=False, value="{{duration}}"),
+    ]

@@ -54,7 +54,7 @@ from pipectl.components.contracts import (
 )
 
 from pipectl.pipelines.gang import LAUNCHERS, OUTPUTS_DIR, STORE_CONFIGMAP, STORE_SECRET, GangConfig
-from pipectl.pipelines.policy import LANE_TAINT_KEY, SEMAPHORE_CONFIGMAP, RetryPolicy, lane_toleration_for
+from pipectl.pipelines.policy import LANE_TAINT_KEY, SEMAPHORE_CONFIGMAP, RetryPolicy, lane_toleration_for, step_metrics
 
 TEMPLATE_NAME = "training-v1"
 
@@ -129,6 +129,7 @@ def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type
         timeout=f"{cfg.retry.attempt_timeout_s}s",
         priority_class_name="pipectl-{{workflow.parameters.lane}}",
         tolerations=[lane_toleration_for("{{workflow.parameters.lane}}")],
+        metrics=step_metrics(name, container=True),
     )
 
 
@@ -163,6 +164,7 @@ def _train_template(cfg: CompileConfig) -> Resource:
         success_condition=launcher.success_condition,
         failure_condition=launcher.failure_condition,
         inputs=_input_params(TRAIN_INPUTS),
+        metrics=step_metrics("train", container=False),
         retry_strategy=cfg.retry.build(),
         timeout=f"{cfg.retry.attempt_timeout_s}s",
         synchronization=Synchronization(
