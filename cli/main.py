@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
@@ -201,7 +201,3 @@ def run(pipeline: str, params: tuple[str, ...], output_format: str, launcher: st
 from pipectl.cli.cluster_cmds import register as _register_cluster_commands  # noqa: E402
 
 _register_cluster_commands(main)
-
-
-def entrypoint() -> NoReturn:  # pragma: no cover
-    sys.exit(main())

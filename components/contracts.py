@@ -25,15 +25,6 @@ class ExitCode(enum.IntEnum):
     TEMPFAIL = 75
 
 
-class CliExit(enum.IntEnum):
-    """CLI exit codes (DESIGN.md): 0 ok, 1 failed, 2 usage/validation, 3 unreachable/unauthorised."""
-
-    OK = 0
-    FAILED = 1
-    USAGE = 2
-    UNREACHABLE = 3
-
-
 class Lane(str, enum.Enum):
     """Priority lanes. ``urgent`` may preempt ``batch``; ``batch`` never preempts."""
 
@@ -54,7 +45,7 @@ class Decision(str, enum.Enum):
     keep = "keep"
 
 
-_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
@@ -162,6 +153,14 @@ class StoreSettings(BaseSettings):
     s3_region: str = "us-east-1"
     bucket: str = Field("pipectl", description="Bucket for staged datasets, shards, checkpoints.")
     mlflow_uri: str | None = Field(None, description="MLflow tracking URI (http://host:port).")
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, v: str) -> str:
+        # S3 bucket naming rules (AWS S3 docs, "Bucket naming rules"; Ceph RGW enforces the same)
+        if not _BUCKET.match(v) or ".." in v:
+            raise ValueError("bucket names are 3-63 lowercase letters, digits, '.' or '-', starting and ending alphanumeric")
+        return v
 
     def step_env(self) -> dict[str, str]:
         """The settings as ``PIPECTL_*`` env vars for a step process/pod."""
@@ -314,8 +313,3 @@ class RegisterOutput(StrictModel):
     alias: str | None
     created: bool = Field(description="False when a retried step found its own earlier version.")
     champion_version: str | None
-
-
-def is_k8s_name(value: str) -> bool:
-    """True for an RFC 1123 label (lowercase alphanumerics and '-', <= 63 chars)."""
-    return len(value) <= 63 and bool(_K8S_NAME.match(value))

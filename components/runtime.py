@@ -7,7 +7,6 @@ gets the validated input and the clients it needs (injected, so tests pass their
 from __future__ import annotations
 
 import argparse
-import enum
 import json
 import logging
 import os
@@ -221,7 +220,3 @@ def step_main(
     write_outputs(output, Path(args.outputs_dir))
     print(json.dumps(output.model_dump(mode="json"), sort_keys=True))
     return ExitCode.OK
-
-
-def enum_value(v: Any) -> Any:
-    return v.value if isinstance(v, enum.Enum) else v

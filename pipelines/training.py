@@ -18,7 +18,6 @@ from typing import Literal
 from hera.workflows import (
     DAG,
     Container,
-    Env,
     Parameter,
     Resource,
     Task,
@@ -42,10 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from pipectl.components.contracts import (
     EvaluateInput,
     EvaluateOutput,
-    Lane,
     PreprocessInput,
     PreprocessOutput,
-    PromotionMetric,
     RegisterInput,
     RegisterOutput,
     StageInput,
@@ -174,16 +171,18 @@ def _train_template(cfg: CompileConfig) -> Resource:
 
 
 def _workflow_parameters() -> list[Parameter]:
+    """One argument per TrainingParameters field: default, description, and enum for Enum fields
+    (the Argo UI shows them as a drop-down)."""
+    import enum as _enum
+
     params = []
     for name, field in TrainingParameters.model_fields.items():
         default = field.default
-        enum_values = None
-        if name == "lane":
-            enum_values = [lane.value for lane in Lane]
-        elif name == "promotion_metric":
-            enum_values = [m.value for m in PromotionMetric]
-        value = default.value if hasattr(default, "value") else str(default)
-        params.append(Parameter(name=kebab(name), value=value, description=field.description, enum=enum_values))
+        choices = None
+        if isinstance(field.annotation, type) and issubclass(field.annotation, _enum.Enum):
+            choices = [member.value for member in field.annotation]
+        value = default.value if isinstance(default, _enum.Enum) else str(default)
+        params.append(Parameter(name=kebab(name), value=value, description=field.description, enum=choices))
     return params
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from pipectl.components.contracts import TrainingParameters
-from pipectl.pipelines.training import build_training
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from pipectl.components.contracts import Lane, TrainingParameters, is_k8s_name
+from pipectl.components.contracts import Lane, StoreSettings, TrainingParameters
 
 
 def test_defaults_are_valid_and_render_as_kebab_strings():
@@ -32,7 +32,8 @@ def test_bad_values_are_rejected(key, value):
         TrainingParameters.from_overrides({key: value})
 
 
-def test_k8s_names():
-    assert is_k8s_name("training-v1")
-    assert not is_k8s_name("Training")
-    assert not is_k8s_name("a" * 64)
+@pytest.mark.parametrize("bucket", ["Bad_Bucket", "ab", "a" * 64, "-x-", "a..b"])
+def test_bucket_names_follow_s3_rules(bucket):
+    with pytest.raises(ValidationError):
+        StoreSettings(bucket=bucket)
+    assert StoreSettings(bucket="pipectl-data.v1").bucket == "pipectl-data.v1"

@@ -1,6 +1,5 @@
 """The local backend on small compiled workflows whose steps are real processes."""
 
-import sys
 
 import pytest
 
