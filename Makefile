@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv
 
-.PHONY: setup demo test test-unit render golden clean
+.PHONY: setup demo test test-unit render golden schemas ceph-up ceph-down cluster-build clean
 
 setup:
 	bash scripts/setup.sh
@@ -11,9 +11,10 @@ setup:
 demo: setup
 	$(VENV)/bin/pipectl run training
 
-# Set up, then run every test (unit, golden, integration with real local services).
+# Set up, then run every test (unit, golden, integration with real local services, a real Ceph).
 test: setup
-	$(VENV)/bin/pytest
+	bash scripts/system-deps.sh
+	PIPECTL_REQUIRE_CEPH=1 $(VENV)/bin/pytest
 
 test-unit: setup
 	$(VENV)/bin/pytest tests/unit tests/golden
@@ -24,6 +25,20 @@ render: setup
 # Regenerate the checked-in rendered manifests under argo/ (never done silently by tests).
 golden: setup
 	rm -rf argo && $(VENV)/bin/pipectl render cluster --write argo
+
+# Refresh the upstream schemas `pipectl lint` uses (needs Go and the module proxy).
+schemas: setup
+	$(VENV)/bin/python scripts/vendor_schemas.py
+
+# A single-node Ceph on loopback for manual use: eval "$$(make -s ceph-up)".
+ceph-up:
+	@bash scripts/ceph-up.sh /tmp/pipectl-ceph
+ceph-down:
+	@bash scripts/ceph-down.sh /tmp/pipectl-ceph
+
+# Build (and cache) the upstream binaries of the test cluster: etcd, Kubernetes, Argo, Volcano, KWOK.
+cluster-build:
+	bash tests/cluster/build.sh
 
 clean:
 	rm -rf .pipectl .pytest_cache

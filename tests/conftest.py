@@ -9,6 +9,50 @@ import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
+# A real single-node Ceph with its S3 gateway (and CephFS when possible) on 127.0.0.1.
+# Without the Debian packages its tests are skipped with the packages named; PIPECTL_REQUIRE_CEPH=1
+# (set by `make test` after it installs them) makes that a failure instead.
+from tests.ceph.ceph import (
+    CephCluster,
+    CephNotInstalled,
+    ensure_installed,
+    missing_packages,
+)
+
+
+
+def _cephfs_possible() -> bool:
+    return not missing_packages(cephfs=True) and os.access("/dev/fuse", os.R_OK | os.W_OK)
+
+
+@pytest.fixture(scope="session")
+def ceph_cluster(tmp_path_factory):
+    try:
+        ensure_installed()
+    except CephNotInstalled as e:
+        if os.environ.get("PIPECTL_REQUIRE_CEPH") == "1":
+            pytest.fail(str(e))
+        pytest.skip(str(e))
+    with CephCluster(tmp_path_factory.mktemp("ceph") / "run", cephfs=_cephfs_possible()) as c:
+        yield c
+
+
+@pytest.fixture()
+def ceph_s3(ceph_cluster):
+    """A boto3 S3 client for the cluster's RADOS Gateway (path-style, checksums when required)."""
+    return ceph_cluster.s3_client()
+
+
+@pytest.fixture(scope="session")
+def cephfs_mount(ceph_cluster, tmp_path_factory):
+    """The cluster's CephFS mounted with ceph-fuse (unmounted when the cluster stops)."""
+    if not ceph_cluster.cephfs:
+        pytest.skip(
+            "CephFS needs the Debian packages ceph-mds and ceph-fuse and a usable /dev/fuse"
+        )
+    return ceph_cluster.mount_cephfs(tmp_path_factory.mktemp("cephfs"))
+
+
 
 @pytest.fixture(scope="session")
 def digits_dir(tmp_path_factory) -> Path:

@@ -17,16 +17,32 @@ def services(tmp_path_factory):
         yield svc
 
 
+def _settings(endpoint: str, access_key: str, secret_key: str, mlflow_url: str) -> StoreSettings:
+    return StoreSettings(
+        s3_endpoint=endpoint,
+        s3_access_key=access_key,
+        s3_secret_key=secret_key,
+        bucket=f"t-{uuid.uuid4().hex[:12]}",
+        mlflow_uri=mlflow_url,
+    )
+
+
 @pytest.fixture()
 def settings(services) -> StoreSettings:
-    """Store settings pointing at the session's services, with a fresh bucket per test."""
-    return StoreSettings(
-        s3_endpoint=services.s3_url,
-        s3_access_key=S3_ACCESS_KEY,
-        s3_secret_key=S3_SECRET_KEY,
-        bucket=f"t-{uuid.uuid4().hex[:12]}",
-        mlflow_uri=services.mlflow_url,
-    )
+    """Store settings for the session's moto S3 server and MLflow, with a fresh bucket per test."""
+    return _settings(services.s3_url, S3_ACCESS_KEY, S3_SECRET_KEY, services.mlflow_url)
+
+
+@pytest.fixture()
+def ceph_settings(services, ceph_cluster) -> StoreSettings:
+    """Store settings for the session's real Ceph RADOS Gateway (and the session's MLflow)."""
+    return _settings(ceph_cluster.s3_endpoint, ceph_cluster.access_key, ceph_cluster.secret_key, services.mlflow_url)
+
+
+@pytest.fixture(params=["moto", "ceph-rgw"])
+def store_settings(request) -> StoreSettings:
+    """Parametrised over both S3 servers: moto (the embedded default) and Ceph RGW (production)."""
+    return request.getfixturevalue("settings" if request.param == "moto" else "ceph_settings")
 
 
 @pytest.fixture()

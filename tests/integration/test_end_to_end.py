@@ -39,8 +39,9 @@ def test_default_run_registers_a_champion_above_095_on_digits(tmp_path):
     assert (tmp_path / "state" / "mlflow" / "mlflow.db").exists()
 
 
-def test_run_against_configured_services_with_a_two_pod_gang_and_a_corrupt_jpeg(services, settings, digits_dir, tmp_path):
-    """--s3-endpoint/--mlflow-uri point at running servers; workers=2 runs a 2-pod gang locally."""
+def test_run_against_ceph_rgw_with_a_two_pod_gang_and_a_corrupt_jpeg(ceph_settings, digits_dir, tmp_path):
+    """--s3-endpoint at a real Ceph RGW, --mlflow-uri at a running server; workers=2 runs a 2-pod gang."""
+    settings = ceph_settings
     data = tmp_path / "data"
     shutil.copytree(digits_dir, data)
     good = next((data / "7").iterdir()).read_bytes()
@@ -55,7 +56,7 @@ def test_run_against_configured_services_with_a_two_pod_gang_and_a_corrupt_jpeg(
     r = _run(args)
     assert r.returncode == 0, r.stderr[-4000:]
     summary = json.loads(r.stdout)
-    assert summary["preprocess"]["corrupt"] == "1"
+    assert summary["preprocess"]["corrupt"] == 1
     assert summary["metrics"]["accuracy"] >= 0.95
     train_log = Path(summary["steps"][2]["log"]).read_text()
     assert '"world_size": 2' in train_log  # 2 pods x 1 process

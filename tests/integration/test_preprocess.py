@@ -17,6 +17,12 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture()
+def settings(store_settings):
+    """Every test here runs against moto's S3 server and against a real Ceph RGW."""
+    return store_settings
+
+
+@pytest.fixture()
 def dataset_with_corrupt_jpeg(small_digits_dir, tmp_path):
     d = tmp_path / "ds"
     shutil.copytree(small_digits_dir, d)

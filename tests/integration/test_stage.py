@@ -18,6 +18,12 @@ from pipectl.components.stage.core import stage
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture()
+def settings(store_settings):
+    """Every test here runs against moto's S3 server and against a real Ceph RGW."""
+    return store_settings
+
+
 def _objects(s3, bucket, prefix):
     out = {}
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):

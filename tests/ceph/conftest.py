@@ -1,0 +1,1 @@
+"""Ceph fixtures live in tests/conftest.py (shared with the integration tests)."""
