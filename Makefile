@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv
 
-.PHONY: setup demo test test-unit render golden schemas ceph-up ceph-down cluster-build clean
+.PHONY: setup demo test test-unit render golden schemas ceph-up ceph-down cluster-build cluster-up cluster-down clean
 
 setup:
 	bash scripts/setup.sh
@@ -12,12 +12,21 @@ demo: setup
 	$(VENV)/bin/pipectl run training
 
 # Set up, then run every test (unit, golden, integration with real local services, a real Ceph).
+# Cold: builds the test cluster's upstream binaries from the Go module proxy first (~17 min, cached).
 test: setup
 	bash scripts/system-deps.sh
-	PIPECTL_REQUIRE_CEPH=1 $(VENV)/bin/pytest
+	bash tests/cluster/build.sh
+	PIPECTL_REQUIRE_CEPH=1 PIPECTL_REQUIRE_CLUSTER=1 $(VENV)/bin/pytest
 
 test-unit: setup
 	$(VENV)/bin/pytest tests/unit tests/golden
+
+# A loopback Kubernetes control plane (etcd, apiserver, controller-manager, scheduler, KWOK, Argo,
+# Volcano) for manual use: eval "$$(make -s cluster-up)".
+cluster-up: cluster-build
+	@bash scripts/cluster-up.sh /tmp/pipectl-cluster
+cluster-down:
+	@bash scripts/cluster-down.sh /tmp/pipectl-cluster
 
 render: setup
 	$(VENV)/bin/pipectl render training

@@ -220,6 +220,7 @@ class StageOutput(StrictModel):
     bytes: int
     copied: int = Field(description="Objects written by this run (0 when already staged).")
     skipped: int = Field(description="Objects already present and verified.")
+    retries: int = Field(0, description="Requests botocore retried (throttling, 5xx, resets) for the writes.")
 
 
 class PreprocessInput(StrictModel):

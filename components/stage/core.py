@@ -170,9 +170,10 @@ def _metadata(entry: ManifestEntry) -> dict[str, str]:
     return {"sha256": entry.sha256, "label": quote(entry.label, safe="")}
 
 
-def _upload(s3: Any, f: SourceFile, entry: ManifestEntry, md5: str, bucket: str, key: str) -> None:
+def _upload(s3: Any, f: SourceFile, entry: ManifestEntry, md5: str, bucket: str, key: str) -> int:
     """Write one object and verify it: a single PUT's ETag must equal the content md5;
-    multipart uploads and copies are verified by HEAD (size and our sha256 metadata)."""
+    multipart uploads and copies are verified by HEAD (size and our sha256 metadata).
+    Returns the retries botocore needed for a single PUT (0 for managed transfers)."""
     from boto3.s3.transfer import TransferConfig
 
     if f.s3_location is None and entry.size < MULTIPART_THRESHOLD_BYTES:
@@ -182,13 +183,14 @@ def _upload(s3: Any, f: SourceFile, entry: ManifestEntry, md5: str, bucket: str,
         finally:
             stream.close()
         resp = s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata=_metadata(entry))
+        retries = resp.get("ResponseMetadata", {}).get("RetryAttempts", 0)
         if resp.get("ETag", "").strip('"') != md5 or len(body) != entry.size:
             raise StepError(
                 f"verification failed for s3://{bucket}/{key}: the store's ETag differs from the content md5",
                 "the source changed during staging or the store altered the write; rerun",
                 transient=True,
             )
-        return
+        return retries
 
     config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD_BYTES, multipart_chunksize=MULTIPART_THRESHOLD_BYTES)
     extra = {"Metadata": _metadata(entry)}
@@ -213,6 +215,7 @@ def _upload(s3: Any, f: SourceFile, entry: ManifestEntry, md5: str, bucket: str,
             "the store lost or altered the write; rerun (verified objects are skipped)",
             transient=True,
         )
+    return 0  # managed transfers do not report their retries
 
 
 def _verified(head: dict | None, entry: ManifestEntry) -> bool:
@@ -271,8 +274,9 @@ def _stage_files(inp: StageInput, s3: Any, files: list[SourceFile]) -> StageOutp
         entries=entries,
     )
 
-    def result(copied: int) -> StageOutput:
+    def result(copied: int, retries: int = 0) -> StageOutput:
         return StageOutput(
+            retries=retries,
             dataset_uri=dataset_uri,
             manifest_uri=manifest_uri,
             objects=len(entries),
@@ -290,20 +294,20 @@ def _stage_files(inp: StageInput, s3: Any, files: list[SourceFile]) -> StageOutp
 
     present = _existing(s3, inp.bucket, f"{prefix}/data/")
 
-    def put(item: tuple[SourceFile, ManifestEntry, str]) -> bool:
+    def put(item: tuple[SourceFile, ManifestEntry, str]) -> int | None:
+        """None when already present; else the retries the write needed."""
         f, entry, md5 = item
         key = f"{prefix}/data/{entry.key}"
         size, etag = present.get(key, (-1, ""))
         if size == entry.size and (etag == md5 or ("-" in etag and _verified(object_exists(s3, inp.bucket, key), entry))):
-            return False  # written and verified by an earlier, interrupted run
-        _upload(s3, f, entry, md5, inp.bucket, key)
-        return True
+            return None  # written and verified by an earlier, interrupted run
+        return _upload(s3, f, entry, md5, inp.bucket, key)
 
     with ThreadPoolExecutor(max_workers=inp.max_concurrency) as pool:
-        copied = sum(pool.map(put, [(f, e, md5) for f, e, (_, md5) in zip(files, entries, digests)]))
+        written = [r for r in pool.map(put, [(f, e, md5) for f, e, (_, md5) in zip(files, entries, digests)]) if r is not None]
     write_json(s3, manifest_uri, manifest.model_dump(mode="json"))
-    log.info("staged %s: %d copied, %d already present", dataset_uri, copied, len(entries) - copied)
-    return result(copied)
+    log.info("staged %s: %d copied, %d already present, %d retried requests", dataset_uri, len(written), len(entries) - len(written), sum(written))
+    return result(len(written), sum(written))
 
 
 def run(inp: StageInput, settings: StoreSettings) -> StageOutput:

@@ -1,0 +1,40 @@
+"""Fixtures for tests on the loopback Kubernetes control plane (tests/cluster/cluster.py).
+
+Without the cached binaries (tests/cluster/build.sh) or the Go modules' CRDs the tests are skipped,
+naming what is missing; PIPECTL_REQUIRE_CLUSTER=1 makes that a failure instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.cluster.cluster import ClusterNotAvailable, TestCluster, ensure_available
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "cluster: needs the loopback Kubernetes control plane (etcd, kube-apiserver, Argo, KWOK)",
+    )
+
+
+@pytest.fixture(scope="session")
+def test_cluster(tmp_path_factory):
+    try:
+        ensure_available(volcano=False)
+    except ClusterNotAvailable as e:
+        if os.environ.get("PIPECTL_REQUIRE_CLUSTER") == "1":
+            pytest.fail(str(e))
+        pytest.skip(str(e))
+    with TestCluster(tmp_path_factory.mktemp("k8s") / "run") as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def k8s_api(test_cluster):
+    """A kubernetes.client.ApiClient with admin credentials on the test cluster."""
+    api = test_cluster.api_client()
+    yield api
+    api.close()
