@@ -9,6 +9,7 @@ CLI's exit codes: unreachable/unauthorised -> :class:`Unreachable` (3), rejected
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable, Iterator
 
@@ -68,7 +69,8 @@ class ArgoCluster:
         self.namespace = namespace
         try:
             try:
-                config.load_kube_config(context=context)
+                # KUBECONFIG read now, not when the client library was imported
+                config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), context=context)
             except config.ConfigException:
                 config.load_incluster_config()
         except config.ConfigException as e:

@@ -348,3 +348,29 @@ def test_cli_templates_cron_and_submit_against_the_api_server(project_applied, t
     # the training steps declare outputs KWOK cannot produce: do not leave them running
     for w in after + [wf]:
         custom.delete_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", w["metadata"]["name"])
+
+
+def test_wait_and_status_follow_a_workflow_to_its_end(test_cluster, k8s_api, test_namespace):
+    """What `pipectl submit --wait` runs (ArgoCluster.wait) and `pipectl status`, on real workflows."""
+    import os
+
+    from pipectl.pipelines.kube import ArgoCluster
+
+    os.environ["KUBECONFIG"] = str(test_cluster.kubeconfig)
+    try:
+        cluster = ArgoCluster(test_namespace)
+        ok = cluster.create_workflow(_tiny_workflow(test_namespace, "wait-ok-"))
+        changes: list[str] = []
+        final = cluster.wait(ok["metadata"]["name"], lambda wf: changes.append(wf.get("status", {}).get("phase", "")), poll_s=0.5, timeout_s=90)
+        assert final["status"]["phase"] == "Succeeded" and changes, changes
+        bad = cluster.create_workflow(_tiny_workflow(test_namespace, "wait-bad-", {"pipectl.io/fail": "boom", "pipectl.io/exit-code": "1"}))
+        assert cluster.wait(bad["metadata"]["name"], lambda wf: None, poll_s=0.5, timeout_s=90)["status"]["phase"] == "Failed"
+    finally:
+        del os.environ["KUBECONFIG"]
+    r = _pipectl(test_cluster, "status", bad["metadata"]["name"], "-n", test_namespace, "--output", "json")
+    assert r.returncode == 1, r.stderr  # a Failed workflow: exit 1
+    assert "boom" in r.stdout
+    r = _pipectl(test_cluster, "status", ok["metadata"]["name"], "-n", test_namespace)
+    assert r.returncode == 0 and "Succeeded" in r.stderr
+    r = _pipectl(test_cluster, "status", "no-such-workflow", "-n", test_namespace)
+    assert r.returncode == 1 and "not found" in r.stderr
