@@ -374,3 +374,41 @@ def test_wait_and_status_follow_a_workflow_to_its_end(test_cluster, k8s_api, tes
     assert r.returncode == 0 and "Succeeded" in r.stderr
     r = _pipectl(test_cluster, "status", "no-such-workflow", "-n", test_namespace)
     assert r.returncode == 1 and "not found" in r.stderr
+
+
+def test_two_gangs_that_fit_alone_but_not_together_never_bind_half(test_cluster, k8s_api, test_namespace):
+    """Each gang needs 3 of the 4 fake nodes (8 GPUs per pod): one binds whole, the other waits
+    whole, and binds whole once the first completes. Volcano issues a gang's bind calls one after
+    another, so a reader can catch 1 of 3 bound for a moment; what must never happen is a gang that
+    stays part-bound (holding GPUs while waiting for the rest: the deadlock)."""
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    from kubernetes import client
+
+    core = client.CoreV1Api(k8s_api)
+    replicas = test_cluster.nodes - 1
+    names = ["gang-a", "gang-b"]
+    for name in names:
+        job = _volcano_job(name, test_namespace, replicas=replicas, gpus=8)
+        job["spec"]["tasks"][0]["template"]["metadata"] = {"annotations": {"pipectl.io/run-duration": "3s"}}
+        _custom(k8s_api).create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", test_namespace, "jobs", job)
+    seen_full: set[str] = set()
+    partial_since: dict[str, float] = {}
+    deadline = time.monotonic() + 90
+    try:
+        while time.monotonic() < deadline and seen_full != set(names):
+            for name in names:
+                pods = core.list_namespaced_pod(test_namespace, label_selector=f"volcano.sh/job-name={name}").items
+                bound = sum(1 for p in pods if p.spec.node_name)
+                if bound in (0, replicas):
+                    partial_since.pop(name, None)
+                else:
+                    since = partial_since.setdefault(name, time.monotonic())
+                    assert time.monotonic() - since < 3.0, f"{name} stayed part-bound ({bound} of {replicas}) for 3 s"
+                if bound == replicas:
+                    seen_full.add(name)
+            time.sleep(0.2)
+        assert seen_full == set(names), f"both gangs must eventually run whole; saw {seen_full}"
+    finally:
+        for name in names:
+            _custom(k8s_api).delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", test_namespace, "jobs", name)
