@@ -99,15 +99,7 @@ def register(main: click.Group) -> None:
         """Create or update every pipeline's WorkflowTemplate (linted first)."""
         from pipectl.pipelines.training import CompileConfig, build_training
 
-        objs = [build_training(CompileConfig(namespace=namespace)).to_dict()]
-        _check(objs)
-        if dry_run:
-            _print_objects(objs)
-            return
-        cluster = _cluster(namespace, context)
-        for o in objs:
-            cluster.apply(o)
-            _console().print(f"applied WorkflowTemplate {o['metadata']['name']}")
+        _apply([build_training(CompileConfig(namespace=namespace)).to_dict()], dry_run, namespace, context)
 
     @main.group()
     def cron() -> None:
@@ -121,15 +113,7 @@ def register(main: click.Group) -> None:
         from pipectl.pipelines.cluster import retrain_cron
         from pipectl.pipelines.training import CompileConfig
 
-        objs = [retrain_cron(CompileConfig(namespace=namespace)).to_dict()]
-        _check(objs)
-        if dry_run:
-            _print_objects(objs)
-            return
-        cluster = _cluster(namespace, context)
-        for o in objs:
-            cluster.apply(o)
-            _console().print(f"applied CronWorkflow {o['metadata']['name']}")
+        _apply([retrain_cron(CompileConfig(namespace=namespace)).to_dict()], dry_run, namespace, context)
 
     @cron.command("list")
     @_common
@@ -219,6 +203,18 @@ def register(main: click.Group) -> None:
             "spec": {k: v for k, v in old["spec"].items() if k in ("workflowTemplateRef", "arguments", "priority")},
         }
         click.echo(cluster.create_workflow(wf)["metadata"]["name"])
+
+
+def _apply(objs: list[dict], dry_run: bool, namespace: str, context: str | None) -> None:
+    """Lint ``objs``, then print them (dry run) or create/replace each on the cluster."""
+    _check(objs)
+    if dry_run:
+        _print_objects(objs)
+        return
+    cluster = _cluster(namespace, context)
+    for o in objs:
+        cluster.apply(o)
+        _console().print(f"applied {o['kind']} {o['metadata']['name']}")
 
 
 def _rows(rows: list[dict], output_format: str) -> None:
