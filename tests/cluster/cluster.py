@@ -17,10 +17,13 @@ Upstream binaries only (built from Go modules and cached by tests/cluster/build.
   argo server               only with argo_server=True: auth mode server, plain http
   vc-scheduler              Volcano scheduler (optional: its failure is recorded, not fatal)
   vc-controller-manager     Volcano controllers (optional, same)
-  argoexec-stand-in         a small Python watcher (this file, `taskresults` command) that writes
-                            the WorkflowTaskResult the Argo executor's `wait` container would
-                            write when a pod ends. KWOK runs no containers, and Argo >= 3.5 keeps a
-                            workflow Running until every pod's task result is reported.
+  argoexec-stand-in         a small Python watcher (this file, `taskresults` command) doing what
+                            Argo's executor would for pods that never run: it writes each ended
+                            pod's WorkflowTaskResult (Argo >= 3.5 keeps a workflow Running until
+                            every pod's result is reported), with output parameters the TEST
+                            supplies (ConfigMap pipectl-test-outputs), and runs resource templates
+                            (creates the manifest, evaluates the success/failure conditions with
+                            argoexec's own code, ends the pod). See run_taskresult_reporter().
 
 Pod lifecycle on fake nodes (Stages created by this file, see POD_STAGES):
   Pending -> Running (every container running) -> Succeeded (every container exit 0);
@@ -426,6 +429,12 @@ spec:
       values: ['Running']
     - key: '.metadata.annotations["pipectl.io/fail"]'
       operator: 'DoesNotExist'
+    # Argo resource-template pods (`argoexec resource ...`) stay Running: the argoexec stand-in
+    # creates their manifest and ends the pod when argoexec would (success/failure condition).
+    # (`/var/run/argo/argoexec emissary -- argoexec resource create ...`)
+    - key: '(.spec.containers[0].command // []) | join(" ") | test("(^| )argoexec resource ")'
+      operator: 'NotIn'
+      values: ['true']
   delay:
     durationMilliseconds: 1000
     durationFrom:
@@ -1146,31 +1155,79 @@ NODE_ID_ANNOTATION = "workflows.argoproj.io/node-id"
 COMPLETED_LABEL = "workflows.argoproj.io/report-outputs-completed"
 
 
+TEST_OUTPUTS_CONFIGMAP = "pipectl-test-outputs"
+
+
+def _argo_template(pod) -> dict:
+    """The template Argo gave this pod (env ARGO_TEMPLATE of its containers), or {}."""
+    for c in list(pod.spec.containers or []) + list(pod.spec.init_containers or []):
+        for e in c.env or []:
+            if e.name == "ARGO_TEMPLATE" and e.value:
+                return json.loads(e.value)
+    return {}
+
+
+def _is_resource_pod(pod) -> bool:
+    """True for the pod of a resource template: ``... emissary -- argoexec resource <action>``."""
+    cmd = (pod.spec.containers[0].command or []) if pod.spec.containers else []
+    return any(cmd[i:i + 2] == ["argoexec", "resource"] for i in range(len(cmd)))
+
+
 def run_taskresult_reporter(kubeconfig: str) -> None:
-    """Do what argoexec's `wait` container does when a pod's main container ends: create the
-    node's WorkflowTaskResult (no outputs) labelled report-outputs-completed=true. Runs forever."""
-    from kubernetes import client, config, watch
+    """Do what Argo's executor (argoexec) would do for pods on KWOK nodes, which run nothing:
+
+    * container templates: when KWOK ends the pod, create the node's WorkflowTaskResult labelled
+      report-outputs-completed=true, as argoexec's `wait` container does. Output parameters are
+      those the TEST supplies in the ConfigMap ``pipectl-test-outputs`` of the pod's namespace
+      (key: template name, value: JSON object parameter -> value); only parameters the template
+      declares are reported, so a template whose outputs the test does not supply stays without
+      them (and Argo fails the dependent substitution, as it would for a real step).
+    * resource templates (`argoexec resource create`): create the manifest Argo put in the
+      template (owner reference included), then evaluate the template's successCondition /
+      failureCondition on the live object with argoexec's own condition code (tests/tools/argoexpr,
+      built from the Argo module) every 0.5 s, and end the pod as argoexec would: exit 0, or exit 1
+      with the reason as termination message. Pods annotated ``pipectl.io/fail`` are left to KWOK.
+
+    Runs forever (a component of TestCluster)."""
+    import threading
+
+    from kubernetes import client, config, dynamic, watch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.tools.argo import ArgoExpr
 
     api = config.new_client_from_config(config_file=kubeconfig)
     core = client.CoreV1Api(api)
     custom = client.CustomObjectsApi(api)
+    dyn = dynamic.DynamicClient(api)
+    argoexpr = ArgoExpr()
     done: set[tuple[str, str]] = set()
+    # (namespace, pod name) -> {"api": resource api, "name": object name, "tmpl": template}
+    running: dict[tuple[str, str], dict] = {}
+    lock = threading.Lock()
 
-    def report(pod) -> None:
+    def supplied_outputs(pod, tmpl: dict) -> dict:
+        declared = [x["name"] for x in (tmpl.get("outputs") or {}).get("parameters", [])]
+        if not declared:
+            return {}
+        try:
+            cm = core.read_namespaced_config_map(TEST_OUTPUTS_CONFIGMAP, pod.metadata.namespace)
+        except client.ApiException:
+            return {}
+        values = json.loads((cm.data or {}).get(tmpl.get("name", ""), "{}"))
+        params = [{"name": n, "value": str(values[n])} for n in declared if n in values]
+        return {"parameters": params} if params else {}
+
+    def write_result(pod, outputs: dict) -> None:
         ann = pod.metadata.annotations or {}
-        node_id = ann.get(NODE_ID_ANNOTATION)
-        wf = (pod.metadata.labels or {}).get(WF_LABEL)
-        if not node_id or not wf or pod.status.phase not in ("Succeeded", "Failed"):
-            return
-        key = (pod.metadata.namespace, node_id)
-        if key in done:
-            return
+        node_id = ann[NODE_ID_ANNOTATION]
+        wf = pod.metadata.labels[WF_LABEL]
         owner = next((o for o in (pod.metadata.owner_references or []) if o.kind == "Workflow"), None)
         body = {
             "apiVersion": "argoproj.io/v1alpha1", "kind": "WorkflowTaskResult",
             "metadata": {"name": node_id, "namespace": pod.metadata.namespace,
                          "labels": {WF_LABEL: wf, COMPLETED_LABEL: "true"}},
-            "outputs": {},
+            "outputs": outputs,
         }
         if owner is not None:
             body["metadata"]["ownerReferences"] = [{"apiVersion": "argoproj.io/v1alpha1",
@@ -1182,13 +1239,118 @@ def run_taskresult_reporter(kubeconfig: str) -> None:
                                                    body)
         except client.ApiException as e:
             if e.status != 409:
-                print(f"taskresult {key}: {e.status} {e.body}", flush=True)
-                return
+                raise
             custom.patch_namespaced_custom_object(
                 "argoproj.io", "v1alpha1", pod.metadata.namespace, "workflowtaskresults", node_id,
-                {"metadata": {"labels": {COMPLETED_LABEL: "true"}}})
+                {"metadata": {"labels": {COMPLETED_LABEL: "true"}}, "outputs": outputs})
+
+    def report(pod) -> None:
+        ann = pod.metadata.annotations or {}
+        if not ann.get(NODE_ID_ANNOTATION) or not (pod.metadata.labels or {}).get(WF_LABEL):
+            return
+        key = (pod.metadata.namespace, pod.metadata.name)
+        if key in done:
+            return
+        if (_is_resource_pod(pod) and "pipectl.io/fail" not in ann
+                and pod.status.phase == "Running"):
+            with lock:
+                if key not in running:
+                    start_resource(pod)
+            return
+        if pod.status.phase not in ("Succeeded", "Failed"):
+            return
+        tmpl = _argo_template(pod)
+        outputs = supplied_outputs(pod, tmpl) if pod.status.phase == "Succeeded" else {}
+        try:
+            write_result(pod, outputs)
+        except client.ApiException as e:
+            print(f"taskresult {key}: {e.status} {e.body}", flush=True)
+            return
         done.add(key)
-        print(f"reported {key} ({pod.status.phase})", flush=True)
+        print(f"reported {key} ({pod.status.phase}) outputs={outputs}", flush=True)
+
+    def start_resource(pod) -> None:
+        key = (pod.metadata.namespace, pod.metadata.name)
+        tmpl = _argo_template(pod)
+        res = tmpl.get("resource") or {}
+        import yaml
+
+        obj = yaml.safe_load(res.get("manifest", "")) or {}
+        ns = obj.get("metadata", {}).get("namespace") or pod.metadata.namespace
+        try:
+            if res.get("action") != "create":
+                raise ValueError(f"stand-in supports action create only, not {res.get('action')!r}")
+            rapi = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+            rapi.create(body=obj, namespace=ns)
+        except Exception as e:  # noqa: BLE001 - argoexec fails the step the same way
+            if not (isinstance(e, client.ApiException) and e.status == 409):
+                finish(pod, 1, f"{type(e).__name__}: {e}"[:500])
+                return
+        running[key] = {"api": rapi, "name": obj["metadata"]["name"], "ns": ns, "tmpl": tmpl,
+                        "pod": pod}
+        print(f"resource {key}: created {obj['kind']} {ns}/{obj['metadata']['name']}", flush=True)
+
+    def finish(pod, exit_code: int, message: str) -> None:
+        key = (pod.metadata.namespace, pod.metadata.name)
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        started = pod.status.start_time.strftime("%Y-%m-%dT%H:%M:%SZ") if pod.status.start_time else now
+        term = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                "startedAt": started, "finishedAt": now}
+        if message:
+            term["message"] = message
+        phase = "Succeeded" if exit_code == 0 else "Failed"
+        try:
+            write_result(pod, {})
+            core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": {
+                "phase": phase,
+                "containerStatuses": [{"name": c.name, "image": c.image, "ready": False,
+                                       "restartCount": 0, "state": {"terminated": term}}
+                                      for c in pod.spec.containers]}})
+        except client.ApiException as e:
+            if e.status != 404:
+                print(f"finish {key}: {e.status} {e.body}", flush=True)
+                return
+        done.add(key)
+        running.pop(key, None)
+        print(f"resource {key}: {phase} {message}", flush=True)
+
+    def poll_resources() -> None:
+        while True:
+            time.sleep(0.5)
+            with lock:
+                items = list(running.items())
+            for key, r in items:
+                try:
+                    try:
+                        core.read_namespaced_pod(key[1], key[0])
+                    except client.ApiException as e:
+                        if e.status == 404:  # the workflow went away: stop, as argoexec would
+                            running.pop(key, None)
+                            done.add(key)
+                            continue
+                        raise
+                    try:
+                        obj = r["api"].get(name=r["name"], namespace=r["ns"]).to_dict()
+                    except client.ApiException as e:
+                        if e.status != 404:
+                            raise
+                        with lock:
+                            finish(r["pod"], 1, f"{r['name']} was deleted")
+                        continue
+                    res = r["tmpl"]["resource"]
+                    state = argoexpr.resource_state(res.get("successCondition", ""),
+                                                    res.get("failureCondition", ""), obj)
+                    if state == "succeeded":
+                        with lock:
+                            finish(r["pod"], 0, "")
+                    elif state == "failed":
+                        with lock:
+                            finish(r["pod"], 1, f"{obj['kind']} {r['name']} failed condition "
+                                                f"{res.get('failureCondition')!r}")
+                except Exception as e:  # noqa: BLE001 - keep polling the others
+                    print(f"poll {key}: {e!r}", flush=True)
+
+    threading.Thread(target=poll_resources, daemon=True).start()
 
     while True:
         try:

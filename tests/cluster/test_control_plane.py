@@ -412,3 +412,75 @@ def test_two_gangs_that_fit_alone_but_not_together_never_bind_half(test_cluster,
     finally:
         for name in names:
             _custom(k8s_api).delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", test_namespace, "jobs", name)
+
+
+# Output parameters the steps of training-v1 would write (what KWOK pods cannot produce): the
+# cluster's argoexec stand-in reports them in each step's WorkflowTaskResult.
+TRAINING_STEP_OUTPUTS = {
+    "stage": {"dataset-uri": "s3://pipectl/datasets/d1/", "manifest-uri": "s3://pipectl/datasets/d1/manifest.json",
+              "objects": 1797, "bytes": 1000000, "copied": 1797, "skipped": 0, "retries": 0},
+    "preprocess": {"shards-uri": "s3://pipectl/runs/x/shards/", "train-count": 1617, "validation-count": 180,
+                   "corrupt": 0, "images-per-s": 20000.0, "device": "cpu"},
+    "evaluate": {"mlflow-run-id": "r1", "model-uri": "runs:/r1/model", "metrics": "{}", "metric": 0.98,
+                 "champion-version": "", "champion-metric": "", "decision": "promote"},
+    "register": {"model-name": "digits-cnn", "version": "1", "alias": "champion", "created": "true",
+                 "champion-version": "1"},
+}
+
+
+@pytest.fixture()
+def training_outputs_supplied(k8s_api):
+    """The ConfigMap the argoexec stand-in reads step outputs from, in the pipectl namespace."""
+    import json
+
+    from kubernetes import client
+    from tests.cluster.cluster import TEST_OUTPUTS_CONFIGMAP
+
+    core = client.CoreV1Api(k8s_api)
+    body = {"metadata": {"name": TEST_OUTPUTS_CONFIGMAP},
+            "data": {k: json.dumps(v) for k, v in TRAINING_STEP_OUTPUTS.items()}}
+    core.create_namespaced_config_map("pipectl", body)
+    yield
+    core.delete_namespaced_config_map(TEST_OUTPUTS_CONFIGMAP, "pipectl")
+
+
+def _training_wf(custom, name: str) -> dict:
+    return custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", name)
+
+
+def test_training_pipeline_reaches_succeeded_under_submit_wait(project_applied, training_outputs_supplied,
+                                                               test_cluster, k8s_api):
+    """The real training-v1 WorkflowTemplate (not a variant) under `pipectl submit --wait`: every
+    step's pod is scheduled by the real scheduler and ended by KWOK; step outputs come from the
+    test (WorkflowTaskResults written by the argoexec stand-in); the train step's resource
+    template creates the real Volcano Job, Volcano gang-schedules its pods, and the step ends
+    when argoexec's own condition code sees status.state.phase == Completed."""
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    import json
+
+    from kubernetes import client
+
+    assert _pipectl(test_cluster, "templates", "apply").returncode == 0
+    r = _pipectl(test_cluster, "submit", "training", "--lane", "standard", "-p", "workers=2",
+                 "-p", "gpus-per-worker=4", "-p", "processes-per-worker=4", "--wait", "--output", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    name = json.loads(r.stdout)["name"]
+    wf = _training_wf(_custom(k8s_api), name)
+    assert wf["status"]["phase"] == "Succeeded"
+    # one pod per step, first attempt ("stage(0)": the attempt under the step's retry node)
+    nodes = {n["displayName"].removesuffix("(0)"): n for n in wf["status"]["nodes"].values() if n["type"] == "Pod"}
+    assert set(nodes) == {"stage", "preprocess", "train", "evaluate", "register"}, set(nodes)
+    # outputs flowed between steps through the controller's substitution
+    pre = nodes["preprocess"]["inputs"]["parameters"]
+    assert {p["name"]: p["value"] for p in pre}["manifest-uri"] == TRAINING_STEP_OUTPUTS["stage"]["manifest-uri"]
+    # the gang: the Volcano Job the train step created, owned by the workflow, ran 2 pods together
+    job = _custom(k8s_api).get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs",
+                                                        f"{name}-train-0")
+    assert job["status"]["state"]["phase"] == "Completed"
+    assert job["metadata"]["ownerReferences"][0]["name"] == name
+    assert job["spec"]["queue"] == "pipectl-standard" and job["spec"]["minAvailable"] == 2
+    pods = client.CoreV1Api(k8s_api).list_namespaced_pod("pipectl", label_selector=f"volcano.sh/job-name={name}-train-0").items
+    assert len(pods) == 2 and all(p.status.phase == "Succeeded" for p in pods)
+    assert all(p.spec.containers[0].resources.limits["nvidia.com/gpu"] == "4" for p in pods)
+    assert nodes["evaluate"]["startedAt"] >= nodes["train"]["finishedAt"]
