@@ -89,6 +89,44 @@ def volcano_queues() -> list[dict]:
     return out
 
 
+# Volcano scheduler configuration that makes the lanes work (Volcano v1.10 docs, "Scheduler
+# configuration", "Actions", "Plugins"):
+# - enqueue admits a job's PodGroup only when the cluster could run it (gang: no half-admitted jobs);
+# - allocate binds whole gangs (gang plugin: minAvailable or nothing);
+# - preempt lets a higher-priority job take resources from lower-priority ones in the SAME queue
+#   (priority plugin: PriorityClass values of the lanes);
+# - reclaim lets a queue under its deserved share (proportion plugin: queue weights of the lanes)
+#   take resources back from reclaimable queues that use more than theirs: how an urgent gang
+#   gets GPUs that batch work is holding;
+# - backfill places best-effort pods in the gaps.
+# gang.enablePreemptable=false: the gang plugin would otherwise refuse any victim that leaves its
+# job below minAvailable, so one running batch gang could block every urgent gang; the evicted
+# gang restarts whole (Volcano Job policy PodEvicted -> RestartJob, pipelines/gang.py) and resumes
+# from its checkpoint. drf.enablePreemptable=false: fairness by dominant share must not veto lanes.
+VOLCANO_SCHEDULER_CONF = {
+    "actions": "enqueue, allocate, preempt, reclaim, backfill",
+    "tiers": [
+        {"plugins": [{"name": "priority"}, {"name": "gang", "enablePreemptable": False}, {"name": "conformance"}]},
+        {"plugins": [{"name": "overcommit"}, {"name": "drf", "enablePreemptable": False}, {"name": "predicates"},
+                     {"name": "proportion"}, {"name": "nodeorder"}, {"name": "binpack"}]},
+    ],
+}
+
+
+def volcano_scheduler_config() -> list[dict]:
+    """``volcano-scheduler-configmap`` (namespace ``volcano-system``, key ``volcano-scheduler.conf``
+    as Volcano's Helm chart names them): the actions and plugins the lanes rely on."""
+    import yaml
+
+    return [{
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "volcano-scheduler-configmap", "namespace": "volcano-system",
+                     "labels": {"app.kubernetes.io/part-of": "pipectl"}},
+        "data": {"volcano-scheduler.conf": yaml.safe_dump(VOLCANO_SCHEDULER_CONF, sort_keys=False)},
+    }]
+
+
 def config_maps(cfg: CompileConfig) -> list[dict]:
     """Semaphore sizes per lane, store settings for steps, and the Argo artifact repository on
     Ceph RGW (credentials only as Secret references)."""
@@ -230,6 +268,7 @@ def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]
         "rbac.yaml": rbac(cfg),
         "priorityclasses.yaml": priority_classes(),
         "volcano-queues.yaml": volcano_queues(),
+        "volcano/volcano-scheduler-configmap.yaml": volcano_scheduler_config(),
         "configmaps.yaml": config_maps(cfg),
         "controller/workflow-controller-configmap.yaml": controller_config(cfg),
         "monitoring/prometheus-rules.yaml": prometheus_rules(cfg),

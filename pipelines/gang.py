@@ -1,9 +1,11 @@
 """Gang-scheduled training jobs: one Volcano Job or one Kubeflow PyTorchJob per attempt.
 
-Every pod of the gang runs the same ``torchrun`` line::
+Every pod of the gang runs the same ``torchrun`` line, through pipectl's wrapper that keeps the
+workers' exit code (torchrun itself exits 1 for any failure: components/train/launch.py)::
 
-    torchrun --nnodes=<workers> --node-rank=<pod index> --nproc-per-node=<processes per worker>
-             --master-addr=$(MASTER_ADDR) --master-port=$(MASTER_PORT) -m pipectl.components.train ...
+    python -m pipectl.components.train.launch --nnodes=<workers> --node-rank=<pod index>
+             --nproc-per-node=<processes per worker> --master-addr=$(MASTER_ADDR)
+             --master-port=$(MASTER_PORT) -m pipectl.components.train ...
 
 so torchrun gives each process WORLD_SIZE = workers x processes per worker and
 RANK = node_rank x processes per worker + local_rank (field case C04), and every pod agrees on
@@ -37,6 +39,25 @@ class GangConfig:
     service_account: str
     shm_gib: int
     lane_taint_key: str
+    max_restarts: int = 6
+    """Whole-gang restarts for infrastructure failures (Volcano ``maxRetry``): the retry policy's
+    ``infra_limit``."""
+
+
+# Volcano Job lifecycle policies (volcano.sh docs, "Job lifecycle policies"; first match wins,
+# job_controller_util.go applyPolicies): what broke the infrastructure restarts the WHOLE gang
+# (DDP cannot continue with a replaced member; every pod resumes from the last checkpoint), what
+# broke the code ends the job at once, so Argo's failureCondition sees it and does not retry.
+VOLCANO_POLICIES = [
+    # preempted by an urgent lane (reclaim/preempt), drained, scaled down: the pod was deleted
+    {"event": "PodEvicted", "action": "RestartJob"},
+    # EX_TEMPFAIL from the step (a transient store/tracking failure: DESIGN.md exit codes)
+    {"exitCode": 75, "action": "RestartJob"},
+    # SIGTERM from the kubelet (graceful node shutdown, spot reclaim notice): the launcher's 128+15
+    {"exitCode": 143, "action": "RestartJob"},
+    # anything else that failed a pod is the code's (exit 1, OOM kill 137): fail the job now
+    {"event": "PodFailed", "action": "TerminateJob"},
+]
 
 
 def _int(name: str) -> str:
@@ -53,7 +74,9 @@ def _unquote_ints(text: str) -> str:
 def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
     """Pod of the gang: torchrun, store settings from ConfigMap/Secret, GPUs, /dev/shm (C06)."""
     command = [
-        "torchrun",
+        "python",
+        "-m",
+        "pipectl.components.train.launch",
         f"--nnodes={P % 'workers'}",
         f"--node-rank={node_rank}",
         f"--nproc-per-node={P % 'processes-per-worker'}",
@@ -115,7 +138,8 @@ def volcano_job(cfg: GangConfig) -> str:
             "minAvailable": _int(P % "workers"),
             "queue": "pipectl-" + P % "lane",
             "priorityClassName": "pipectl-" + P % "lane",
-            "maxRetry": 1,
+            "maxRetry": cfg.max_restarts,
+            "policies": VOLCANO_POLICIES,
             "plugins": {"svc": [], "env": []},
             "tasks": [{"name": "worker", "replicas": _int(P % "workers"), "template": pod_template(cfg, "$(VC_TASK_INDEX)", env)}],
         },

@@ -71,7 +71,8 @@ class CompileConfig(BaseModel):
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Retries by failure class; backoff from scale_up_s.")
 
     def gang(self) -> GangConfig:
-        return GangConfig(image=self.train_image, service_account=self.service_account, shm_gib=self.shm_gib, lane_taint_key=LANE_TAINT_KEY)
+        return GangConfig(image=self.train_image, service_account=self.service_account, shm_gib=self.shm_gib, lane_taint_key=LANE_TAINT_KEY,
+                          max_restarts=self.retry.infra_limit)
 
 
 def kebab(name: str) -> str:

@@ -555,25 +555,6 @@ spec:
     delete: true
 """.replace("__POD_IPS__", _POD_IPS.strip("\n"))
 
-VOLCANO_SCHEDULER_CONF = """\
-actions: "enqueue, allocate, preempt, reclaim, backfill"
-tiers:
-- plugins:
-  - name: priority
-  - name: gang
-    enablePreemptable: false
-  - name: conformance
-- plugins:
-  - name: overcommit
-  - name: drf
-    enablePreemptable: false
-  - name: predicates
-  - name: proportion
-  - name: nodeorder
-  - name: binpack
-"""
-
-
 def fake_node(name: str, labels: dict | None = None, taints: list | None = None,
               capacity: dict | None = None) -> dict:
     cap = dict(NODE_CAPACITY, **(capacity or {}))
@@ -1036,7 +1017,10 @@ class TestCluster:
                                           "taskresults", kc])
         if self.volcano:
             conf = r / "volcano-scheduler.conf"
-            conf.write_text(VOLCANO_SCHEDULER_CONF)
+            # the configuration the project ships (argo/volcano/volcano-scheduler-configmap.yaml)
+            from pipectl.pipelines.cluster import volcano_scheduler_config
+
+            conf.write_text(volcano_scheduler_config()[0]["data"]["volcano-scheduler.conf"])
             for c in OPTIONAL_COMPONENTS:
                 if not os.access(binary(c), os.X_OK):
                     self.errors[c] = f"binary {binary(c)} missing"

@@ -14,13 +14,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.cluster.cluster import NODE_CAPACITY
+
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 ARGO_DIR = REPO / "argo"
-EXCLUDED_DIRS = {"controller", "monitoring"}
+# controller/ (namespace argo), monitoring/ (needs prometheus-operator CRDs) and volcano/ (namespace
+# volcano-system; the test cluster's vc-scheduler reads that file's configuration directly) are not applied.
+EXCLUDED_DIRS = {"controller", "monitoring", "volcano"}
 PIPECTL = REPO / ".venv" / "bin" / "pipectl"
 TEST_NS = "cluster-test"
+NODE_GPUS = NODE_CAPACITY["nvidia.com/gpu"]
 # Cluster-scoped and namespace objects first, as `kubectl apply` users order them.
 KIND_ORDER = {"Namespace": 0, "PriorityClass": 1, "ServiceAccount": 2, "Role": 3,
               "RoleBinding": 4, "ConfigMap": 5, "Queue": 6, "WorkflowTemplate": 7}
@@ -484,3 +489,75 @@ def test_training_pipeline_reaches_succeeded_under_submit_wait(project_applied, 
     assert len(pods) == 2 and all(p.status.phase == "Succeeded" for p in pods)
     assert all(p.spec.containers[0].resources.limits["nvidia.com/gpu"] == "4" for p in pods)
     assert nodes["evaluate"]["startedAt"] >= nodes["train"]["finishedAt"]
+
+
+def _lane_gang(name: str, lane: str, workers: int, gpus: int, run_duration: str) -> dict:
+    """The train gang exactly as the training template renders it (pipelines/gang.py), with the
+    Argo tags a workflow of ``lane`` would substitute, plus how long KWOK keeps its pods running."""
+    from pipectl.pipelines.gang import volcano_job
+    from pipectl.pipelines.training import CompileConfig
+
+    text = volcano_job(CompileConfig().gang())
+    values = {"{{workflow.name}}-train-{{retries}}": name, "{{workflow.name}}": name, "{{inputs.parameters.lane}}": lane,
+              "{{inputs.parameters.workers}}": str(workers), "{{inputs.parameters.gpus-per-worker}}": str(gpus),
+              "{{inputs.parameters.processes-per-worker}}": str(gpus)}
+    for tag, value in values.items():
+        text = text.replace(tag, value)
+    job = yaml.safe_load(text)
+    assert "{{" not in yaml.safe_dump(job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["resources"])
+    job["metadata"]["namespace"] = "pipectl"
+    job["spec"]["tasks"][0]["template"]["metadata"].setdefault("annotations", {})["pipectl.io/run-duration"] = run_duration
+    return job
+
+
+def test_urgent_lane_preempts_batch_gangs_filling_every_gpu(project_applied, training_outputs_supplied,
+                                                            test_cluster, k8s_api):
+    """Batch gangs hold every fake GPU; `pipectl submit training --lane urgent` must still get its
+    gang bound: Volcano's reclaim action (argo/volcano/volcano-scheduler-configmap.yaml) evicts a
+    batch gang (queue pipectl-batch is reclaimable, pipectl-urgent is not), the evicted gang restarts
+    whole (policy PodEvicted -> RestartJob), and the urgent workflow reaches Succeeded."""
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    import json
+
+    from kubernetes import client
+
+    core = client.CoreV1Api(k8s_api)
+    custom = _custom(k8s_api)
+    gpus_per_node = int(NODE_GPUS)
+    batch = [f"batch-gang-{i}" for i in range(test_cluster.nodes // 2)]  # 2 nodes' GPUs each: all of them
+    for name in batch:
+        custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs",
+                                               _lane_gang(name, "batch", 2, gpus_per_node, "1h"))
+    try:
+        def batch_running():
+            pods = core.list_namespaced_pod("pipectl", label_selector="volcano.sh/queue-name=pipectl-batch").items
+            return len([p for p in pods if p.status.phase == "Running"]) == 2 * len(batch)
+        test_cluster.wait_for("batch gangs on every GPU", batch_running, timeout_s=60)
+
+        t0 = time.monotonic()
+        r = _pipectl(test_cluster, "submit", "training", "--lane", "urgent", "-p", "workers=2",
+                     "-p", f"gpus-per-worker={gpus_per_node}", "-p", f"processes-per-worker={gpus_per_node}",
+                     "--output", "json")
+        assert r.returncode == 0, r.stderr
+        name = json.loads(r.stdout)["name"]
+        bound_after = None
+        while time.monotonic() - t0 < 120:
+            pods = core.list_namespaced_pod("pipectl", label_selector=f"volcano.sh/job-name={name}-train-0").items
+            if len(pods) == 2 and all(p.spec.node_name for p in pods):
+                bound_after = time.monotonic() - t0
+                break
+            time.sleep(0.1)
+        assert bound_after is not None, "the urgent gang never bound while batch work held the GPUs"
+        print(f"urgent lane: submit -> all 2 gang pods bound (16 GPUs, batch holding all "
+              f"{test_cluster.nodes * gpus_per_node}): {bound_after:.1f} s (includes the stage and preprocess steps)")
+        wf = _wait_phase(k8s_api, "pipectl", name, {"Succeeded", "Failed", "Error"}, timeout_s=120)
+        assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")
+        # a batch gang was evicted and restarted whole by its policy, not left half-running
+        jobs = [custom.get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs", b) for b in batch]
+        restarted = [j for j in jobs if j["status"].get("retryCount", 0) >= 1]
+        assert restarted, [j["status"] for j in jobs]
+        test_cluster.wait_for("every batch gang running whole again", batch_running, timeout_s=90)
+    finally:
+        for b in batch:
+            custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs", b)

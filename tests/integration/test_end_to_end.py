@@ -94,7 +94,7 @@ def test_the_local_backend_executes_the_rendered_template(tmp_path):
         flags = [a for a in templates[step]["container"]["args"] if a.startswith("--")]
         assert [a for a in argv if a.startswith("--")] == flags, step
     (pod_argv,) = json.loads((Path(summary["workdir"]) / "train" / "argv.json").read_text())
-    assert pod_argv[0] == "torchrun" and "--nnodes=1" in pod_argv and "--nproc-per-node=2" in pod_argv
+    assert pod_argv[1:4] == ["-m", "pipectl.components.train.launch"] and "--nnodes=1" in pod_argv and "--nproc-per-node=2" in pod_argv
 
 
 def test_sigterm_stops_every_process_the_run_started(tmp_path):
@@ -111,7 +111,7 @@ def test_sigterm_stops_every_process_the_run_started(tmp_path):
         time.sleep(0.2)
     time.sleep(2)  # torchrun and its workers are up
     started = psutil.Process(proc.pid).children(recursive=True)
-    assert any("torchrun" in " ".join(p.cmdline()) for p in started), "the kill must land during training"
+    assert any("pipectl.components.train.launch" in " ".join(p.cmdline()) for p in started), "the kill must land during training"
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
     assert proc.returncode == 143

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from pipectl.components.contracts import PreprocessInput, StageInput, TrainOutput
@@ -80,3 +83,30 @@ def test_killed_training_resumes_from_its_last_checkpoint(settings, s3, shards_u
     r = subprocess.run(_argv(settings, shards_uri, tmp_path / "out3", epochs=8, workflow=workflow), env=step_env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((tmp_path / "out3" / "output.json").read_text()) == out.model_dump(mode="json")
+
+
+@pytest.mark.parametrize(("worker_exit", "expected"), [(75, 75), (1, 1), (0, 0)])
+def test_launcher_keeps_the_workers_exit_code(tmp_path, worker_exit, expected):
+    """torchrun exits 1 for any failed worker; the gang's retry rules need 75 (transient) to stay
+    75 (components/train/launch.py). Rank 1 of 2 exits with ``worker_exit``."""
+    script = tmp_path / "w.py"
+    script.write_text(f"import os, sys\nsys.exit({worker_exit} if os.environ['RANK'] == '1' else 0)\n")
+    r = subprocess.run([sys.executable, "-m", "pipectl.components.train.launch", "--standalone",
+                        "--nproc-per-node=2", str(script)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == expected, r.stderr[-2000:]
+
+
+def test_launcher_turns_sigterm_into_143(tmp_path):
+    """A kubelet's SIGTERM (node shutdown, eviction) must read as 128+15, not torchrun's 1."""
+    script = tmp_path / "s.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "pipectl.components.train.launch", "--standalone",
+                             "--nproc-per-node=2", str(script)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(psutil.Process(proc.pid).children(recursive=True)) < 2:
+        time.sleep(0.2)
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143

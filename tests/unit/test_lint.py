@@ -34,7 +34,7 @@ def test_rendered_templates_are_clean(good):
 def test_everything_under_argo_is_clean():
     r = subprocess.run([str(Path(sys.executable).parent / "pipectl"), "lint", str(ARGO)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "18 object(s) valid" in r.stderr
+    assert "19 object(s) valid" in r.stderr
 
 
 def _broken(good, mutate):

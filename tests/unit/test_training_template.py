@@ -71,7 +71,7 @@ def test_C04_torchrun_counts_processes_not_pods(wt, wt_pytorchjob):
     job = _job(wt, workers="2", **{"processes-per-worker": "4"})
     pod = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]
     cmd = pod["command"]
-    assert cmd[0] == "torchrun"
+    assert cmd[:3] == ["python", "-m", "pipectl.components.train.launch"]  # torchrun, exit code kept
     assert "--nnodes=2" in cmd and "--nproc-per-node=4" in cmd  # torchrun: WORLD_SIZE = 2 x 4 = 8
     assert "--node-rank=$(VC_TASK_INDEX)" in cmd  # RANK = node_rank x 4 + local_rank
     env = {e["name"]: e["value"] for e in pod["env"]}
