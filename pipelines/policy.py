@@ -91,6 +91,16 @@ INFRA_MESSAGE_PATTERNS = (
     "scale.?down",
 )
 OOM_PATTERN = "oomkilled"
+# Errors (status Error) that are the SPEC's fault, never the infrastructure's: the API server
+# refused the pod (admission: a PriorityClass that does not exist, e.g. a lane outside the enum
+# submitted through the Argo UI/API, which do not enforce parameter enums; a field that does not
+# validate; a webhook's denial). Retrying them only waits out the backoff. Quota ("is forbidden:
+# exceeded quota") stays retried: it frees up.
+SPEC_ERROR_PATTERNS = (
+    "no priorityclass with name",
+    "is invalid:",
+    "denied the request",
+)
 
 
 class RetryPolicy(BaseModel):
@@ -98,7 +108,8 @@ class RetryPolicy(BaseModel):
 
     Classes (field case C01):
     - infrastructure (status Error, or a preemption/eviction/shutdown/deletion message): up to
-      ``infra_limit`` retries;
+      ``infra_limit`` retries; an Error whose message shows the API server refused the pod's spec
+      (SPEC_ERROR_PATTERNS) is not infrastructure and is not retried;
     - declared transient (exit 75, EX_TEMPFAIL): retried while fewer than ``transient_limit``
       retries have happened;
     - code (anything else, e.g. exit 1): never retried. OOM kills (exit 137 "OOMKilled") count as
@@ -149,7 +160,9 @@ class RetryPolicy(BaseModel):
     def expression(self) -> str:
         """The ``retryStrategy.expression`` (expr-lang, evaluated by the workflow controller)."""
         patterns = list(INFRA_MESSAGE_PATTERNS) + ([OOM_PATTERN] if self.retry_oom else [])
-        infra = f'lastRetry.status == "Error" || lastRetry.message matches "(?i)({"|".join(patterns)})"'
+        spec_error = f'lastRetry.message matches "(?i)({"|".join(SPEC_ERROR_PATTERNS)})"'
+        infra = (f'(lastRetry.status == "Error" && !({spec_error})) || '
+                 f'lastRetry.message matches "(?i)({"|".join(patterns)})"')
         transient = f'(lastRetry.exitCode == "{int(ExitCode.TEMPFAIL)}" && asInt(retries) < {self.transient_limit})'
         return f"{infra} || {transient}"
 

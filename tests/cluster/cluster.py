@@ -1157,6 +1157,16 @@ def _is_resource_pod(pod) -> bool:
     return any(cmd[i:i + 2] == ["argoexec", "resource"] for i in range(len(cmd)))
 
 
+def _pod_templates(obj: dict) -> list[dict]:
+    """Pod templates inside a Volcano Job / PyTorchJob / batch Job manifest."""
+    spec = obj.get("spec", {})
+    if "tasks" in spec:
+        return [t["template"] for t in spec["tasks"]]
+    if "pytorchReplicaSpecs" in spec:
+        return [r["template"] for r in spec["pytorchReplicaSpecs"].values()]
+    return [spec["template"]] if "template" in spec else []
+
+
 def run_taskresult_reporter(kubeconfig: str) -> None:
     """Do what Argo's executor (argoexec) would do for pods on KWOK nodes, which run nothing:
 
@@ -1166,6 +1176,9 @@ def run_taskresult_reporter(kubeconfig: str) -> None:
       (key: template name, value: JSON object parameter -> value); only parameters the template
       declares are reported, so a template whose outputs the test does not supply stays without
       them (and Argo fails the dependent substitution, as it would for a real step).
+      Key ``<template>.pod-annotations`` (JSON object) adds annotations to the pods of the
+      resource a resource template creates: KWOK's directions (``pipectl.io/run-duration``,
+      ``pipectl.io/fail``...), nothing the scheduler or Volcano reads.
     * resource templates (`argoexec resource create`): create the manifest Argo put in the
       template (owner reference included), then evaluate the template's successCondition /
       failureCondition on the live object with argoexec's own condition code (tests/tools/argoexpr,
@@ -1201,6 +1214,13 @@ def run_taskresult_reporter(kubeconfig: str) -> None:
         values = json.loads((cm.data or {}).get(tmpl.get("name", ""), "{}"))
         params = [{"name": n, "value": str(values[n])} for n in declared if n in values]
         return {"parameters": params} if params else {}
+
+    def test_pod_annotations(pod, tmpl: dict) -> dict:
+        try:
+            cm = core.read_namespaced_config_map(TEST_OUTPUTS_CONFIGMAP, pod.metadata.namespace)
+        except client.ApiException:
+            return {}
+        return json.loads((cm.data or {}).get(tmpl.get("name", "") + ".pod-annotations", "{}"))
 
     def write_result(pod, outputs: dict) -> None:
         ann = pod.metadata.annotations or {}
@@ -1261,6 +1281,10 @@ def run_taskresult_reporter(kubeconfig: str) -> None:
 
         obj = yaml.safe_load(res.get("manifest", "")) or {}
         ns = obj.get("metadata", {}).get("namespace") or pod.metadata.namespace
+        extra = test_pod_annotations(pod, tmpl)
+        if extra:  # KWOK directions only (run time, simulated failure): the manifest is Argo's
+            for t in _pod_templates(obj):
+                t.setdefault("metadata", {}).setdefault("annotations", {}).update(extra)
         try:
             if res.get("action") != "create":
                 raise ValueError(f"stand-in supports action create only, not {res.get('action')!r}")

@@ -28,7 +28,7 @@ def test_cluster(tmp_path_factory):
         if os.environ.get("PIPECTL_REQUIRE_CLUSTER") == "1":
             pytest.fail(str(e))
         pytest.skip(str(e))
-    with TestCluster(tmp_path_factory.mktemp("k8s") / "run") as c:
+    with TestCluster(tmp_path_factory.mktemp("k8s") / "run", argo_server=True) as c:
         yield c
 
 

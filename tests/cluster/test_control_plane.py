@@ -2,11 +2,13 @@
 
 Pods never run: KWOK moves them Pending -> Running -> Succeeded (or Failed, for a pod annotated
 ``pipectl.io/fail``), and the cluster's argoexec stand-in reports each ended pod's
-WorkflowTaskResult (no outputs), as Argo's `wait` container would. See tests/cluster/cluster.py.
+WorkflowTaskResult, as Argo's `wait` container would (with step outputs a test supplies), and runs
+resource templates as argoexec would. See tests/cluster/cluster.py.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -330,7 +332,7 @@ def test_cli_templates_cron_and_submit_against_the_api_server(project_applied, t
     assert r.returncode == 0, r.stderr
     r = _pipectl(test_cluster, "cron", "list", "--output", "json")
     assert r.returncode == 0, r.stderr
-    cron = next(c for c in __import__("json").loads(r.stdout) if c["name"] == "retrain")
+    cron = next(c for c in json.loads(r.stdout) if c["name"] == "retrain")
     assert cron["timezone"] == "Europe/Berlin" and cron["schedules"] == ["30 5 * * *"]
     assert _pipectl(test_cluster, "cron", "suspend", "retrain").returncode == 0
 
@@ -345,7 +347,7 @@ def test_cli_templates_cron_and_submit_against_the_api_server(project_applied, t
 
     r = _pipectl(test_cluster, "submit", "training", "--lane", "urgent", "-p", "epochs=2", "--output", "json")
     assert r.returncode == 0, r.stderr
-    name = __import__("json").loads(r.stdout)["name"]
+    name = json.loads(r.stdout)["name"]
     wf = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", name)
     assert wf["spec"]["priority"] == 100 and wf["metadata"]["labels"]["pipectl.io/lane"] == "urgent"
     r = _pipectl(test_cluster, "list", "--output", "json")
@@ -436,8 +438,6 @@ TRAINING_STEP_OUTPUTS = {
 @pytest.fixture()
 def training_outputs_supplied(k8s_api):
     """The ConfigMap the argoexec stand-in reads step outputs from, in the pipectl namespace."""
-    import json
-
     from kubernetes import client
     from tests.cluster.cluster import TEST_OUTPUTS_CONFIGMAP
 
@@ -462,8 +462,6 @@ def test_training_pipeline_reaches_succeeded_under_submit_wait(project_applied, 
     when argoexec's own condition code sees status.state.phase == Completed."""
     if not test_cluster.volcano_ok:
         pytest.skip(f"Volcano did not start: {test_cluster.errors}")
-    import json
-
     from kubernetes import client
 
     assert _pipectl(test_cluster, "templates", "apply").returncode == 0
@@ -518,8 +516,6 @@ def test_urgent_lane_preempts_batch_gangs_filling_every_gpu(project_applied, tra
     whole (policy PodEvicted -> RestartJob), and the urgent workflow reaches Succeeded."""
     if not test_cluster.volcano_ok:
         pytest.skip(f"Volcano did not start: {test_cluster.errors}")
-    import json
-
     from kubernetes import client
 
     core = client.CoreV1Api(k8s_api)
@@ -561,3 +557,126 @@ def test_urgent_lane_preempts_batch_gangs_filling_every_gpu(project_applied, tra
     finally:
         for b in batch:
             custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs", b)
+
+
+def _argo_server(test_cluster, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(test_cluster.argo_server_url + path, method=method,
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def test_argo_server_shows_typed_described_parameters_and_submits_the_template(
+        project_applied, training_outputs_supplied, test_cluster, k8s_api):
+    """What the Argo UI does, through the real `argo server` API: read training-v1's parameters
+    (descriptions, enums) and submit the WorkflowTemplate. Seen here: Argo's submit API does NOT
+    enforce parameter enums (the UI offers a drop-down), so a lane outside the enum is created;
+    its first pod is refused by the API server (no such PriorityClass) and the retry policy must
+    treat that as the spec's fault: one attempt, workflow Failed at once, not ~40 min of backoff."""
+    assert _pipectl(test_cluster, "templates", "apply").returncode == 0
+    status, tmpl = _argo_server(test_cluster, "GET", "/api/v1/workflow-templates/pipectl/training-v1")
+    assert status == 200, tmpl
+    params = {p["name"]: p for p in tmpl["spec"]["arguments"]["parameters"]}
+    assert params["lane"]["enum"] == ["urgent", "standard", "batch"]
+    assert all(p.get("description") for p in params.values()), [n for n, p in params.items() if not p.get("description")]
+
+    status, bad = _argo_server(test_cluster, "POST", "/api/v1/workflows/pipectl/submit", {
+        "resourceKind": "WorkflowTemplate", "resourceName": "training-v1",
+        "submitOptions": {"parameters": ["lane=bogus"]}})
+    assert status == 200, bad
+    done = _wait_phase(k8s_api, "pipectl", bad["metadata"]["name"], {"Succeeded", "Failed", "Error"}, timeout_s=60)
+    assert done["status"]["phase"] in ("Failed", "Error")
+    attempts = [n for n in done["status"]["nodes"].values() if n["type"] == "Pod"]
+    assert len(attempts) == 1 and "no PriorityClass with name pipectl-bogus" in attempts[0]["message"], attempts
+
+    status, wf = _argo_server(test_cluster, "POST", "/api/v1/workflows/pipectl/submit", {
+        "resourceKind": "WorkflowTemplate", "resourceName": "training-v1",
+        "submitOptions": {"parameters": ["lane=batch", "workers=1", "gpus-per-worker=1", "processes-per-worker=1"]}})
+    assert status == 200, wf
+    done = _wait_phase(k8s_api, "pipectl", wf["metadata"]["name"], {"Succeeded", "Failed", "Error"}, timeout_s=120)
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+    status, listed = _argo_server(test_cluster, "GET", "/api/v1/workflows/pipectl?listOptions.labelSelector="
+                                  "workflows.argoproj.io/workflow-template=training-v1")
+    assert status == 200 and wf["metadata"]["name"] in {w["metadata"]["name"] for w in listed["items"]}
+
+
+@pytest.fixture()
+def train_pod_annotations(k8s_api, training_outputs_supplied):
+    """Set KWOK directions for the train gang's pods (read by the argoexec stand-in)."""
+    from kubernetes import client
+    from tests.cluster.cluster import TEST_OUTPUTS_CONFIGMAP
+
+    core = client.CoreV1Api(k8s_api)
+
+    def set_(annotations: dict) -> None:
+        core.patch_namespaced_config_map(TEST_OUTPUTS_CONFIGMAP, "pipectl",
+                                         {"data": {"train.pod-annotations": json.dumps(annotations)}})
+    return set_
+
+
+def test_evicted_gang_pod_restarts_the_whole_gang_and_the_workflow_succeeds(
+        project_applied, train_pod_annotations, test_cluster, k8s_api):
+    """Delete one running pod of the train gang (what preemption, a drain or a scale-down does):
+    Volcano's PodEvicted -> RestartJob policy restarts every pod of the gang (DDP cannot go on with
+    a replaced member; the restarted pods resume from the checkpoint), the Argo step keeps waiting,
+    and the workflow Succeeds without an Argo-level retry."""
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    from kubernetes import client
+
+    core = client.CoreV1Api(k8s_api)
+    train_pod_annotations({"pipectl.io/run-duration": "6s"})
+    r = _pipectl(test_cluster, "submit", "training", "-p", "workers=2", "-p", "gpus-per-worker=1",
+                 "-p", "processes-per-worker=1", "--output", "json")
+    assert r.returncode == 0, r.stderr
+    name = json.loads(r.stdout)["name"]
+    job = f"{name}-train-0"
+
+    def running_pods():
+        pods = core.list_namespaced_pod("pipectl", label_selector=f"volcano.sh/job-name={job}").items
+        running = [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+        return running if len(running) == 2 else None
+    first = test_cluster.wait_for("the gang running", running_pods, timeout_s=90)
+    core.delete_namespaced_pod(first[1].metadata.name, "pipectl")
+    wf = _wait_phase(k8s_api, "pipectl", name, {"Succeeded", "Failed", "Error"}, timeout_s=120)
+    assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")
+    vj = _vcjob(k8s_api, "pipectl", job)
+    assert vj["status"]["retryCount"] == 1 and vj["status"]["state"]["phase"] == "Completed", vj["status"]
+    train_attempts = [n for n in wf["status"]["nodes"].values() if n["type"] == "Pod" and n["displayName"].startswith("train(")]
+    assert len(train_attempts) == 1  # restarted by Volcano, not retried by Argo
+    # the survivor was restarted too: no pod of the first generation completed
+    uids = {p.metadata.uid for p in first}
+    final = core.list_namespaced_pod("pipectl", label_selector=f"volcano.sh/job-name={job}").items
+    assert not uids & {p.metadata.uid for p in final}
+
+
+def test_code_failure_in_the_gang_fails_the_workflow_without_retries(
+        project_applied, train_pod_annotations, test_cluster, k8s_api):
+    """A gang pod exiting 1 is the code's fault: Volcano terminates the job (PodFailed ->
+    TerminateJob), argoexec's failureCondition fails the step, Argo does not retry it,
+    `pipectl submit --wait` exits 1, and no gang pod is left running."""
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    from kubernetes import client
+
+    train_pod_annotations({"pipectl.io/fail": "Traceback: ZeroDivisionError", "pipectl.io/exit-code": "1"})
+    r = _pipectl(test_cluster, "submit", "training", "-p", "workers=2", "-p", "gpus-per-worker=1",
+                 "-p", "processes-per-worker=1", "--wait", "--output", "json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["phase"] == "Failed"
+    wf = _training_wf(_custom(k8s_api), out["name"])
+    train_attempts = [n for n in wf["status"]["nodes"].values() if n["type"] == "Pod" and n["displayName"].startswith("train(")]
+    assert len(train_attempts) == 1 and train_attempts[0]["phase"] == "Failed", train_attempts
+    vj = _vcjob(k8s_api, "pipectl", f"{out['name']}-train-0")
+    assert vj["status"]["state"]["phase"] == "Terminated" and vj["status"].get("retryCount", 0) == 0, vj["status"]
+    pods = client.CoreV1Api(k8s_api).list_namespaced_pod("pipectl", label_selector=f"volcano.sh/job-name={out['name']}-train-0").items
+    assert not [p for p in pods if p.status.phase in ("Pending", "Running")]
+    assert not any(n["type"] == "Pod" and n["displayName"].startswith("evaluate") for n in wf["status"]["nodes"].values())

@@ -22,6 +22,11 @@ C01 = {
     "c-code-bug": ("Failed", "Error (exit code 1)", "1", False),
     "d-declared-transient": ("Failed", "Error (exit code 75)", "75", True),
     "e-evicted": ("Failed", "The node was low on resource: memory. Container main was using 9Gi. Evicted", "137", True),
+    # seen on the test cluster: lane=bogus submitted through the Argo Server API (no enum check)
+    "f-spec-refused": ("Error", 'pods "training-v1-htwpr-stage-264922588" is forbidden: no PriorityClass with name '
+                       "pipectl-bogus was found", "-1", False),
+    "g-quota-frees-up": ("Error", 'pods "x" is forbidden: exceeded quota: gpu, requested: nvidia.com/gpu=8', "-1", True),
+    "h-invalid-field": ("Error", 'Pod "x" is invalid: spec.containers[0].resources.limits: Invalid value', "-1", False),
 }
 
 
