@@ -108,3 +108,29 @@ def test_C02_conditions_match_terminal_states_only(wt):
     assert res["successCondition"] == "status.state.phase == Completed"
     for transient in ("Pending", "Running", "Restarting", "Completing"):
         assert transient not in res["failureCondition"]
+
+
+def _volcano_action(job: dict, event: str, exit_code: int | None) -> str:
+    """Volcano v1.10's applyPolicies (pkg/controllers/job/job_controller_util.go) for job-level
+    policies: the first policy whose event list holds the event, or whose exitCode equals the
+    pod's, decides; none -> SyncJob."""
+    for policy in job["spec"].get("policies", []):
+        events = policy.get("events", []) + ([policy["event"]] if "event" in policy else [])
+        if event in events or "*" in events:
+            return policy["action"]
+        if policy.get("exitCode") is not None and policy["exitCode"] == exit_code:
+            return policy["action"]
+    return "SyncJob"
+
+
+@pytest.mark.parametrize(("event", "exit_code", "action"), [
+    ("PodEvicted", None, "RestartJob"),     # preempted, drained, scaled down
+    ("PodFailed", 75, "RestartJob"),        # EX_TEMPFAIL kept by the launcher
+    ("PodFailed", 143, "RestartJob"),       # SIGTERM from the kubelet (node shutdown)
+    ("PodFailed", 1, "TerminateJob"),       # the code
+    ("PodFailed", 137, "TerminateJob"),     # OOM kill
+])
+def test_gang_restarts_whole_for_infrastructure_and_ends_for_code(wt, event, exit_code, action):
+    job = _job(wt)
+    assert _volcano_action(job, event, exit_code) == action
+    assert job["spec"]["maxRetry"] == CompileConfig().retry.infra_limit
