@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -115,7 +116,7 @@ def run(runs: int = RUNS) -> dict:
 
     import psutil
 
-    out: dict = {"nodes": NODES, "gpus": NODES * GPUS_PER_NODE}
+    out: dict = {"nodes": NODES, "gpus": NODES * GPUS_PER_NODE, "loadavg_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="pipectl-bench-sched-") as tmp, \
             TestCluster(Path(tmp) / "k8s", nodes=NODES, verbose=False, start_timeout_s=600) as c:
         out["bring_up_s"] = c.startup_s
@@ -229,6 +230,7 @@ def run(runs: int = RUNS) -> dict:
                      for n in names]
             lanes[lane] = {"gang_bound": _stats(bound), "succeeded": _stats([done[n] - submitted[n][1] for n in names])}
         out["lanes"] = lanes
+    out["loadavg_after"] = os.getloadavg()
     return out
 
 
@@ -236,7 +238,8 @@ def table(r: dict) -> str:
     idle, plain, pre = r["idle_gang"], r["idle_plain_job"], r["preempt_urgent_gang"]
     lines = [
         f"Cluster scheduling: {r['nodes']} KWOK nodes x {GPUS_PER_NODE} GPUs = {r['gpus']} GPUs "
-        f"(bring-up {r['bring_up_s']:.1f} s)",
+        f"(bring-up {r['bring_up_s']:.1f} s; load average before/after "
+        f"{r['loadavg_before'][0]:.1f}/{r['loadavg_after'][0]:.1f} on {os.cpu_count()} cores)",
         "| scenario | pipectl (Volcano gang) | peer | ratio |",
         "|---|---|---|---|",
         f"| idle, 16-GPU gang: submit -> all pods bound | {_fmt(idle)} | plain Job, kube-scheduler: {_fmt(plain)} "
