@@ -190,10 +190,32 @@ def register(main: click.Group) -> None:
 
     @main.command()
     @click.argument("name")
+    @click.option("--resubmit", is_flag=True, help="Always create a new Workflow, even when ARGO_SERVER is set.")
     @_common
-    def retry(name: str, namespace: str, context: str | None) -> None:
-        """Run workflow NAME again with the same template and arguments (a new Workflow: its
-        checkpoints are per workflow, so training starts fresh; stage and register are idempotent)."""
+    def retry(name: str, resubmit: bool, namespace: str, context: str | None) -> None:
+        """Retry workflow NAME.
+
+        With ARGO_SERVER set (as for the `argo` CLI; ARGO_SECURE, ARGO_TOKEN) the workflow is
+        retried IN PLACE through the Argo Server: only failed steps run again, succeeded steps
+        keep their outputs, and training resumes from its checkpoints (they are per workflow).
+        Without it (or with --resubmit), a new Workflow with the same template and arguments is
+        created: training starts fresh; stage and register are idempotent.
+        """
+        from pipectl.pipelines.kube import ArgoServer
+
+        server = None if resubmit else ArgoServer.from_env()
+        if server is not None:
+            cluster = _cluster(namespace, context)
+            phase = cluster.get("workflows", name).get("status", {}).get("phase")
+            if phase not in ("Failed", "Error"):
+                fail(f"workflow {name} is {phase or 'not started'}: only a Failed or Error workflow can be retried in place",
+                     "wait for it to end, or use --resubmit for a new run", code=2)
+            for job in cluster.delete_failed_gang_jobs(name):
+                _console().print(f"deleted the failed attempt's gang job {job} (its name is reused by the retry)")
+            server.retry(namespace, name)
+            _console().print(f"retrying {name} in place (Argo Server {server.base})")
+            click.echo(name)
+            return
         cluster = _cluster(namespace, context)
         old = cluster.get("workflows", name)
         wf = {
@@ -202,7 +224,9 @@ def register(main: click.Group) -> None:
                          "labels": {**old["metadata"].get("labels", {}), "pipectl.io/retry-of": name}},
             "spec": {k: v for k, v in old["spec"].items() if k in ("workflowTemplateRef", "arguments", "priority")},
         }
-        click.echo(cluster.create_workflow(wf)["metadata"]["name"])
+        new_name = cluster.create_workflow(wf)["metadata"]["name"]
+        _console().print(f"resubmitted {name} as {new_name} (a new Workflow; set ARGO_SERVER to retry in place)")
+        click.echo(new_name)
 
 
 def _apply(objs: list[dict], dry_run: bool, namespace: str, context: str | None) -> None:

@@ -111,6 +111,44 @@ class ArgoCluster:
         body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
         return self._call(f"replace {obj['kind']} {name}", self.api.replace_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, name, body)
 
+    def delete_failed_gang_jobs(self, workflow: str) -> list[str]:
+        """Delete the gang jobs (Volcano Jobs, PyTorchJobs) of ``workflow`` that ended failed.
+
+        Needed before an in-place retry: the train step creates ``<workflow>-train-<retries>``,
+        and an in-place retry starts the step's retries at 0 again, so argoexec's `kubectl create`
+        would hit the failed attempt's job (AlreadyExists) and fail the step. Checkpoints live in
+        the store, not in the job, so nothing is lost. Returns the deleted names.
+        """
+        from kubernetes.client.exceptions import ApiException
+
+        selector = f"workflows.argoproj.io/workflow={workflow}"
+        kinds = [("batch.volcano.sh", "v1alpha1", "jobs",
+                  lambda j: j.get("status", {}).get("state", {}).get("phase") in ("Failed", "Aborted", "Terminated")),
+                 ("kubeflow.org", "v1", "pytorchjobs",
+                  lambda j: any(c.get("type") == "Failed" and c.get("status") == "True" for c in j.get("status", {}).get("conditions", [])))]
+        deleted = []
+        for group, version, plural, failed in kinds:
+            try:
+                items = self.api.list_namespaced_custom_object(group, version, self.namespace, plural, label_selector=selector, _request_timeout=30)["items"]
+            except ApiException as e:
+                if e.status == 404:  # that CRD is not installed
+                    continue
+                raise
+            for j in items:
+                if failed(j):
+                    name = j["metadata"]["name"]
+                    self._call(f"delete {plural} {name}", self.api.delete_namespaced_custom_object, group, version, self.namespace, plural, name,
+                               body={"propagationPolicy": "Foreground"}, missing_ok=True)
+                    deleted.append(name)
+                    # Foreground: the job object stays until its pods are gone; the retry must
+                    # not run into it.
+                    deadline = time.monotonic() + 120
+                    while self._call(f"get {plural} {name}", self.api.get_namespaced_custom_object, group, version, self.namespace, plural, name, missing_ok=True):
+                        if time.monotonic() > deadline:
+                            raise PipectlError(f"{plural} {name} still terminating after 120 s", "check its pods, then retry again")
+                        time.sleep(0.5)
+        return deleted
+
     def create_workflow(self, wf: dict[str, Any]) -> dict[str, Any]:
         return self._call("create Workflow", self.api.create_namespaced_custom_object, GROUP, VERSION, self.namespace, "workflows", wf)
 
@@ -147,3 +185,62 @@ class ArgoCluster:
             if deadline is not None and time.monotonic() > deadline:
                 raise PipectlError(f"workflow {name} still {wf.get('status', {}).get('phase')} after {timeout_s:.0f} s")
             time.sleep(poll_s)
+
+
+class ArgoServer:
+    """The Argo Server's HTTP API (what the Argo UI and the `argo` CLI use), for the operations
+    the Kubernetes API alone cannot do, such as retrying a workflow in place.
+
+    Configured like the `argo` CLI (Argo docs, "Argo Server" / CLI environment variables):
+    ``ARGO_SERVER`` host:port, ``ARGO_SECURE`` (default true: https), ``ARGO_INSECURE_SKIP_VERIFY``,
+    ``ARGO_TOKEN`` (sent as the Authorization header, e.g. ``Bearer ...``).
+    Errors: unreachable or 401/403 -> :class:`Unreachable` (3); 400/409 (the request does not
+    fit the workflow's state) -> :class:`ValidationFailed` (2); other -> :class:`PipectlError`.
+    """
+
+    def __init__(self, server: str, *, secure: bool = True, verify: bool = True, token: str = "") -> None:
+        scheme = "https" if secure else "http"
+        self.base = server if "://" in server else f"{scheme}://{server}"
+        self.verify = verify
+        self.token = token
+
+    @classmethod
+    def from_env(cls) -> "ArgoServer | None":
+        server = os.environ.get("ARGO_SERVER", "")
+        if not server:
+            return None
+        truthy = ("1", "true", "yes")
+        return cls(server, secure=os.environ.get("ARGO_SECURE", "true").lower() in truthy,
+                   verify=os.environ.get("ARGO_INSECURE_SKIP_VERIFY", "false").lower() not in truthy,
+                   token=os.environ.get("ARGO_TOKEN", ""))
+
+    def _call(self, what: str, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        import requests
+
+        headers = {"Authorization": self.token} if self.token else {}
+        try:
+            r = requests.request(method, self.base + path, json=body, headers=headers, verify=self.verify, timeout=30)
+        except requests.RequestException as e:
+            raise Unreachable(f"{what}: the Argo Server {self.base} is unreachable ({e})", "check ARGO_SERVER / ARGO_SECURE") from e
+        if r.ok:
+            return r.json() if r.content else {}
+        try:
+            detail = r.json().get("message", r.text)
+        except ValueError:
+            detail = r.text
+        if r.status_code in (401, 403):
+            raise Unreachable(f"{what}: the Argo Server refused us ({r.status_code}): {detail}", "check ARGO_TOKEN")
+        if r.status_code in (400, 409, 412):
+            raise ValidationFailed(f"{what}: {detail}", "only a Failed or Error workflow can be retried in place")
+        if r.status_code == 404:
+            raise PipectlError(f"{what}: not found ({detail})", "check the name and namespace")
+        # the Argo Server reports a state that does not allow the operation as a 500 (seen with v4.0.5)
+        if "must be" in detail or "cannot" in detail:
+            raise ValidationFailed(f"{what}: {detail}", "only a Failed or Error workflow can be retried in place")
+        raise PipectlError(f"{what}: Argo Server error {r.status_code}: {detail}")
+
+    def retry(self, namespace: str, name: str) -> dict[str, Any]:
+        """Retry workflow ``name`` in place: failed steps run again, succeeded ones keep their
+        outputs (PUT /api/v1/workflows/{namespace}/{name}/retry)."""
+        return self._call(f"retry {name}", "PUT", f"/api/v1/workflows/{namespace}/{name}/retry",
+                          {"name": name, "namespace": namespace})

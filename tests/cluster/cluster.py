@@ -1199,7 +1199,7 @@ def run_taskresult_reporter(kubeconfig: str) -> None:
     dyn = dynamic.DynamicClient(api)
     argoexpr = ArgoExpr()
     done: set[tuple[str, str]] = set()
-    # (namespace, pod name) -> {"api": resource api, "name": object name, "tmpl": template}
+    # (namespace, pod name, pod uid) -> {"api": resource api, "name": object name, "tmpl": template}
     running: dict[tuple[str, str], dict] = {}
     lock = threading.Lock()
 
@@ -1252,7 +1252,7 @@ def run_taskresult_reporter(kubeconfig: str) -> None:
         ann = pod.metadata.annotations or {}
         if not ann.get(NODE_ID_ANNOTATION) or not (pod.metadata.labels or {}).get(WF_LABEL):
             return
-        key = (pod.metadata.namespace, pod.metadata.name)
+        key = (pod.metadata.namespace, pod.metadata.name, pod.metadata.uid)
         if key in done:
             return
         if (_is_resource_pod(pod) and "pipectl.io/fail" not in ann
@@ -1274,7 +1274,7 @@ def run_taskresult_reporter(kubeconfig: str) -> None:
         print(f"reported {key} ({pod.status.phase}) outputs={outputs}", flush=True)
 
     def start_resource(pod) -> None:
-        key = (pod.metadata.namespace, pod.metadata.name)
+        key = (pod.metadata.namespace, pod.metadata.name, pod.metadata.uid)
         tmpl = _argo_template(pod)
         res = tmpl.get("resource") or {}
         import yaml
@@ -1291,15 +1291,16 @@ def run_taskresult_reporter(kubeconfig: str) -> None:
             rapi = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
             rapi.create(body=obj, namespace=ns)
         except Exception as e:  # noqa: BLE001 - argoexec fails the step the same way
-            if not (isinstance(e, client.ApiException) and e.status == 409):
-                finish(pod, 1, f"{type(e).__name__}: {e}"[:500])
-                return
+            # (`kubectl create` of an existing object, AlreadyExists, included)
+            reason = getattr(e, "reason", "") or type(e).__name__
+            finish(pod, 1, f"{reason}: {getattr(e, 'body', '') or e}"[:500])
+            return
         running[key] = {"api": rapi, "name": obj["metadata"]["name"], "ns": ns, "tmpl": tmpl,
                         "pod": pod}
         print(f"resource {key}: created {obj['kind']} {ns}/{obj['metadata']['name']}", flush=True)
 
     def finish(pod, exit_code: int, message: str) -> None:
-        key = (pod.metadata.namespace, pod.metadata.name)
+        key = (pod.metadata.namespace, pod.metadata.name, pod.metadata.uid)
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         started = pod.status.start_time.strftime("%Y-%m-%dT%H:%M:%SZ") if pod.status.start_time else now
         term = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
@@ -1330,9 +1331,10 @@ def run_taskresult_reporter(kubeconfig: str) -> None:
             for key, r in items:
                 try:
                     try:
-                        core.read_namespaced_pod(key[1], key[0])
+                        if core.read_namespaced_pod(key[1], key[0]).metadata.uid != key[2]:
+                            raise client.ApiException(status=404)
                     except client.ApiException as e:
-                        if e.status == 404:  # the workflow went away: stop, as argoexec would
+                        if e.status == 404:  # the pod went away: stop, as argoexec would
                             running.pop(key, None)
                             done.add(key)
                             continue

@@ -680,3 +680,41 @@ def test_code_failure_in_the_gang_fails_the_workflow_without_retries(
     pods = client.CoreV1Api(k8s_api).list_namespaced_pod("pipectl", label_selector=f"volcano.sh/job-name={out['name']}-train-0").items
     assert not [p for p in pods if p.status.phase in ("Pending", "Running")]
     assert not any(n["type"] == "Pod" and n["displayName"].startswith("evaluate") for n in wf["status"]["nodes"].values())
+
+
+def test_pipectl_retry_in_place_through_the_argo_server_and_resubmit(
+        project_applied, train_pod_annotations, test_cluster, k8s_api):
+    """`pipectl retry` with ARGO_SERVER: the SAME workflow runs its failed train step again
+    (stage and preprocess are not re-run) and Succeeds; a Succeeded workflow cannot be retried
+    (exit 2); without ARGO_SERVER (or --resubmit) a new Workflow labelled retry-of is created."""
+    import os
+
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    train_pod_annotations({"pipectl.io/fail": "Traceback: KeyError", "pipectl.io/exit-code": "1"})
+    r = _pipectl(test_cluster, "submit", "training", "-p", "workers=2", "-p", "gpus-per-worker=1",
+                 "-p", "processes-per-worker=1", "--wait", "--output", "json")
+    assert r.returncode == 1, r.stderr
+    name = json.loads(r.stdout.strip().splitlines()[-1])["name"]
+    train_pod_annotations({})  # the "fix"
+    env = {**os.environ, "KUBECONFIG": str(test_cluster.kubeconfig),
+           "ARGO_SERVER": test_cluster.argo_server_url.split("://", 1)[1], "ARGO_SECURE": "false"}
+    r = subprocess.run([str(PIPECTL), "retry", name], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == name, r.stderr
+    wf = _wait_phase(k8s_api, "pipectl", name, {"Succeeded", "Failed", "Error"}, timeout_s=120)
+    assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")
+    pods = [n for n in wf["status"]["nodes"].values() if n["type"] == "Pod"]
+    names = sorted(n["displayName"] for n in pods)
+    assert names.count("stage(0)") == 1 and names.count("preprocess(0)") == 1, names  # kept, not re-run
+    assert any(n["displayName"].startswith("register") and n["phase"] == "Succeeded" for n in pods)
+
+    r = subprocess.run([str(PIPECTL), "retry", name], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+
+    r = _pipectl(test_cluster, "retry", name)  # no ARGO_SERVER: a new Workflow
+    assert r.returncode == 0, r.stderr
+    new = r.stdout.strip()
+    assert new != name
+    wf2 = _training_wf(_custom(k8s_api), new)
+    assert wf2["metadata"]["labels"]["pipectl.io/retry-of"] == name
+    _custom(k8s_api).delete_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", new)
