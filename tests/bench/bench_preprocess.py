@@ -92,13 +92,12 @@ def pil_dataloader(blobs: list[bytes], image_size: int, batch_size: int, workers
 
 
 def main() -> None:
-    import inspect
-
     from pipectl.components.contracts import PreprocessInput
-    from pipectl.components.preprocess.core import build_pipeline, decode_all
+    from pipectl.components.preprocess.core import decode_all
+    from pipectl.components.runtime import available_cpus
 
     batch_size = PreprocessInput.model_fields["batch_size"].default
-    threads = inspect.signature(build_pipeline).parameters["num_threads"].default
+    threads = available_cpus()  # DALI's threads in the step (build_pipeline's default)
     sets = [("digits 1,797 × 32² → 32²", digits_jpegs(), 32), (f"generated {LARGE_COUNT} × 512² → 224²", large_jpegs(), 224)]
 
     with Bench("preprocess", "Preprocess on CPU: images/s, decode → resize → normalise",
