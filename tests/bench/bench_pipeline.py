@@ -31,7 +31,7 @@ from pathlib import Path
 
 from tests.bench.table import Bench, Row, Stats, measure_pair, run_cmd
 
-EPOCHS = int(os.environ.get("BENCH_PIPELINE_EPOCHS", "2"))
+EPOCHS = int(os.environ.get("BENCH_PIPELINE_EPOCHS", "1"))
 STEPS = ("stage", "preprocess", "train", "evaluate", "register")
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from tests.bench.table import Bench, Row, Stats, measure_pair, run_cmd
 
-EPOCHS = int(os.environ.get("BENCH_TRAIN_EPOCHS", "2"))
+EPOCHS = int(os.environ.get("BENCH_TRAIN_EPOCHS", "1"))
 
 
 def only_tasks(template: dict[str, Any], keep: list[str], literals: dict[str, str]) -> dict[str, Any]:
