@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from tests.bench.table import Bench, Row, measure, measure_pair, run_cmd
+from tests.bench.table import Bench, Row, Stats, measure, measure_pair, run_cmd, with_cpu
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGO = Path(os.environ.get("BENCH_ARGO", Path.home() / ".cache/pipectl/cluster-bin/argo-v4.0.5/argo"))
@@ -45,11 +45,15 @@ def main() -> None:
         if not ARGO.exists():
             b.notes.append(f"Argo CLI not found at {ARGO} (make cluster-build builds it): no peer figures.")
         for label, ours_argv, peer_argv, goal in cases:
+            cpu_ours: list[float] = []
+            cpu_peer: list[float] = []
             if peer_argv and ARGO.exists():
-                ours, peer = measure_pair(cmd(*ours_argv), cmd(*peer_argv), b.runs, b.warmup)
+                ours, peer = measure_pair(with_cpu(cmd(*ours_argv), cpu_ours), with_cpu(cmd(*peer_argv), cpu_peer), b.runs, b.warmup)
             else:
-                ours, peer = measure(cmd(*ours_argv), b.runs, b.warmup), None
+                ours, peer = measure(with_cpu(cmd(*ours_argv), cpu_ours), b.runs, b.warmup), None
             b.rows.append(Row(label, "s", ours, peer, goal=goal))
+            b.rows.append(Row(f"{label}: CPU time (user+sys)", "s", Stats(cpu_ours[b.warmup:]),
+                              Stats(cpu_peer[b.warmup:]) if cpu_peer else None))
         b.notes.append("argo lint --offline checks only Argo kinds; pipectl lint also checks Volcano/Kubernetes/"
                        "Prometheus objects against their schemas and pipectl's policy rules.")
 

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.bench.table import Bench, Row, Stats, measure_pair, run_cmd
+from tests.bench.table import Bench, Row, Stats, measure_pair, run_cmd, with_cpu
 
 EPOCHS = int(os.environ.get("BENCH_TRAIN_EPOCHS", "1"))
 
@@ -123,7 +123,8 @@ def main() -> None:
         b.setup.update(epochs=EPOCHS, batch_size_per_process=int(tb.defaults["batch-size"]), train_images=tb.train_count)
         for n in (1, 2):
             tb.metrics.clear()
-            ours, peer = measure_pair(lambda: tb.ours(n), lambda: tb.peer(n), b.runs, b.warmup)
+            cpu = {"ours": [], "peer": []}  # type: dict[str, list[float]]
+            ours, peer = measure_pair(with_cpu(lambda: tb.ours(n), cpu["ours"]), with_cpu(lambda: tb.peer(n), cpu["peer"]), b.runs, b.warmup)
             # the warm-up runs' loop times are dropped like their wall times
             loop = {k: Stats(v[b.warmup:]) for k, v in tb.metrics.items()}
             samples = tb.train_count * EPOCHS
@@ -131,6 +132,8 @@ def main() -> None:
             outside = {side: Stats([w - l for w, l in zip(wall.samples, loop[(side, n)].samples)])
                        for side, wall in (("ours", ours), ("peer", peer))}
             b.rows.append(Row(f"{label}: wall time of one launch", "s", ours, peer, goal="overhead < 5%"))
+            b.rows.append(Row(f"{label}: CPU time of one launch (all processes, user+sys)", "s", Stats(cpu["ours"][b.warmup:]),
+                              Stats(cpu["peer"][b.warmup:]), goal="overhead < 5%"))
             b.rows.append(Row(f"{label}: time outside the training loop", "s", outside["ours"], outside["peer"],
                               note="wall − loop: start-up, S3, MLflow, exit"))
             b.rows.append(Row(f"{label}: samples/s in the loop", "samples/s",

@@ -11,6 +11,7 @@ facts. Exit 1 when a benchmark failed (the others still run), 2 for an unknown n
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 import time
 import traceback
@@ -49,6 +50,10 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(available())}", file=sys.stderr)
         return 2
+    def on_sigterm(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)  # unwinds: servers and gangs a benchmark started are stopped
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     m = machine()
     print(f"machine: {m}; load average {load_average()}", flush=True)
     failed = []

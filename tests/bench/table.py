@@ -83,6 +83,27 @@ def measure_pair(
     return Stats(a), Stats(b)
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of its children that have been waited for
+    (their children too). Far less sensitive to other jobs on the machine than wall time."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def with_cpu(fn: Callable[[], Any], sink: list[float]) -> Callable[[], Any]:
+    """``fn``, also appending the CPU seconds (:func:`cpu_seconds`) each call used to ``sink``."""
+
+    def wrapped() -> Any:
+        c0 = cpu_seconds()
+        value = fn()
+        sink.append(cpu_seconds() - c0)
+        return value
+
+    return wrapped
+
+
 def run_cmd(argv: list[str], env: dict[str, str] | None = None, cwd: str | Path | None = None, timeout_s: float = 900) -> float:
     """Run ``argv`` (output discarded unless it fails); return its wall seconds.
 
