@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv
 
-.PHONY: setup demo test test-unit render golden schemas ceph-up ceph-down cluster-build cluster-up cluster-down clean
+.PHONY: setup demo test test-unit bench render golden schemas ceph-up ceph-down cluster-build cluster-up cluster-down clean
 
 setup:
 	bash scripts/setup.sh
@@ -27,6 +27,11 @@ cluster-up: cluster-build
 	@bash scripts/cluster-up.sh /tmp/pipectl-cluster
 cluster-down:
 	@bash scripts/cluster-down.sh /tmp/pipectl-cluster
+
+# Set up, then run the benchmarks side by side with their peers (tests/bench/; issue 7); tables
+# and JSON under tests/bench/results/. A subset: make bench BENCH="cli preprocess".
+bench: setup
+	$(VENV)/bin/python -m tests.bench.run $(BENCH)
 
 render: setup
 	$(VENV)/bin/pipectl render training

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -39,6 +40,40 @@ class StepError(PipectlError):
     @property
     def step_exit(self) -> ExitCode:
         return ExitCode.TEMPFAIL if self.transient else ExitCode.FAILED
+
+
+# ---------------------------------------------------------------- CPUs
+
+
+def available_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """CPUs this process may really use (>= 1): its affinity mask, capped by a cgroup CPU quota.
+
+    ``os.cpu_count()`` counts the node's cores: a pod limited to 4 CPUs on a 64-core node (a CFS
+    quota, Kubernetes ``resources.limits.cpu``) or pinned to a cpuset would start 64 threads and
+    thrash. Quota: cgroup v2 ``cpu.max`` (``"<quota> <period>"`` or ``"max <period>"``), else
+    cgroup v1 ``cpu/cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1 = none); rounded up
+    (Linux kernel docs, "Control Group v2", CPU interface files; "CFS Bandwidth Control").
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    quota: float | None = None
+    try:
+        text = (cgroup_root / "cpu.max").read_text().split()
+        if text and text[0] != "max":
+            quota = int(text[0]) / int(text[1])
+    except (OSError, ValueError, IndexError):
+        try:
+            q = int((cgroup_root / "cpu" / "cpu.cfs_quota_us").read_text())
+            period = int((cgroup_root / "cpu" / "cpu.cfs_period_us").read_text())
+            if q > 0 and period > 0:
+                quota = q / period
+        except (OSError, ValueError):
+            pass
+    if quota is not None:
+        cpus = min(cpus, max(1, math.ceil(quota)))
+    return max(1, cpus)
 
 
 # ---------------------------------------------------------------- S3

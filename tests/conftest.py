@@ -9,6 +9,9 @@ import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
+# Benchmarks are run by `make bench` (python -m tests.bench.run), never collected as tests.
+collect_ignore = ["bench"]
+
 # A real single-node Ceph with its S3 gateway (and CephFS when possible) on 127.0.0.1.
 # Without the Debian packages its tests are skipped with the packages named; PIPECTL_REQUIRE_CEPH=1
 # (set by `make test` after it installs them) makes that a failure instead.

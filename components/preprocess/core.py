@@ -31,7 +31,7 @@ from pipectl.components.contracts import (
     ShardIndex,
     StoreSettings,
 )
-from pipectl.components.runtime import StepError, join_uri, parse_s3_uri, read_json, s3_client, write_json
+from pipectl.components.runtime import StepError, available_cpus, join_uri, parse_s3_uri, read_json, s3_client, write_json
 from pipectl.components.shards import put_npz
 
 log = logging.getLogger("pipectl.preprocess")
@@ -80,12 +80,16 @@ def gpu_available() -> bool:
         return False
 
 
-def build_pipeline(batches: list[list[np.ndarray]], batch_size: int, image_size: int, use_gpu: bool, num_threads: int = 2) -> Any:
+def build_pipeline(batches: list[list[np.ndarray]], batch_size: int, image_size: int, use_gpu: bool, num_threads: int | None = None) -> Any:
     """DALI pipeline: external source of encoded bytes -> decode -> resize -> normalise (CHW).
 
     ``batches``: encoded images as uint8 arrays, at most ``batch_size`` per batch; the pipeline
     raises ``StopIteration`` after the last one. Output per batch: float [B, 3, image_size, image_size].
+    ``num_threads``: DALI's CPU worker threads; default :func:`available_cpus` (the CPUs this
+    pod may use: CPU decode scales with them, tests/bench/bench_preprocess.py).
     """
+    if num_threads is None:
+        num_threads = available_cpus()
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
     from nvidia.dali import pipeline_def

@@ -31,7 +31,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from pipectl.components.contracts import StoreSettings, TrainInput, TrainOutput
 from pipectl.components.models import SmallCNN, classification_metrics, predict
-from pipectl.components.runtime import StepError, join_uri, object_exists, parse_s3_uri, read_json, s3_client, write_json
+from pipectl.components.runtime import StepError, available_cpus, join_uri, object_exists, parse_s3_uri, read_json, s3_client, write_json
 from pipectl.components.shards import load_split
 
 log = logging.getLogger("pipectl.train")
@@ -91,8 +91,9 @@ def train(inp: TrainInput, settings: StoreSettings, s3: Any) -> TrainOutput:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     device = torch.device("cuda") if use_cuda else torch.device("cpu")
     if not use_cuda:
-        # 2 processes each using every core thrash (REFERENCE.md §1: "set OMP_NUM_THREADS").
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        # 2 processes each using every core thrash (REFERENCE.md §1: "set OMP_NUM_THREADS");
+        # the CPUs this pod may use, not the node's (a CPU limit or cpuset: available_cpus).
+        torch.set_num_threads(max(1, available_cpus() // local_world))
     distributed = "MASTER_ADDR" in os.environ
     if distributed and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
