@@ -153,6 +153,9 @@ class StoreSettings(BaseSettings):
     s3_region: str = "us-east-1"
     bucket: str = Field("pipectl", description="Bucket for staged datasets, shards, checkpoints.")
     mlflow_uri: str | None = Field(None, description="MLflow tracking URI (http://host:port).")
+    cephfs_mount: str | None = Field(
+        None, description="Where the CephFS is mounted (ceph-fuse, kernel client or a ceph-csi volume): resolves cephfs:/// targets."
+    )
 
     @field_validator("bucket")
     @classmethod
@@ -169,7 +172,7 @@ class StoreSettings(BaseSettings):
             "PIPECTL_BUCKET": self.bucket,
             "MLFLOW_DISABLE_TELEMETRY": "true",
         }
-        for key in ("s3_endpoint", "s3_access_key", "s3_secret_key", "mlflow_uri"):
+        for key in ("s3_endpoint", "s3_access_key", "s3_secret_key", "mlflow_uri", "cephfs_mount"):
             value = getattr(self, key)
             if value:
                 env[f"PIPECTL_{key.upper()}"] = value
@@ -211,10 +214,15 @@ class StageInput(StrictModel):
     source_uri: str = Field(description="Local folder or s3://bucket/prefix in ImageFolder layout.")
     bucket: str
     max_concurrency: int = Field(16, ge=1, le=256)
+    target_uri: str | None = Field(
+        None,
+        description="Where to stage: s3://<bucket> (default: s3://<bucket>), cephfs:///<path> (inside the CephFS "
+        "mounted at PIPECTL_CEPHFS_MOUNT) or an absolute path on a mounted file system.",
+    )
 
 
 class StageOutput(StrictModel):
-    dataset_uri: str = Field(description="s3://bucket/datasets/<digest>/ (the content-addressed prefix).")
+    dataset_uri: str = Field(description="<target>/datasets/<digest>/ (the content-addressed prefix), e.g. s3://bucket/datasets/<digest>/.")
     manifest_uri: str
     objects: int
     bytes: int
