@@ -236,10 +236,11 @@ def _stage_files(inp: StageInput, target: Target, files: list[SourceFile]) -> St
     return result(len(written), sum(written))
 
 
-def make_target(inp: StageInput, s3: Any, settings: StoreSettings | None = None) -> Target:
-    """The :class:`Target` for ``inp.target_uri`` (default ``s3://<inp.bucket>``); see targets.py."""
+def make_target(inp: StageInput, s3: Any, settings: StoreSettings | None = None, *, own_client: bool = False) -> Target:
+    """The :class:`Target` for ``inp.target_uri`` (default ``s3://<inp.bucket>``); see targets.py.
+    ``own_client``: ``s3`` belongs to this staging (its PutObject hooks may be tuned)."""
     if not inp.target_uri:
-        return S3Target(s3, inp.bucket, max_concurrency=min(inp.max_concurrency, 10))
+        return S3Target(s3, inp.bucket, max_concurrency=min(inp.max_concurrency, 10), skip_100_continue=own_client)
     return parse_target(
         inp.target_uri, s3=s3, cephfs_mount=settings.cephfs_mount if settings else None,
         max_concurrency=min(inp.max_concurrency, 10),
@@ -249,7 +250,7 @@ def make_target(inp: StageInput, s3: Any, settings: StoreSettings | None = None)
 def run(inp: StageInput, settings: StoreSettings) -> StageOutput:
     """Step entry: builds the S3 client and the target from ``settings`` and calls :func:`stage`."""
     s3 = s3_client(settings, max_pool=max(10, inp.max_concurrency))
-    return stage(inp, s3, target=make_target(inp, s3, settings))
+    return stage(inp, s3, target=make_target(inp, s3, settings, own_client=True))
 
 
 def validate_source(source_uri: str) -> int:
