@@ -50,6 +50,7 @@ class SourceFile:
     size: int
     open: Callable[[], Any]  # returns a binary file object
     s3_location: tuple[str, str] | None = None  # (bucket, key) for server-side copies
+    path: str | None = None  # local file (lets worker processes open it)
 
 
 def _check_layout(keys: list[str], where: str) -> None:
@@ -96,7 +97,7 @@ def scan_local(root: Path) -> list[SourceFile]:
     keys = [p.relative_to(root).as_posix() for p in files]
     _check_layout(keys, str(root))
     return [
-        SourceFile(key=k, label=k.split("/", 1)[0], size=p.stat().st_size, open=(lambda p=p: open(p, "rb")))
+        SourceFile(key=k, label=k.split("/", 1)[0], size=p.stat().st_size, open=(lambda p=p: open(p, "rb")), path=str(p))
         for k, p in zip(keys, files)
     ]
 
@@ -219,17 +220,35 @@ def _stage_files(inp: StageInput, target: Target, files: list[SourceFile]) -> St
 
     present = target.present(f"{prefix}/data/")
 
-    def put(item: tuple[SourceFile, ManifestEntry, str]) -> int | None:
-        """None when already present; else the retries the write needed."""
-        f, entry, md5 = item
+    def in_place(entry: ManifestEntry, md5: str) -> bool:
+        """Written and verified by an earlier, interrupted run."""
         key = f"{prefix}/data/{entry.key}"
         have = present.get(key)
-        if have is not None and target.is_complete(key, have, entry, md5):
-            return None  # written and verified by an earlier, interrupted run
-        return target.put(key, f, entry, md5)
+        return have is not None and target.is_complete(key, have, entry, md5)
+
+    todo = [(f, e, md5) for f, e, (_, md5) in zip(files, entries, digests) if not in_place(e, md5)]
+    written: list[int] = []  # retried requests, one number per object written
+    if isinstance(target, S3Target) and target.settings is not None:
+        # many small local files: single PUTs from several processes (see parallel.py)
+        from pipectl.components.stage import parallel
+
+        small = [t for t in todo if t[0].path is not None and t[0].s3_location is None and t[1].size < target.part_size]
+        processes = parallel.default_processes()
+        if len(small) >= parallel.MIN_FILES and processes > 1:
+            retries = parallel.put_in_processes(
+                target.settings, target.bucket,
+                [(f"{prefix}/data/{e.key}", f.path, e.model_dump_json(), md5) for f, e, md5 in small],
+                processes, threads=max(1, inp.max_concurrency // processes))
+            written = [retries] + [0] * (len(small) - 1)
+            sent = {id(t) for t in small}
+            todo = [t for t in todo if id(t) not in sent]
+
+    def put(item: tuple[SourceFile, ManifestEntry, str]) -> int:
+        f, entry, md5 = item
+        return target.put(f"{prefix}/data/{entry.key}", f, entry, md5)
 
     with ThreadPoolExecutor(max_workers=inp.max_concurrency) as pool:
-        written = [r for r in pool.map(put, [(f, e, md5) for f, e, (_, md5) in zip(files, entries, digests)]) if r is not None]
+        written += list(pool.map(put, todo))
     target.write_manifest(f"{prefix}/manifest.json", manifest.model_dump(mode="json"))
     target.finish()
     log.info("staged %s: %d copied, %d already present, %d retried requests", dataset_uri, len(written), len(entries) - len(written), sum(written))
@@ -240,7 +259,8 @@ def make_target(inp: StageInput, s3: Any, settings: StoreSettings | None = None,
     """The :class:`Target` for ``inp.target_uri`` (default ``s3://<inp.bucket>``); see targets.py.
     ``own_client``: ``s3`` belongs to this staging (its PutObject hooks may be tuned)."""
     if not inp.target_uri:
-        return S3Target(s3, inp.bucket, max_concurrency=min(inp.max_concurrency, 10), skip_100_continue=own_client)
+        return S3Target(s3, inp.bucket, max_concurrency=min(inp.max_concurrency, 10), skip_100_continue=own_client,
+                        settings=settings if own_client else None)
     return parse_target(
         inp.target_uri, s3=s3, cephfs_mount=settings.cephfs_mount if settings else None,
         max_concurrency=min(inp.max_concurrency, 10),

@@ -105,16 +105,18 @@ class S3Target:
     the source is in S3 too. ``s3`` is a boto3 client (see ``runtime.s3_client``)."""
 
     def __init__(self, s3: Any, bucket: str, *, part_size: int = MULTIPART_THRESHOLD_BYTES, max_concurrency: int = 10,
-                 skip_100_continue: bool = False) -> None:
+                 skip_100_continue: bool = False, settings: Any = None) -> None:
         """``skip_100_continue``: drop the ``Expect: 100-continue`` header botocore puts on every
         PutObject (an extra round trip before the body; it only pays off for large bodies a server
         might refuse, and our single PUTs are < 8 MiB). Changes ``s3``'s event hooks: only for a
-        client this target owns."""
+        client this target owns. ``settings`` (StoreSettings): lets stage spread many small
+        PUTs over worker processes with clients of their own (stage/parallel.py); None: threads only."""
         if skip_100_continue:
             from botocore.handlers import add_expect_header
 
             s3.meta.events.unregister("before-call.s3.PutObject", add_expect_header)
         self.s3 = s3
+        self.settings = settings
         self.bucket = bucket
         self.root_uri = f"s3://{bucket}"
         self.part_size = part_size

@@ -153,6 +153,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--only", choices=["small", "big"])
     ap.add_argument("--tools", default="stage,rclone copy,aws s3 sync")
     args = ap.parse_args(argv)
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-ups (Ceph daemons) on TERM
     small = 0 if args.only == "big" else args.small
     big = 0 if args.only == "small" else args.big
     tools = args.tools.split(",")
@@ -171,9 +174,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 times: dict[str, list[float]] = {t: [] for t in tools}
                 for t in tools:
                     bench.run_once(t, src)  # warm-up (page cache, interpreter, RGW pools)
-                for _ in range(args.runs):
+                for i in range(args.runs):
                     for t in tools:
                         times[t].append(bench.run_once(t, src))
+                        print(f"# {name} run {i + 1} {t}: {times[t][-1]:.2f}s (load {os.getloadavg()[0]:.1f})",
+                              file=sys.stderr, flush=True)
                 for t in tools:
                     mbs = [nbytes / 1e6 / s for s in times[t]]
                     fps = [files / s for s in times[t]]
