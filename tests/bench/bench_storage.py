@@ -3,6 +3,7 @@
     .venv/bin/python tests/bench/bench_storage.py [--runs 5] [--small 10000] [--big 3] [--only small|big]
 
 Tools (each a separate process, as a user would run it, all at 16 concurrent transfers):
+- ``stage, threads only`` (small files only): stage with its worker processes switched off (ablation)
 - ``stage``: ``python -m pipectl.components.stage`` (hashes every file, verifies every write, manifest)
 - ``rclone copy`` (Debian's rclone; ``scripts/system-deps.sh --bench`` installs it): ``--transfers 16``
 - ``aws s3 sync`` (AWS CLI; ``aws`` on PATH, else a venv under ~/.cache/pipectl/awscli-venv):
@@ -109,6 +110,10 @@ class Bench:
         if tool == "stage":
             return [sys.executable, "-m", "pipectl.components.stage", "--source-uri", str(src), "--bucket", bucket,
                     "--max-concurrency", str(CONCURRENCY), "--outputs-dir", str(self.work / "out" / bucket)]
+        if tool == "stage, threads only":  # ablation: without the worker processes of stage/parallel.py
+            code = ("import sys, runpy; import pipectl.components.stage.parallel as p; p.MIN_FILES = 10**12; "
+                    "sys.argv[0] = 'stage'; runpy.run_module('pipectl.components.stage', run_name='__main__')")
+            return [sys.executable, "-c", code, *self.command("stage", src, bucket)[3:]]
         if tool == "rclone copy":
             return ["rclone", "copy", str(src), f"ceph:{bucket}/data", "--transfers", str(CONCURRENCY),
                     "--checkers", str(CONCURRENCY)]
@@ -151,14 +156,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--small", type=int, default=10_000)
     ap.add_argument("--big", type=int, default=3)
     ap.add_argument("--only", choices=["small", "big"])
-    ap.add_argument("--tools", default="stage,rclone copy,aws s3 sync")
+    ap.add_argument("--tools", default="stage,stage, threads only,rclone copy,aws s3 sync".replace("stage, threads", "stage; threads"),
+                    help="comma-separated; 'stage; threads only' is stage without its worker processes (small files only)")
     args = ap.parse_args(argv)
     import signal
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-ups (Ceph daemons) on TERM
     small = 0 if args.only == "big" else args.small
     big = 0 if args.only == "small" else args.big
-    tools = args.tools.split(",")
+    tools = [t.replace(";", ",") for t in args.tools.split(",")]
     if "rclone copy" in tools and shutil.which("rclone") is None:
         raise SystemExit("rclone is missing: run scripts/system-deps.sh --bench (Debian package rclone)")
 
@@ -171,15 +177,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
         with CephCluster(work / "ceph", memstore_bytes=8 << 30) as ceph:
             bench = Bench(ceph, work)
             for name, (src, files, nbytes) in datasets.items():
-                times: dict[str, list[float]] = {t: [] for t in tools}
-                for t in tools:
+                ds_tools = [t for t in tools if not (t == "stage, threads only" and files < 1000)]
+                times: dict[str, list[float]] = {t: [] for t in ds_tools}
+                for t in ds_tools:
                     bench.run_once(t, src)  # warm-up (page cache, interpreter, RGW pools)
                 for i in range(args.runs):
-                    for t in tools:
+                    for t in ds_tools:
                         times[t].append(bench.run_once(t, src))
                         print(f"# {name} run {i + 1} {t}: {times[t][-1]:.2f}s (load {os.getloadavg()[0]:.1f})",
                               file=sys.stderr, flush=True)
-                for t in tools:
+                for t in ds_tools:
                     mbs = [nbytes / 1e6 / s for s in times[t]]
                     fps = [files / s for s in times[t]]
                     rows.append({"dataset": name, "tool": t, "files": files, "bytes": nbytes, "runs": len(mbs),
@@ -187,7 +194,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                  "mb_s_max": max(mbs), "files_s": statistics.median(fps),
                                  "files_s_min": min(fps), "files_s_max": max(fps), "text_mb": _fmt(mbs), "text_fps": _fmt(fps)})
                 ours = next((r for r in rows if r["dataset"] == name and r["tool"] == "stage"), None)
-                peers = [r for r in rows if r["dataset"] == name and r["tool"] != "stage"]
+                peers = [r for r in rows if r["dataset"] == name and not r["tool"].startswith("stage")]
                 if ours and peers:
                     fastest = max(peers, key=lambda r: r["mb_s"])
                     for r in rows:
@@ -202,7 +209,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print("| dataset | tool | MB/s | files/s | ratio to the faster peer |")
     print("|---|---|---|---|---|")
     for r in rows:
-        ratio = f"{r['ratio']:.2f}x {r['vs']}" if "ratio" in r and r["tool"] == "stage" else ("" if "ratio" not in r else f"{r['ratio']:.2f}")
+        ratio = f"{r['ratio']:.2f}x {r['vs']}" if "ratio" in r and r["tool"].startswith("stage") else ("" if "ratio" not in r else f"{r['ratio']:.2f}")
         print(f"| {r['dataset']} | {r['tool']} | {r['text_mb']} | {r['text_fps']} | {ratio} |")
     for r in rows:
         r["load_before"], r["load_after"] = load_before, load_after
