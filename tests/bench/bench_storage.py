@@ -12,8 +12,8 @@ Tools (each a separate process, as a user would run it, all at 16 concurrent tra
 Datasets (random bytes, ImageFolder layout because stage takes labelled images):
 (a) ``--small`` files of 4-60 KiB (uniform) in 10 labels; (b) ``--big`` files of 256 MiB in 2 labels.
 
-Each tool writes to a fresh bucket every run (nothing to skip); the bucket is emptied, deleted and
-RGW's garbage collector run between runs so the memstore OSD does not fill. One warm-up run per
+Each run gets a fresh single-node Ceph (started before and stopped after the timed part) and an
+empty bucket: nothing to skip, the memstore OSD never fills, no run pays for another's garbage. One warm-up run per
 tool and dataset, then ``--runs`` measured runs, interleaved (stage, rclone, aws, stage, ...) so
 load from other processes on the machine hits every tool alike. Reports the median MB/s (MB =
 10^6 bytes) and files/s with min-max over the runs, and the ratio of stage's median to the faster
@@ -82,17 +82,21 @@ def make_datasets(base: Path, small: int, big: int) -> dict[str, tuple[Path, int
 
 
 class Bench:
-    def __init__(self, ceph: CephCluster, work: Path) -> None:
-        self.ceph = ceph
-        self.s3 = ceph.s3_client()
+    """Runs one tool once against a Ceph of its own: every run starts a fresh single-node Ceph
+    (1-2 s, not timed) and stops it after, so the memstore OSD never fills and no run pays for
+    another's garbage (``radosgw-admin gc process`` took > 300 s after a 10,000-object run)."""
+
+    def __init__(self, work: Path) -> None:
         self.work = work
         self.aws = aws_cli()
-        cfg = work / "aws-config"
-        cfg.write_text(f"[default]\nregion = us-east-1\ns3 =\n  addressing_style = path\n"
-                       f"  max_concurrent_requests = {CONCURRENCY}\n")
-        self.env = {
+        self.cfg = work / "aws-config"
+        self.cfg.write_text(f"[default]\nregion = us-east-1\ns3 =\n  addressing_style = path\n"
+                            f"  max_concurrent_requests = {CONCURRENCY}\n")
+
+    def env(self, ceph: CephCluster) -> dict[str, str]:
+        return {
             **os.environ, **ceph.env(),
-            "AWS_CONFIG_FILE": str(cfg),
+            "AWS_CONFIG_FILE": str(self.cfg),
             # botocore >= 1.36 sends checksum headers Pacific's RGW rejects (REFERENCE.md §3)
             "AWS_REQUEST_CHECKSUM_CALCULATION": "when_required",
             "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required",
@@ -106,44 +110,42 @@ class Bench:
             "PIPECTL_S3_SECRET_KEY": ceph.secret_key,
         }
 
-    def command(self, tool: str, src: Path, bucket: str) -> list[str]:
+    def command(self, tool: str, src: Path, bucket: str, endpoint: str) -> list[str]:
         if tool == "stage":
             return [sys.executable, "-m", "pipectl.components.stage", "--source-uri", str(src), "--bucket", bucket,
                     "--max-concurrency", str(CONCURRENCY), "--outputs-dir", str(self.work / "out" / bucket)]
         if tool == "stage, threads only":  # ablation: without the worker processes of stage/parallel.py
             code = ("import sys, runpy; import pipectl.components.stage.parallel as p; p.MIN_FILES = 10**12; "
                     "sys.argv[0] = 'stage'; runpy.run_module('pipectl.components.stage', run_name='__main__')")
-            return [sys.executable, "-c", code, *self.command("stage", src, bucket)[3:]]
+            return [sys.executable, "-c", code, *self.command("stage", src, bucket, endpoint)[3:]]
         if tool == "rclone copy":
             return ["rclone", "copy", str(src), f"ceph:{bucket}/data", "--transfers", str(CONCURRENCY),
                     "--checkers", str(CONCURRENCY)]
         if tool == "aws s3 sync":
-            return [self.aws, "s3", "sync", str(src), f"s3://{bucket}/data", "--endpoint-url", self.ceph.s3_endpoint,
+            return [self.aws, "s3", "sync", str(src), f"s3://{bucket}/data", "--endpoint-url", endpoint,
                     "--only-show-errors"]
         raise ValueError(tool)
 
     def run_once(self, tool: str, src: Path) -> float:
-        bucket = f"b-{uuid.uuid4().hex[:12]}"
-        self.s3.create_bucket(Bucket=bucket)  # every tool starts from an existing, empty bucket
-        t0 = time.perf_counter()
-        env = self.env
-        if tool == "rclone copy":  # rclone 1.60 fails on AWS_CA_BUNDLE ("HTTPClient's transport unsupported type")
-            env = {k: v for k, v in env.items() if k != "AWS_CA_BUNDLE"}
-        r = subprocess.run(self.command(tool, src, bucket), env=env, capture_output=True, text=True)
-        seconds = time.perf_counter() - t0
-        if r.returncode != 0:
-            raise RuntimeError(f"{tool} failed (rc={r.returncode}): {(r.stdout + r.stderr)[-2000:]}")
-        self.drop(bucket)
+        run_dir = Path(tempfile.mkdtemp(prefix="ceph-", dir=self.work))
+        with CephCluster(run_dir / "run", memstore_bytes=4 << 30) as ceph:
+            s3 = ceph.s3_client()
+            bucket = f"b-{uuid.uuid4().hex[:12]}"
+            s3.create_bucket(Bucket=bucket)  # every tool starts from an existing, empty bucket
+            s3.put_object(Bucket=bucket, Key="probe", Body=b"x")  # RGW creates its data pool on the first write
+            s3.delete_object(Bucket=bucket, Key="probe")
+            env = self.env(ceph)
+            if tool == "rclone copy":  # rclone 1.60 fails on AWS_CA_BUNDLE ("HTTPClient's transport unsupported type")
+                env = {k: v for k, v in env.items() if k != "AWS_CA_BUNDLE"}
+            t0 = time.perf_counter()
+            r = subprocess.run(self.command(tool, src, bucket, ceph.s3_endpoint), env=env, capture_output=True, text=True)
+            seconds = time.perf_counter() - t0
+            if r.returncode != 0:
+                raise RuntimeError(f"{tool} failed (rc={r.returncode}): {(r.stdout + r.stderr)[-2000:]}")
+            listed = sum(page.get("KeyCount", 0) for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket))
+            self.last_objects = listed
+        shutil.rmtree(run_dir, ignore_errors=True)
         return seconds
-
-    def drop(self, bucket: str) -> None:
-        keys = []
-        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-            keys += [{"Key": o["Key"]} for o in page.get("Contents", [])]
-        for i in range(0, len(keys), 1000):
-            self.s3.delete_objects(Bucket=bucket, Delete={"Objects": keys[i:i + 1000], "Quiet": True})
-        self.s3.delete_bucket(Bucket=bucket)
-        self.ceph.radosgw_admin("gc", "process", "--include-all", timeout_s=300)
 
 
 def _fmt(values: list[float]) -> str:
@@ -173,34 +175,33 @@ def main(argv: list[str] | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="storage-bench-") as tmp:
         work = Path(tmp)
         datasets = make_datasets(work / "data", small, big)
-        # memstore keeps every object in RAM; 3 x 256 MiB per run, freed by gc between runs
-        with CephCluster(work / "ceph", memstore_bytes=8 << 30) as ceph:
-            bench = Bench(ceph, work)
-            for name, (src, files, nbytes) in datasets.items():
-                ds_tools = [t for t in tools if not (t == "stage, threads only" and files < 1000)]
-                times: dict[str, list[float]] = {t: [] for t in ds_tools}
+        bench = Bench(work)
+        for name, (src, files, nbytes) in datasets.items():
+            ds_tools = [t for t in tools if not (t == "stage, threads only" and files < 1000)]
+            times: dict[str, list[float]] = {t: [] for t in ds_tools}
+            for t in ds_tools:
+                bench.run_once(t, src)  # warm-up (page cache, interpreter, RGW pools)
+            for i in range(args.runs):
                 for t in ds_tools:
-                    bench.run_once(t, src)  # warm-up (page cache, interpreter, RGW pools)
-                for i in range(args.runs):
-                    for t in ds_tools:
-                        times[t].append(bench.run_once(t, src))
-                        print(f"# {name} run {i + 1} {t}: {times[t][-1]:.2f}s (load {os.getloadavg()[0]:.1f})",
-                              file=sys.stderr, flush=True)
-                for t in ds_tools:
-                    mbs = [nbytes / 1e6 / s for s in times[t]]
-                    fps = [files / s for s in times[t]]
-                    rows.append({"dataset": name, "tool": t, "files": files, "bytes": nbytes, "runs": len(mbs),
-                                 "seconds": times[t], "mb_s": statistics.median(mbs), "mb_s_min": min(mbs),
-                                 "mb_s_max": max(mbs), "files_s": statistics.median(fps),
-                                 "files_s_min": min(fps), "files_s_max": max(fps), "text_mb": _fmt(mbs), "text_fps": _fmt(fps)})
-                ours = next((r for r in rows if r["dataset"] == name and r["tool"] == "stage"), None)
-                peers = [r for r in rows if r["dataset"] == name and not r["tool"].startswith("stage")]
-                if ours and peers:
-                    fastest = max(peers, key=lambda r: r["mb_s"])
-                    for r in rows:
-                        if r["dataset"] == name:
-                            r["ratio"] = r["mb_s"] / fastest["mb_s"]
-                            r["vs"] = fastest["tool"]
+                    times[t].append(bench.run_once(t, src))
+                    assert bench.last_objects >= files, f"{t} left {bench.last_objects} objects, expected {files}"
+                    print(f"# {name} run {i + 1} {t}: {times[t][-1]:.2f}s (load {os.getloadavg()[0]:.1f})",
+                          file=sys.stderr, flush=True)
+            for t in ds_tools:
+                mbs = [nbytes / 1e6 / s for s in times[t]]
+                fps = [files / s for s in times[t]]
+                rows.append({"dataset": name, "tool": t, "files": files, "bytes": nbytes, "runs": len(mbs),
+                             "seconds": times[t], "mb_s": statistics.median(mbs), "mb_s_min": min(mbs),
+                             "mb_s_max": max(mbs), "files_s": statistics.median(fps),
+                             "files_s_min": min(fps), "files_s_max": max(fps), "text_mb": _fmt(mbs), "text_fps": _fmt(fps)})
+            ours = next((r for r in rows if r["dataset"] == name and r["tool"] == "stage"), None)
+            peers = [r for r in rows if r["dataset"] == name and not r["tool"].startswith("stage")]
+            if ours and peers:
+                fastest = max(peers, key=lambda r: r["mb_s"])
+                for r in rows:
+                    if r["dataset"] == name:
+                        r["ratio"] = r["mb_s"] / fastest["mb_s"]
+                        r["vs"] = fastest["tool"]
     load_after = os.getloadavg()
 
     print(f"\nstaging to one Ceph 16.2 RGW (memstore OSD) on 127.0.0.1; {os.cpu_count()} CPUs; "
