@@ -153,6 +153,15 @@ class StoreSettings(BaseSettings):
     s3_region: str = "us-east-1"
     bucket: str = Field("pipectl", description="Bucket for staged datasets, shards, checkpoints.")
     mlflow_uri: str | None = Field(None, description="MLflow tracking URI (http://host:port).")
+    alluxio_proxy_url: str | None = Field(
+        None, description="Alluxio proxy (http://host:39999): preprocess and train read staged data and shards through its S3 API."
+    )
+    alluxio_job_master_url: str | None = Field(
+        None, description="Alluxio job master REST (http://host:20002): where warm submits its load jobs."
+    )
+    cephfs_mount: str | None = Field(
+        None, description="Where the CephFS is mounted (ceph-fuse, kernel client or a ceph-csi volume): resolves cephfs:/// targets."
+    )
 
     @field_validator("bucket")
     @classmethod
@@ -169,7 +178,8 @@ class StoreSettings(BaseSettings):
             "PIPECTL_BUCKET": self.bucket,
             "MLFLOW_DISABLE_TELEMETRY": "true",
         }
-        for key in ("s3_endpoint", "s3_access_key", "s3_secret_key", "mlflow_uri"):
+        for key in ("s3_endpoint", "s3_access_key", "s3_secret_key", "mlflow_uri", "cephfs_mount",
+                    "alluxio_proxy_url", "alluxio_job_master_url"):
             value = getattr(self, key)
             if value:
                 env[f"PIPECTL_{key.upper()}"] = value
@@ -211,16 +221,35 @@ class StageInput(StrictModel):
     source_uri: str = Field(description="Local folder or s3://bucket/prefix in ImageFolder layout.")
     bucket: str
     max_concurrency: int = Field(16, ge=1, le=256)
+    target_uri: str | None = Field(
+        None,
+        description="Where to stage: s3://<bucket> (default: s3://<bucket>), cephfs:///<path> (inside the CephFS "
+        "mounted at PIPECTL_CEPHFS_MOUNT) or an absolute path on a mounted file system.",
+    )
 
 
 class StageOutput(StrictModel):
-    dataset_uri: str = Field(description="s3://bucket/datasets/<digest>/ (the content-addressed prefix).")
+    dataset_uri: str = Field(description="<target>/datasets/<digest>/ (the content-addressed prefix), e.g. s3://bucket/datasets/<digest>/.")
     manifest_uri: str
     objects: int
     bytes: int
     copied: int = Field(description="Objects written by this run (0 when already staged).")
     skipped: int = Field(description="Objects already present and verified.")
     retries: int = Field(0, description="Requests botocore retried (throttling, 5xx, resets) for the writes.")
+
+
+class WarmInput(StrictModel):
+    manifest_uri: str = Field(description="s3://bucket/datasets/<digest>/manifest.json (a stage output).")
+    batch_size: int = Field(256, ge=1, le=10000, description="Files per Alluxio load job.")
+    timeout_s: float = Field(1800, gt=0, description="seconds to wait for the load jobs")
+
+
+class WarmOutput(StrictModel):
+    files: int
+    bytes: int = Field(description="Bytes of the dataset (manifest).")
+    cached_bytes: int = Field(description="Bytes Alluxio workers hold after the load (inAlluxioPercentage x length).")
+    jobs: int = Field(description="Load jobs submitted.")
+    seconds: float = Field(description="Wall time of submit + wait + status, seconds.")
 
 
 class PreprocessInput(StrictModel):

@@ -156,15 +156,20 @@ def decode_robust(encoded: list[bytes], image_size: int, batch_size: int, use_gp
     return np.concatenate([left, right]), bad_left + [mid + i for i in bad_right], s_left + s_right
 
 
-def preprocess(inp: PreprocessInput, s3: Any) -> PreprocessOutput:
-    """See the module doc. Raises :class:`StepError` (exit 1) when too many images are corrupt."""
+def preprocess(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> PreprocessOutput:
+    """See the module doc. Raises :class:`StepError` (exit 1) when too many images are corrupt.
+
+    ``s3``: the store (writes); ``reader``: where the staged images are read from (default ``s3``;
+    Alluxio's S3 proxy when configured, see ``pipectl.components.alluxio.data_read_client``).
+    """
+    reader = s3 if reader is None else reader
     manifest = DatasetManifest.model_validate(read_json(s3, inp.manifest_uri))
     bucket, manifest_key = parse_s3_uri(inp.manifest_uri)
     data_prefix = manifest_key.rsplit("/", 1)[0] + "/data/"
     label_index = {label: i for i, label in enumerate(manifest.labels)}
 
     def fetch(key: str) -> bytes:
-        return s3.get_object(Bucket=bucket, Key=data_prefix + key)["Body"].read()
+        return reader.get_object(Bucket=bucket, Key=data_prefix + key)["Body"].read()
 
     with ThreadPoolExecutor(max_workers=16) as pool:
         blobs = list(pool.map(fetch, [e.key for e in manifest.entries]))
@@ -250,4 +255,6 @@ def preprocess(inp: PreprocessInput, s3: Any) -> PreprocessOutput:
 
 
 def run(inp: PreprocessInput, settings: StoreSettings) -> PreprocessOutput:
-    return preprocess(inp, s3_client(settings))
+    from pipectl.components.alluxio import data_read_client
+
+    return preprocess(inp, s3_client(settings), reader=data_read_client(settings))

@@ -1,15 +1,17 @@
-"""Stage a labelled image dataset into the object store under a content-addressed prefix.
+"""Stage a labelled image dataset into the store under a content-addressed prefix.
 
-Layout written (``<digest>`` = first 20 hex of the dataset digest)::
+Layout written (``<digest>`` = first 20 hex of the dataset digest; ``<target>`` is
+``s3://<bucket>`` by default, or a CephFS / mounted folder: see targets.py)::
 
-    s3://<bucket>/datasets/<digest>/data/<label>/<file>   one object per image
-    s3://<bucket>/datasets/<digest>/manifest.json         written last: marks completion
+    <target>/datasets/<digest>/data/<label>/<file>   one object per image
+    <target>/datasets/<digest>/manifest.json         written last: marks completion
 
-Guarantees: validates the whole source before writing anything; copies in parallel (one PUT
-below 8 MiB, boto3 managed multipart above); verifies each write (a single PUT's ETag is the
-content md5; multipart writes and copies by HEAD of size and the ``sha256`` metadata);
-resumable (one LIST finds objects an interrupted run already wrote; matching size and ETag
-are skipped) and idempotent (a complete prefix is detected by its manifest: nothing copied).
+Guarantees, the same for every target: validates the whole source before writing anything;
+copies in parallel (S3: one PUT below 8 MiB, boto3 managed multipart above); verifies each
+write (S3: a single PUT's ETag is the content md5, multipart writes and copies by HEAD of size
+and the ``sha256`` metadata; file system: sha256 read back before an atomic rename); resumable
+(one listing finds what an interrupted run already put in place; verified ones are skipped)
+and idempotent (a complete prefix is detected by its manifest: nothing copied).
 """
 
 from __future__ import annotations
@@ -24,21 +26,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from pipectl.components.contracts import DatasetManifest, ManifestEntry, StageInput, StageOutput, StoreSettings
-from pipectl.components.runtime import (
-    StepError,
-    ensure_bucket,
-    join_uri,
-    object_exists,
-    parse_s3_uri,
-    read_json,
-    s3_client,
-    write_json,
-)
+from pipectl.components.runtime import StepError, join_uri, parse_s3_uri, s3_client
+from pipectl.components.stage.targets import MULTIPART_THRESHOLD_BYTES, S3Target, Target, parse_target
 
 log = logging.getLogger("pipectl.stage")
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png"})
-MULTIPART_THRESHOLD_BYTES = 8 * 1024 * 1024
 EXAMPLE_SCHEME = "example:"
 
 
@@ -57,6 +50,7 @@ class SourceFile:
     size: int
     open: Callable[[], Any]  # returns a binary file object
     s3_location: tuple[str, str] | None = None  # (bucket, key) for server-side copies
+    path: str | None = None  # local file (lets worker processes open it)
 
 
 def _check_layout(keys: list[str], where: str) -> None:
@@ -103,7 +97,7 @@ def scan_local(root: Path) -> list[SourceFile]:
     keys = [p.relative_to(root).as_posix() for p in files]
     _check_layout(keys, str(root))
     return [
-        SourceFile(key=k, label=k.split("/", 1)[0], size=p.stat().st_size, open=(lambda p=p: open(p, "rb")))
+        SourceFile(key=k, label=k.split("/", 1)[0], size=p.stat().st_size, open=(lambda p=p: open(p, "rb")), path=str(p))
         for k, p in zip(keys, files)
     ]
 
@@ -163,71 +157,12 @@ def dataset_digest(entries: Iterable[ManifestEntry]) -> str:
     return h.hexdigest()
 
 
-def _metadata(entry: ManifestEntry) -> dict[str, str]:
-    """S3 user metadata must be ASCII: the label is percent-encoded (RFC 3986)."""
-    from urllib.parse import quote
+def stage(inp: StageInput, s3: Any, *, example_dir: Path | None = None, target: Target | None = None) -> StageOutput:
+    """Copy ``inp.source_uri`` into ``<target>/datasets/<digest>/``; see the module doc.
 
-    return {"sha256": entry.sha256, "label": quote(entry.label, safe="")}
-
-
-def _upload(s3: Any, f: SourceFile, entry: ManifestEntry, md5: str, bucket: str, key: str) -> int:
-    """Write one object and verify it: a single PUT's ETag must equal the content md5;
-    multipart uploads and copies are verified by HEAD (size and our sha256 metadata).
-    Returns the retries botocore needed for a single PUT (0 for managed transfers)."""
-    from boto3.s3.transfer import TransferConfig
-
-    if f.s3_location is None and entry.size < MULTIPART_THRESHOLD_BYTES:
-        stream = f.open()
-        try:
-            body = stream.read()
-        finally:
-            stream.close()
-        resp = s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata=_metadata(entry))
-        retries = resp.get("ResponseMetadata", {}).get("RetryAttempts", 0)
-        if resp.get("ETag", "").strip('"') != md5 or len(body) != entry.size:
-            raise StepError(
-                f"verification failed for s3://{bucket}/{key}: the store's ETag differs from the content md5",
-                "the source changed during staging or the store altered the write; rerun",
-                transient=True,
-            )
-        return retries
-
-    config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD_BYTES, multipart_chunksize=MULTIPART_THRESHOLD_BYTES)
-    extra = {"Metadata": _metadata(entry)}
-    if f.s3_location is not None:
-        src_bucket, src_key = f.s3_location
-        s3.copy(
-            {"Bucket": src_bucket, "Key": src_key},
-            bucket,
-            key,
-            ExtraArgs={**extra, "MetadataDirective": "REPLACE"},
-            Config=config,
-        )
-    else:
-        stream = f.open()
-        try:
-            s3.upload_fileobj(stream, bucket, key, ExtraArgs=extra, Config=config)
-        finally:
-            stream.close()
-    if not _verified(object_exists(s3, bucket, key), entry):
-        raise StepError(
-            f"verification failed for s3://{bucket}/{key}: size or sha256 differs after upload",
-            "the store lost or altered the write; rerun (verified objects are skipped)",
-            transient=True,
-        )
-    return 0  # managed transfers do not report their retries
-
-
-def _verified(head: dict | None, entry: ManifestEntry) -> bool:
-    return (
-        head is not None
-        and head.get("ContentLength") == entry.size
-        and head.get("Metadata", {}).get("sha256") == entry.sha256
-    )
-
-
-def stage(inp: StageInput, s3: Any, *, example_dir: Path | None = None) -> StageOutput:
-    """Copy ``inp.source_uri`` into ``s3://<inp.bucket>/datasets/<digest>/``; see the module doc.
+    ``s3``: a boto3 client (reads ``s3://`` sources; the default target ``s3://<inp.bucket>``).
+    ``target``: where to write (:mod:`.targets`); default :func:`make_target` of ``inp``
+    (``inp.target_uri``; ``cephfs://`` then needs a target built with the settings' mount).
 
     Raises :class:`DatasetError` (exit 1 in a step; exit 2 at the CLI) before any write when the
     source is missing, empty or unlabelled; :class:`StepError` when a written object fails
@@ -247,25 +182,16 @@ def stage(inp: StageInput, s3: Any, *, example_dir: Path | None = None) -> Stage
             files = scan_s3(s3, source)
         else:
             files = scan_local(Path(source.removeprefix("file://")))
-        return _stage_files(inp, s3, files)
+        return _stage_files(inp, target if target is not None else make_target(inp, s3), files)
 
 
-def _existing(s3: Any, bucket: str, prefix: str) -> dict[str, tuple[int, str]]:
-    """``{key: (size, etag)}`` of the objects under ``prefix``: one LIST per 1,000 keys."""
-    found: dict[str, tuple[int, str]] = {}
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for obj in page.get("Contents", []):
-            found[obj["Key"]] = (obj["Size"], obj.get("ETag", "").strip('"'))
-    return found
-
-
-def _stage_files(inp: StageInput, s3: Any, files: list[SourceFile]) -> StageOutput:
+def _stage_files(inp: StageInput, target: Target, files: list[SourceFile]) -> StageOutput:
     with ThreadPoolExecutor(max_workers=inp.max_concurrency) as pool:
         digests = list(pool.map(_digests, files))
     entries = [ManifestEntry(key=f.key, size=f.size, sha256=sha, label=f.label) for f, (sha, _) in zip(files, digests)]
     digest = dataset_digest(entries)
     prefix = f"datasets/{digest[:20]}"
-    dataset_uri = f"s3://{inp.bucket}/{prefix}/"
+    dataset_uri = f"{target.root_uri}/{prefix}/"
     manifest_uri = join_uri(dataset_uri, "manifest.json")
     manifest = DatasetManifest(
         digest=digest,
@@ -285,34 +211,66 @@ def _stage_files(inp: StageInput, s3: Any, files: list[SourceFile]) -> StageOutp
             skipped=len(entries) - copied,
         )
 
-    ensure_bucket(s3, inp.bucket)
-    if object_exists(s3, inp.bucket, f"{prefix}/manifest.json") is not None:
-        existing_manifest = DatasetManifest.model_validate(read_json(s3, manifest_uri))
-        if existing_manifest.digest == digest:
-            log.info("already staged: %s (%d objects); nothing copied", dataset_uri, len(entries))
-            return result(0)
+    target.prepare()
+    existing_manifest = target.read_manifest(f"{prefix}/manifest.json")
+    if existing_manifest is not None and DatasetManifest.model_validate(existing_manifest).digest == digest:
+        log.info("already staged: %s (%d objects); nothing copied", dataset_uri, len(entries))
+        target.finish()
+        return result(0)
 
-    present = _existing(s3, inp.bucket, f"{prefix}/data/")
+    present = target.present(f"{prefix}/data/")
 
-    def put(item: tuple[SourceFile, ManifestEntry, str]) -> int | None:
-        """None when already present; else the retries the write needed."""
-        f, entry, md5 = item
+    def in_place(entry: ManifestEntry, md5: str) -> bool:
+        """Written and verified by an earlier, interrupted run."""
         key = f"{prefix}/data/{entry.key}"
-        size, etag = present.get(key, (-1, ""))
-        if size == entry.size and (etag == md5 or ("-" in etag and _verified(object_exists(s3, inp.bucket, key), entry))):
-            return None  # written and verified by an earlier, interrupted run
-        return _upload(s3, f, entry, md5, inp.bucket, key)
+        have = present.get(key)
+        return have is not None and target.is_complete(key, have, entry, md5)
+
+    todo = [(f, e, md5) for f, e, (_, md5) in zip(files, entries, digests) if not in_place(e, md5)]
+    written: list[int] = []  # retried requests, one number per object written
+    if isinstance(target, S3Target) and target.settings is not None:
+        # many small local files: single PUTs from several processes (see parallel.py)
+        from pipectl.components.stage import parallel
+
+        small = [t for t in todo if t[0].path is not None and t[0].s3_location is None and t[1].size < target.part_size]
+        processes = parallel.default_processes()
+        if len(small) >= parallel.MIN_FILES and processes > 1:
+            retries = parallel.put_in_processes(
+                target.settings, target.bucket,
+                [(f"{prefix}/data/{e.key}", f.path, e.model_dump_json(), md5) for f, e, md5 in small],
+                processes, threads=max(1, inp.max_concurrency // processes))
+            written = [retries] + [0] * (len(small) - 1)
+            sent = {id(t) for t in small}
+            todo = [t for t in todo if id(t) not in sent]
+
+    def put(item: tuple[SourceFile, ManifestEntry, str]) -> int:
+        f, entry, md5 = item
+        return target.put(f"{prefix}/data/{entry.key}", f, entry, md5)
 
     with ThreadPoolExecutor(max_workers=inp.max_concurrency) as pool:
-        written = [r for r in pool.map(put, [(f, e, md5) for f, e, (_, md5) in zip(files, entries, digests)]) if r is not None]
-    write_json(s3, manifest_uri, manifest.model_dump(mode="json"))
+        written += list(pool.map(put, todo))
+    target.write_manifest(f"{prefix}/manifest.json", manifest.model_dump(mode="json"))
+    target.finish()
     log.info("staged %s: %d copied, %d already present, %d retried requests", dataset_uri, len(written), len(entries) - len(written), sum(written))
     return result(len(written), sum(written))
 
 
+def make_target(inp: StageInput, s3: Any, settings: StoreSettings | None = None, *, own_client: bool = False) -> Target:
+    """The :class:`Target` for ``inp.target_uri`` (default ``s3://<inp.bucket>``); see targets.py.
+    ``own_client``: ``s3`` belongs to this staging (its PutObject hooks may be tuned)."""
+    if not inp.target_uri:
+        return S3Target(s3, inp.bucket, max_concurrency=min(inp.max_concurrency, 10), skip_100_continue=own_client,
+                        settings=settings if own_client else None)
+    return parse_target(
+        inp.target_uri, s3=s3, cephfs_mount=settings.cephfs_mount if settings else None,
+        max_concurrency=min(inp.max_concurrency, 10),
+    )
+
+
 def run(inp: StageInput, settings: StoreSettings) -> StageOutput:
-    """Step entry: builds the S3 client from ``settings`` and calls :func:`stage`."""
-    return stage(inp, s3_client(settings, max_pool=max(10, inp.max_concurrency)))
+    """Step entry: builds the S3 client and the target from ``settings`` and calls :func:`stage`."""
+    s3 = s3_client(settings, max_pool=max(10, inp.max_concurrency))
+    return stage(inp, s3, target=make_target(inp, s3, settings, own_client=True))
 
 
 def validate_source(source_uri: str) -> int:

@@ -81,8 +81,12 @@ def _mlflow_run(inp: TrainInput, settings: StoreSettings) -> Any:
     return mlflow.start_run(run_name=inp.workflow_name, tags={WORKFLOW_TAG: inp.workflow_name})
 
 
-def train(inp: TrainInput, settings: StoreSettings, s3: Any) -> TrainOutput:
-    """Train one process of the gang; returns the output (meaningful on rank 0). See module doc."""
+def train(inp: TrainInput, settings: StoreSettings, s3: Any, *, reader: Any = None) -> TrainOutput:
+    """Train one process of the gang; returns the output (meaningful on rank 0). See module doc.
+
+    ``s3``: the store (checkpoints, outputs); ``reader``: where the shards are read from (default
+    ``s3``; Alluxio's S3 proxy when configured). Checkpoints never go through the cache.
+    """
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -99,7 +103,7 @@ def train(inp: TrainInput, settings: StoreSettings, s3: Any) -> TrainOutput:
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
 
     output_uri = join_uri(inp.run_uri, "train-output.json")
-    images, labels, index = load_split(s3, inp.shards_uri, "train")
+    images, labels, index = load_split(s3 if reader is None else reader, inp.shards_uri, "train")
     num_classes = len(index.labels)
     x = torch.from_numpy(images)
     y = torch.from_numpy(labels)
@@ -223,4 +227,6 @@ def train(inp: TrainInput, settings: StoreSettings, s3: Any) -> TrainOutput:
 def run(inp: TrainInput, settings: StoreSettings) -> TrainOutput:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "MASTER_ADDR" not in os.environ:
         raise StepError("WORLD_SIZE > 1 but MASTER_ADDR is unset", "launch with torchrun")
-    return train(inp, settings, s3_client(settings))
+    from pipectl.components.alluxio import data_read_client
+
+    return train(inp, settings, s3_client(settings), reader=data_read_client(settings))

@@ -226,11 +226,11 @@ class CephCluster:
     def mount_cephfs(self, mountpoint: Path, timeout_s: float = 30.0) -> Path:
         """Mount the cluster's CephFS with ceph-fuse (foreground, own process group).
 
-        Needs cephfs=True, the ceph-fuse package and a usable /dev/fuse (root, or the `fuse`
+        Starts the MDS first if the cluster was started without one (:meth:`enable_cephfs`).
+        Needs the ceph-mds and ceph-fuse packages and a usable /dev/fuse (root, or the `fuse`
         package for non-root). Unmounted by stop().
         """
-        if not self.cephfs:
-            raise CephStartError("CephCluster(cephfs=True) is needed for mount_cephfs()")
+        self.enable_cephfs()
         if shutil.which("ceph-fuse") is None:
             raise CephNotInstalled("ceph-fuse is missing; Debian package not installed: ceph-fuse")
         mountpoint = Path(mountpoint).absolute()
@@ -457,23 +457,11 @@ rgw dns name = 127.0.0.1
         self.ceph("osd", "new", osd_uuid, "0")
         self._mark("osd_new")
         self._spawn("osd.0", ["ceph-osd", "-f", "-c", conf, "-i", "0"])
-        fs_setup = None
-        if self.cephfs:
-            # MDS starts as a standby and goes active once the file system exists.
-            self._spawn("mds.a", ["ceph-mds", "-f", "-c", conf, "-i", "a"])
-            fs_setup = self._mon_commands_async([
-                {"prefix": "osd pool create", "pool": "cephfs_metadata", "pg_num": 8},
-                {"prefix": "osd pool create", "pool": "cephfs_data", "pg_num": 8},
-                {"prefix": "fs new", "fs_name": CEPHFS_NAME, "metadata": "cephfs_metadata",
-                 "data": "cephfs_data"},
-            ])
+        fs_setup = self._spawn_cephfs() if self.cephfs else None
         self._wait_rgw()
         self._mark("rgw_ready")
         if fs_setup is not None:
-            out, _ = fs_setup.communicate(timeout=self.start_timeout_s)
-            if fs_setup.returncode != 0:
-                raise CephStartError(f"CephFS setup failed: {out.decode(errors='replace')}")
-            self._mark("cephfs_created")
+            self._finish_cephfs(fs_setup)
         self.radosgw_admin(
             "user", "create", "--uid", "pipectl-test", "--display-name", "pipectl test",
             "--access-key", self.access_key, "--secret-key", self.secret_key,
@@ -481,13 +469,46 @@ rgw dns name = 127.0.0.1
         self._mark("user_created")
         self._save_state()
 
+    def enable_cephfs(self) -> float:
+        """Add an MDS and the CephFS ``cephfs`` to a running cluster (no-op if it has one).
+
+        Lets a session that needs CephFS only sometimes start without it and pay the MDS
+        bring-up only when a test asks for it. Returns the seconds it took (0.0 if already on).
+        Raises CephNotInstalled without ceph-mds/ceph-fuse, CephStartError if the MDS dies.
+        """
+        if self.cephfs:
+            return 0.0
+        ensure_installed(cephfs=True)
+        t0 = time.monotonic()
+        self._finish_cephfs(self._spawn_cephfs())
+        self.cephfs = True
+        self._save_state()
+        self.timings["enable_cephfs_s"] = round(time.monotonic() - t0, 3)
+        return time.monotonic() - t0
+
+    def _spawn_cephfs(self) -> subprocess.Popen:
+        # The MDS starts as a standby and goes active once the file system exists.
+        self._spawn("mds.a", ["ceph-mds", "-f", "-c", str(self.conf_path), "-i", "a"])
+        return self._mon_commands_async([
+            {"prefix": "osd pool create", "pool": "cephfs_metadata", "pg_num": 8},
+            {"prefix": "osd pool create", "pool": "cephfs_data", "pg_num": 8},
+            {"prefix": "fs new", "fs_name": CEPHFS_NAME, "metadata": "cephfs_metadata",
+             "data": "cephfs_data"},
+        ], "wait-mds-active")
+
+    def _finish_cephfs(self, fs_setup: subprocess.Popen) -> None:
+        out, _ = fs_setup.communicate(timeout=self.start_timeout_s)
+        if fs_setup.returncode != 0:
+            raise CephStartError(f"CephFS setup failed: {out.decode(errors='replace')}")
+        self._mark("cephfs_created")
+
     def _mark(self, what: str) -> None:
         self.timings[what] = round(time.monotonic() - self._t0, 3)
 
-    def _mon_commands_async(self, cmds: list[dict]) -> subprocess.Popen:
+    def _mon_commands_async(self, cmds: list[dict], *extra: str) -> subprocess.Popen:
         """Send mon commands in one system-python process (librados), not one CLI per command."""
         return subprocess.Popen(
-            ["/usr/bin/python3", "-c", _RADOS_SCRIPT, str(self.conf_path), json.dumps(cmds)],
+            ["/usr/bin/python3", "-c", _RADOS_SCRIPT, str(self.conf_path), json.dumps(cmds), *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_child_env(), cwd=self.run_dir,
         )
 
@@ -521,7 +542,7 @@ rgw dns name = 127.0.0.1
 
 
 _RADOS_SCRIPT = r"""
-import json, sys, rados
+import json, sys, time, rados
 c = rados.Rados(conffile=sys.argv[1])
 c.connect(timeout=30)
 for cmd in json.loads(sys.argv[2]):
@@ -529,6 +550,18 @@ for cmd in json.loads(sys.argv[2]):
     if ret != 0:
         print(cmd, ret, err)
         sys.exit(1)
+if len(sys.argv) > 3 and sys.argv[3] == "wait-mds-active":
+    # a client mount fails ("probably no MDS server is up?") until the MDS is up:active
+    deadline = time.monotonic() + 60
+    while True:
+        ret, out, err = c.mon_command(json.dumps({"prefix": "fs dump", "format": "json"}), b"", timeout=30)
+        fss = json.loads(out).get("filesystems", []) if ret == 0 else []
+        if any(i.get("state") == "up:active" for fs in fss for i in fs["mdsmap"]["info"].values()):
+            break
+        if time.monotonic() > deadline:
+            print("no MDS up:active within 60 s")
+            sys.exit(1)
+        time.sleep(0.05)
 c.shutdown()
 """
 

@@ -1,100 +1,194 @@
-"""stage against a real S3 HTTP server: idempotent, resumable after SIGKILL, verified, content-addressed."""
+"""stage against real stores: idempotent, resumable after SIGKILL, verified, content-addressed.
+
+Every test runs against three targets: moto's S3 server, a real Ceph RGW (s3://) and a real
+CephFS mounted with ceph-fuse (cephfs:///...); the S3-only ones say so.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
 from pipectl.components.contracts import DatasetManifest, StageInput
-from pipectl.components.runtime import read_json
-from pipectl.components.stage.core import stage
+from pipectl.components.stage.core import make_target, stage
+from pipectl.components.stage.targets import TMP_DIR
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture()
-def settings(store_settings):
-    """Every test here runs against moto's S3 server and against a real Ceph RGW."""
-    return store_settings
+class Dest:
+    """One stage target as the tests see it: run stage into it, list and read what it holds."""
+
+    def __init__(self, kind: str, settings, s3, cephfs_mount: Path | None = None) -> None:
+        self.kind, self.settings, self.s3 = kind, settings, s3
+        self.bucket = settings.bucket
+        if kind == "cephfs":
+            self.rel = f"pipectl-{uuid.uuid4().hex[:8]}"
+            self.root = cephfs_mount / self.rel
+            self.target_uri: str | None = f"cephfs:///{self.rel}"
+            self.settings = settings.model_copy(update={"cephfs_mount": str(cephfs_mount)})
+        else:
+            self.target_uri = None
+
+    def inp(self, source: str, **kw) -> StageInput:
+        return StageInput(source_uri=source, bucket=self.bucket, target_uri=self.target_uri, **kw)
+
+    def stage(self, source: str, **kw):
+        inp = self.inp(source, **kw)
+        return stage(inp, self.s3, target=make_target(inp, self.s3, self.settings))
+
+    def argv(self) -> list[str]:
+        return ["--target-uri", self.target_uri] if self.target_uri else []
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, **self.settings.step_env()}
+
+    def objects(self, prefix: str = "datasets/") -> dict[str, int]:
+        """{key relative to the target root: size}; S3 LIST or a walk of the folder."""
+        if self.kind != "cephfs":
+            out = {}
+            try:
+                for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+                    for o in page.get("Contents", []):
+                        out[o["Key"]] = o["Size"]
+            except self.s3.exceptions.NoSuchBucket:
+                pass
+            return out
+        base = self.root / prefix
+        return {p.relative_to(self.root).as_posix(): p.stat().st_size for p in base.rglob("*") if p.is_file()} if base.exists() else {}
+
+    def read(self, uri_or_key: str) -> bytes:
+        key = uri_or_key.split("/datasets/", 1)[1] if "/datasets/" in uri_or_key else uri_or_key
+        key = "datasets/" + key if "/datasets/" in uri_or_key else key
+        if self.kind != "cephfs":
+            return self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        return (self.root / key).read_bytes()
+
+    def delete(self, key: str) -> None:
+        if self.kind != "cephfs":
+            self.s3.delete_object(Bucket=self.bucket, Key=key)
+        else:
+            (self.root / key).unlink()
+
+    def tmp_leftovers(self) -> list[str]:
+        tmp = self.root / TMP_DIR if self.kind == "cephfs" else None
+        return [p.name for p in tmp.rglob("*")] if tmp is not None and tmp.exists() else []
 
 
-def _objects(s3, bucket, prefix):
-    out = {}
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for o in page.get("Contents", []):
-            out[o["Key"]] = o["Size"]
-    return out
+@pytest.fixture(params=["moto", "ceph-rgw", "cephfs"])
+def dest(request) -> Dest:
+    """moto's S3 server, a real Ceph RGW, a real CephFS (ceph-fuse mount; MDS started on first use)."""
+    from pipectl.components.runtime import s3_client
+
+    if request.param == "cephfs":
+        mount = request.getfixturevalue("cephfs_mount")
+        settings = request.getfixturevalue("ceph_settings")
+        return Dest("cephfs", settings, s3_client(settings), mount)
+    settings = request.getfixturevalue("settings" if request.param == "moto" else "ceph_settings")
+    return Dest(request.param, settings, s3_client(settings))
 
 
-def test_second_run_copies_nothing(settings, s3, digits_dir):
-    first = stage(StageInput(source_uri=str(digits_dir), bucket=settings.bucket), s3)
+def _prefix(out) -> str:
+    return "datasets/" + out.dataset_uri.split("/datasets/", 1)[1]
+
+
+def test_second_run_copies_nothing(dest, digits_dir):
+    first = dest.stage(str(digits_dir))
     assert (first.objects, first.copied, first.skipped) == (1797, 1797, 0)
-    second = stage(StageInput(source_uri=str(digits_dir), bucket=settings.bucket), s3)
+    second = dest.stage(str(digits_dir))
     assert (second.copied, second.skipped) == (0, 1797)
     assert second.dataset_uri == first.dataset_uri
+    if dest.kind == "cephfs":
+        assert first.dataset_uri.startswith(f"cephfs:///{dest.rel}/datasets/")
 
-    manifest = DatasetManifest.model_validate(read_json(s3, first.manifest_uri))
+    manifest = DatasetManifest.model_validate(json.loads(dest.read(first.manifest_uri)))
     assert len(manifest.entries) == 1797 and manifest.labels == [str(i) for i in range(10)]
     entry = manifest.entries[0]
-    body = s3.get_object(Bucket=settings.bucket, Key=first.dataset_uri.split("/", 3)[3] + "data/" + entry.key)["Body"].read()
+    body = dest.read(_prefix(first) + "data/" + entry.key)
     assert hashlib.sha256(body).hexdigest() == entry.sha256
     assert body == (digits_dir / entry.key).read_bytes()
+    assert dest.tmp_leftovers() == []
 
 
-def test_s3_source_gets_the_same_content_address(settings, s3, small_digits_dir):
-    local = stage(StageInput(source_uri=str(small_digits_dir), bucket=settings.bucket), s3)
+def test_s3_source_gets_the_same_content_address(dest, small_digits_dir):
+    local = dest.stage(str(small_digits_dir))
+    s3 = dest.s3
+    from pipectl.components.runtime import ensure_bucket
+
+    ensure_bucket(s3, dest.bucket)
     for p in sorted(small_digits_dir.rglob("*.jpg")):
-        s3.put_object(Bucket=settings.bucket, Key=f"incoming/{p.relative_to(small_digits_dir).as_posix()}", Body=p.read_bytes())
-    remote = stage(StageInput(source_uri=f"s3://{settings.bucket}/incoming", bucket=settings.bucket), s3)
+        s3.put_object(Bucket=dest.bucket, Key=f"incoming/{p.relative_to(small_digits_dir).as_posix()}", Body=p.read_bytes())
+    remote = dest.stage(f"s3://{dest.bucket}/incoming")
     assert remote.dataset_uri == local.dataset_uri
     assert remote.copied == 0  # already staged under that address
 
 
-def test_sigkill_mid_copy_then_rerun_finishes_where_it_stopped(settings, s3, digits_dir, step_env, tmp_path):
+def test_sigkill_mid_copy_then_rerun_finishes_where_it_stopped(dest, digits_dir, tmp_path):
     argv = [sys.executable, "-m", "pipectl.components.stage", "--source-uri", str(digits_dir),
-            "--bucket", settings.bucket, "--outputs-dir", str(tmp_path / "out1")]
-    proc = subprocess.Popen(argv, env=step_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    s3.create_bucket(Bucket=settings.bucket)
+            "--bucket", dest.bucket, *dest.argv(), "--outputs-dir", str(tmp_path / "out1")]
+    proc = subprocess.Popen(argv, env=dest.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(_objects(s3, settings.bucket, "datasets/")) < 300:
+    while time.monotonic() < deadline and len(dest.objects()) < 300:
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    partial = _objects(s3, settings.bucket, "datasets/")
+    partial = dest.objects()
     assert 300 <= len(partial) < 1797, "the kill must land mid-copy"
     assert not any(k.endswith("manifest.json") for k in partial), "no manifest before the copy completes"
+    if dest.kind == "cephfs":  # every file under the final prefix is whole (renamed after verification)
+        sizes = {p.relative_to(digits_dir).as_posix(): p.stat().st_size for p in digits_dir.rglob("*.jpg")}
+        assert all(size == sizes[k.split("/data/", 1)[1]] for k, size in partial.items())
+        assert len(dest.tmp_leftovers()) <= 1 + 16  # the killed run's folder and at most one file per thread
 
-    rerun = subprocess.run([*argv[:-1], str(tmp_path / "out2")], env=step_env, capture_output=True, text=True)
+    rerun = subprocess.run([*argv[:-1], str(tmp_path / "out2")], env=dest.env(), capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr
     copied = int((tmp_path / "out2" / "copied").read_text())
     assert copied == 1797 - len(partial)
-    final = _objects(s3, settings.bucket, "datasets/")
+    final = dest.objects()
     assert len(final) == 1797 + 1  # every image once, plus the manifest
+    assert dest.tmp_leftovers() == [], "the rerun sweeps the killed run's temporary files"
 
-    clean = stage(StageInput(source_uri=str(digits_dir), bucket=settings.bucket + "-c"), s3)
-    bucket_prefix = clean.dataset_uri.split("/", 3)[3]
-    assert _objects(s3, settings.bucket + "-c", bucket_prefix) == {k: v for k, v in final.items()}
+    # byte-identical to a clean, uninterrupted copy (to S3: the same keys, sizes and bytes)
+    clean = stage(StageInput(source_uri=str(digits_dir), bucket=dest.bucket + "-c"), dest.s3)
+    clean_objects = {}
+    for page in dest.s3.get_paginator("list_objects_v2").paginate(Bucket=dest.bucket + "-c", Prefix=_prefix(clean)):
+        for o in page.get("Contents", []):
+            clean_objects[o["Key"]] = o["Size"]
+    assert {k: v for k, v in final.items() if not k.endswith("manifest.json")} == {
+        k: v for k, v in clean_objects.items() if not k.endswith("manifest.json")}
+    for key in final:
+        if not key.endswith("manifest.json"):
+            assert dest.read(key) == (digits_dir / key.split("/data/", 1)[1]).read_bytes(), key
+    assert json.loads(dest.read(_prefix(clean) + "manifest.json"))["entries"] == json.loads(
+        dest.s3.get_object(Bucket=dest.bucket + "-c", Key=_prefix(clean) + "manifest.json")["Body"].read())["entries"]
 
 
-def test_bad_source_exits_1_and_writes_nothing(settings, s3, step_env, tmp_path):
+def test_bad_source_exits_1_and_writes_nothing(dest, tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "pipectl.components.stage", "--source-uri", str(tmp_path / "missing"),
-         "--bucket", settings.bucket, "--outputs-dir", str(tmp_path / "out")],
-        env=step_env, capture_output=True, text=True,
+         "--bucket", dest.bucket, *dest.argv(), "--outputs-dir", str(tmp_path / "out")],
+        env=dest.env(), capture_output=True, text=True,
     )
     assert r.returncode == 1
     assert "does not exist" in r.stderr
-    assert settings.bucket not in [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    if dest.kind == "cephfs":
+        assert not dest.root.exists()
+    else:
+        assert dest.bucket not in [b["Name"] for b in dest.s3.list_buckets()["Buckets"]]
     assert not (tmp_path / "out").exists()
 
 
 def test_unreachable_store_is_transient_exit_75(settings, digits_dir, tmp_path):
+    """S3 only: a CephFS target is a local mount (a dead mount is an I/O error, not a socket)."""
     env = {**os.environ, **settings.step_env(), "PIPECTL_S3_ENDPOINT": "http://127.0.0.1:9"}
     r = subprocess.run(
         [sys.executable, "-m", "pipectl.components.stage", "--source-uri", str(digits_dir),
@@ -105,8 +199,9 @@ def test_unreachable_store_is_transient_exit_75(settings, digits_dir, tmp_path):
     assert "127.0.0.1:9" in r.stderr
 
 
-def test_large_objects_go_multipart_and_are_verified(settings, s3, tmp_path):
-    """A 20 MiB file crosses the 8 MiB multipart threshold: uploaded in parts, verified by HEAD."""
+def test_large_objects_are_verified_and_not_resent(dest, tmp_path):
+    """A 20 MiB file crosses the 8 MiB multipart threshold: on S3 uploaded in parts, verified by
+    HEAD; on CephFS read back before the rename. A run that lost the manifest re-sends nothing."""
     import random
 
     from pipectl.components.stage.core import MULTIPART_THRESHOLD_BYTES
@@ -117,27 +212,27 @@ def test_large_objects_go_multipart_and_are_verified(settings, s3, tmp_path):
     for label in ("a", "b"):
         (tmp_path / "ds" / label).mkdir(parents=True)
         (tmp_path / "ds" / label / "big.jpg").write_bytes(big + label.encode())
-    out = stage(StageInput(source_uri=str(tmp_path / "ds"), bucket=settings.bucket), s3)
+    out = dest.stage(str(tmp_path / "ds"))
     assert out.copied == 2 and out.bytes == 2 * (len(big) + 1)
-    key = out.dataset_uri.split("/", 3)[3] + "data/a/big.jpg"
-    head = s3.head_object(Bucket=settings.bucket, Key=key)
-    assert "-" in head["ETag"], "a multipart upload's ETag is md5-of-parts with a part count"
-    assert head["Metadata"]["sha256"] == hashlib.sha256(big + b"a").hexdigest()
-    # an interrupted run that lost the manifest: the multipart objects are checked by HEAD, not re-sent
-    s3.delete_object(Bucket=settings.bucket, Key=out.dataset_uri.split("/", 3)[3] + "manifest.json")
-    again = stage(StageInput(source_uri=str(tmp_path / "ds"), bucket=settings.bucket), s3)
+    key = _prefix(out) + "data/a/big.jpg"
+    assert hashlib.sha256(dest.read(key)).hexdigest() == hashlib.sha256(big + b"a").hexdigest()
+    if dest.kind != "cephfs":
+        head = dest.s3.head_object(Bucket=dest.bucket, Key=key)
+        assert "-" in head["ETag"], "a multipart upload's ETag is md5-of-parts with a part count"
+        assert head["Metadata"]["sha256"] == hashlib.sha256(big + b"a").hexdigest()
+    # an interrupted run that lost the manifest: the objects are checked, not re-sent
+    dest.delete(_prefix(out) + "manifest.json")
+    again = dest.stage(str(tmp_path / "ds"))
     assert (again.copied, again.skipped) == (0, 2)
 
 
-def test_non_ascii_labels_are_staged(settings, s3, small_digits_dir, tmp_path):
+def test_non_ascii_labels_are_staged(dest, small_digits_dir, tmp_path):
     import shutil
-
-    from pipectl.components.runtime import read_json
 
     ds = tmp_path / "ds"
     shutil.copytree(small_digits_dir / "0", ds / "zéro un")
     shutil.copytree(small_digits_dir / "1", ds / "一")
-    out = stage(StageInput(source_uri=str(ds), bucket=settings.bucket), s3)
+    out = dest.stage(str(ds))
     assert out.copied == 60
-    manifest = read_json(s3, out.manifest_uri)
+    manifest = json.loads(dest.read(out.manifest_uri))
     assert manifest["labels"] == ["zéro un", "一"]

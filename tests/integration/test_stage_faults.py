@@ -4,11 +4,13 @@ answers 503 SlowDown or resets the connection on 10% of requests."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +118,96 @@ def test_10_percent_503_and_resets_still_stage_a_correct_manifest(ceph_settings,
     contents = _contents(direct, ceph_settings.bucket, prefix + "data/")
     assert contents == {e.key: e.sha256 for e in manifest.entries}
     print(f"faults injected {proxy.faults} over {proxy.requests} requests; stage reported {out.retries} retried writes")
+
+
+def test_sigkill_at_20_random_points_to_cephfs_then_rerun_equals_a_clean_copy(ceph_settings, cephfs_mount, dataset_500, tmp_path):
+    """The same 20 kills with a CephFS target (ceph-fuse mount): after each, every file under the
+    final prefix is whole (temp + fsync + verify + rename); the last rerun completes the copy, sweeps
+    the dead runs' temporary files, and the tree equals the sources."""
+    import uuid
+
+    from pipectl.components.stage.targets import TMP_DIR
+
+    rel = f"kill-{uuid.uuid4().hex[:8]}"
+    root = cephfs_mount / rel
+    env = {**os.environ, **ceph_settings.step_env(), "PIPECTL_CEPHFS_MOUNT": str(cephfs_mount)}
+    argv = [sys.executable, "-m", "pipectl.components.stage", "--source-uri", str(dataset_500),
+            "--bucket", ceph_settings.bucket, "--target-uri", f"cephfs:///{rel}",
+            "--outputs-dir", str(tmp_path / "out"), "--max-concurrency", "2"]
+    sources = {p.relative_to(dataset_500).as_posix(): p.read_bytes() for p in dataset_500.rglob("*.jpg")}
+
+    def placed() -> dict[str, Path]:
+        base = root / "datasets"
+        return {p.relative_to(base).as_posix(): p for p in base.rglob("*") if p.is_file()} if base.exists() else {}
+
+    rng = random.Random(21)
+    kills_mid_copy = 0
+    for _ in range(20):
+        target = len(placed()) + 1
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline and len(placed()) < target:
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0, 0.15))
+        finished = proc.poll() is not None
+        kill_tree(proc.pid)
+        proc.wait()
+        files = placed()
+        if not finished and not any(k.endswith("manifest.json") for k in files):
+            kills_mid_copy += 1
+        for key, path in files.items():  # nothing partial under the final prefix
+            if not key.endswith("manifest.json"):
+                assert path.read_bytes() == sources[key.split("/data/", 1)[1]], key
+    final = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr[-2000:]
+    files = placed()
+    manifest = DatasetManifest.model_validate_json(next(p for k, p in files.items() if k.endswith("manifest.json")).read_bytes())
+    assert {e.key: e.sha256 for e in manifest.entries} == {k: hashlib.sha256(v).hexdigest() for k, v in sources.items()}
+    assert {k.split("/data/", 1)[1]: p.read_bytes() for k, p in files.items() if "/data/" in k} == sources
+    assert not (root / TMP_DIR).exists() or not any((root / TMP_DIR).rglob("*")), "temporary files swept"
+    assert kills_mid_copy >= 15, f"only {kills_mid_copy} of 20 kills landed mid-copy"
+
+
+def test_many_small_files_go_through_worker_processes_which_die_with_stage(ceph_settings, tmp_path):
+    """2,400 files (over parallel.MIN_FILES): the step spreads the PUTs over spawned worker
+    processes. SIGKILL of the stage process alone (not its group) stops them too (PDEATHSIG):
+    nothing is written after it; the rerun completes; every object is whole and verified."""
+    import psutil
+
+    from pipectl.components.stage import parallel
+
+    rng = random.Random(2400)
+    src = tmp_path / "many"
+    n = parallel.MIN_FILES + 400
+    for i in range(n):
+        (src / f"l{i % 4}").mkdir(parents=True, exist_ok=True)
+        (src / f"l{i % 4}" / f"{i:05d}.jpg").write_bytes(rng.randbytes(rng.randint(200, 2000)))
+    s3 = s3_client(ceph_settings)
+    slow = FaultyProxy(ceph_settings.s3_endpoint, rate=0.0, delay_s=0.01).__enter__()
+    env = {**os.environ, **ceph_settings.step_env(), "PIPECTL_S3_ENDPOINT": slow.url}
+    argv = [sys.executable, "-m", "pipectl.components.stage", "--source-uri", str(src), "--bucket", ceph_settings.bucket,
+            "--outputs-dir", str(tmp_path / "out"), "--max-concurrency", "4"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    workers: list = []
+    while time.monotonic() < deadline and _count(s3, ceph_settings.bucket) < 200:
+        workers = workers or [c for c in psutil.Process(proc.pid).children() if "multiprocessing" in " ".join(c.cmdline())]
+        time.sleep(0.02)
+    if parallel.default_processes() > 1:
+        assert workers, "no worker processes were started"
+    proc.kill()  # the stage process only
+    proc.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, "worker processes outlived stage"
+    after_kill = _count(s3, ceph_settings.bucket)
+    time.sleep(1)
+    assert _count(s3, ceph_settings.bucket) == after_kill < n, "nothing written after the kill"
+
+    final = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    slow.__exit__()
+    assert final.returncode == 0, final.stderr[-2000:]
+    out = json.loads((tmp_path / "out" / "output.json").read_text())
+    assert (out["objects"], out["copied"]) == (n, n - after_kill)
+    prefix = out["dataset_uri"].split("/", 3)[3]
+    md5 = {p.relative_to(src).as_posix(): hashlib.md5(p.read_bytes()).hexdigest() for p in src.rglob("*.jpg")}
+    assert _etags(s3, ceph_settings.bucket, prefix + "data/") == md5

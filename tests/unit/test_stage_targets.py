@@ -1,0 +1,93 @@
+"""stage targets: URI parsing, the CephFS mount check, the file-system target's atomic verified writes."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+
+import pytest
+
+from pipectl.components.contracts import ManifestEntry
+from pipectl.components.runtime import StepError
+from pipectl.components.stage.core import SourceFile
+from pipectl.components.stage.targets import TMP_DIR, FsTarget, S3Target, mount_fstype, parse_target
+
+
+@pytest.mark.parametrize(
+    ("uri", "mount", "says"),
+    [
+        ("cephfs:///data", None, "PIPECTL_CEPHFS_MOUNT"),
+        ("cephfs://fs/data", "/mnt", "three slashes"),
+        ("s3://bucket/some/path", None, "s3://<bucket>"),
+        ("ftp://host/x", None, "is not s3://<bucket>, cephfs:///<path> or an absolute path"),
+        ("relative/path", None, "is not s3://<bucket>"),
+    ],
+)
+def test_bad_target_uris_are_usage_errors(uri, mount, says):
+    with pytest.raises(StepError) as e:
+        parse_target(uri, s3=None, cephfs_mount=mount)
+    assert says in str(e.value.headline) + e.value.hint
+    assert e.value.cli_exit == 2
+
+
+def test_target_uris_map_to_targets(tmp_path):
+    assert isinstance(parse_target("s3://b", s3=object(), cephfs_mount=None), S3Target)
+    t = parse_target("cephfs:///pipectl/x", s3=None, cephfs_mount=str(tmp_path))
+    assert isinstance(t, FsTarget) and t.root == tmp_path / "pipectl/x" and t.root_uri == "cephfs:///pipectl/x"
+    assert parse_target(f"file://{tmp_path}", s3=None, cephfs_mount=None).root == tmp_path
+    assert parse_target(str(tmp_path), s3=None, cephfs_mount=None).root_uri == str(tmp_path)
+
+
+def test_cephfs_target_refuses_a_folder_that_is_not_a_cephfs_mount(tmp_path):
+    t = parse_target("cephfs:///pipectl", s3=None, cephfs_mount=str(tmp_path))
+    with pytest.raises(StepError) as e:
+        t.prepare()
+    assert "is not a CephFS mount" in e.value.headline and e.value.cli_exit == 2
+    assert not (tmp_path / "pipectl").exists(), "nothing written"
+
+
+def test_mount_fstype_finds_the_longest_mount_prefix(tmp_path):
+    mnt, fstype = mount_fstype(tmp_path / "not" / "yet")
+    assert fstype and (mnt == tmp_path or mnt in tmp_path.parents)
+
+
+def _src(data: bytes, key: str = "a/x.jpg") -> tuple[SourceFile, ManifestEntry]:
+    f = SourceFile(key=key, label="a", size=len(data), open=lambda: io.BytesIO(data))
+    return f, ManifestEntry(key=key, size=len(data), sha256=hashlib.sha256(data).hexdigest(), label="a")
+
+
+def test_fs_put_is_verified_and_atomic(tmp_path):
+    t = FsTarget(tmp_path / "root")
+    t.prepare()
+    f, entry = _src(b"hello")
+    t.put("datasets/d/data/a/x.jpg", f, entry, "")
+    assert (tmp_path / "root/datasets/d/data/a/x.jpg").read_bytes() == b"hello"
+    # a source whose bytes differ from what was hashed: verification fails, nothing is renamed in
+    changed = SourceFile(key="a/y.jpg", label="a", size=5, open=lambda: io.BytesIO(b"HELLO"))
+    with pytest.raises(StepError) as e:
+        t.put("datasets/d/data/a/y.jpg", changed, entry, "")
+    assert e.value.transient and "sha256 read back differs" in e.value.headline
+    assert not (tmp_path / "root/datasets/d/data/a/y.jpg").exists()
+    assert list(t._tmp.iterdir()) == [], "the failed temporary file is removed"
+    t.finish()
+    assert not (tmp_path / "root" / TMP_DIR).exists()
+
+
+def test_fs_prepare_sweeps_temporary_files_of_dead_runs_on_this_host(tmp_path):
+    import socket
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    host = socket.gethostname().replace(".", "_")
+    stale = tmp_path / TMP_DIR / f"{host}.{dead.pid}.abcd1234"
+    stale.mkdir(parents=True)
+    (stale / "partial").write_bytes(b"half")
+    alive = tmp_path / TMP_DIR / f"{host}.{os.getpid()}.abcd1234"
+    alive.mkdir()
+    other_host = tmp_path / TMP_DIR / "elsewhere.1.abcd1234"
+    other_host.mkdir()
+    FsTarget(tmp_path).prepare()
+    assert not stale.exists()
+    assert alive.exists() and other_host.exists()
