@@ -1,11 +1,25 @@
 #!/usr/bin/env bash
 # Debian packages the test suite needs: a real single-node Ceph (monitor, manager, OSD, RADOS
-# Gateway, MDS and ceph-fuse for CephFS). Installed only when missing (~76 MB download, ~50 s).
+# Gateway, MDS and ceph-fuse for CephFS), and for the real test node and its images (issue 5:
+# Docker engine + debootstrap for `make images`; containerd, runc, CNI plugins, socat, iptables for
+# `make node-up`). Installed only when missing (Ceph ~76 MB, ~50 s; node ~60 MB, ~30 s).
+# Usage: scripts/system-deps.sh [ceph] [node]     (default: both)
 set -euo pipefail
+groups=("$@"); [ ${#groups[@]} -gt 0 ] || groups=(ceph node)
 need=()
-for bin in ceph-mon:ceph-mon ceph-mgr:ceph-mgr ceph-osd:ceph-osd radosgw:radosgw ceph:ceph-common ceph-mds:ceph-mds ceph-fuse:ceph-fuse; do
-  command -v "${bin%%:*}" >/dev/null 2>&1 || need+=("${bin##*:}")
+for g in "${groups[@]}"; do
+  case $g in
+    ceph) bins="ceph-mon:ceph-mon ceph-mgr:ceph-mgr ceph-osd:ceph-osd radosgw:radosgw ceph:ceph-common ceph-mds:ceph-mds ceph-fuse:ceph-fuse" ;;
+    node|images) bins="dockerd:docker.io debootstrap:debootstrap containerd:containerd ctr:containerd runc:runc socat:socat iptables:iptables /usr/lib/cni/bridge:containernetworking-plugins" ;;
+    *) echo "system-deps: unknown group '$g' (ceph, node)" >&2; exit 2 ;;
+  esac
+  for bin in $bins; do
+    b=${bin%%:*}
+    if [[ $b == /* ]]; then [ -x "$b" ] && continue; else command -v "$b" >/dev/null 2>&1 && continue; fi
+    need+=("${bin##*:}")
+  done
 done
+[ ${#need[@]} -eq 0 ] || mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" != 0 ]; then
   echo "system-deps: missing Debian packages: ${need[*]} (run as root, or: sudo apt-get install ${need[*]})" >&2

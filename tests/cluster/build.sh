@@ -22,7 +22,7 @@
 #   argoexec                 github.com/argoproj/argo-workflows/v4   writable copy + the git
 #                            symlink the module zip drops (osspecific/signal_linux.go)
 #   coredns                  github.com/coredns/coredns      writable copy, only the plugins the
-#                            node's Corefile uses (kubernetes, errors, log, cache, health, ready)
+#                            node's Corefile uses (bind, kubernetes, errors, log, cache, ...)
 #
 # Cache layout (one directory per component and version, so bumping a version
 # rebuilds only that component):
@@ -249,7 +249,7 @@ build_coredns() {
     echo '// pipectl: cut-down plugin list (tests/cluster/build.sh)'
     echo 'package plugin'
     echo 'import ('
-    for p in errors log cache health ready kubernetes loadbalance hosts whoami loop reload; do
+    for p in bind errors log cache health ready kubernetes loadbalance hosts whoami loop reload; do
       echo "	_ \"github.com/coredns/coredns/plugin/$p\""
     done
     echo ')'

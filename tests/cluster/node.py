@@ -96,7 +96,7 @@ def node_binary(name: str) -> Path:
     return cl.cache_root() / "cluster-bin" / f"{name}-{NODE_COMPONENTS[name]}" / name
 
 
-def missing(images: bool = True) -> list[str]:
+def missing(images: list[str] | None = None) -> list[str]:
     """What the node needs and cannot find: root, Debian packages, built binaries, images."""
     out = []
     if os.geteuid() != 0:
@@ -111,6 +111,7 @@ def missing(images: bool = True) -> list[str]:
     for name in NODE_COMPONENTS:
         if not os.access(node_binary(name), os.X_OK):
             out.append(f"binary {node_binary(name)} (run tests/cluster/build.sh {name})")
+    images = STEP_IMAGES if images is None else images
     if images and not out:
         try:
             have = set(subprocess.run([DOCKER, "images", "--format", "{{.Repository}}:{{.Tag}}"],
@@ -119,7 +120,7 @@ def missing(images: bool = True) -> list[str]:
         except (OSError, subprocess.SubprocessError) as e:
             out.append(f"a running Docker engine ({e}; scripts/images.sh starts one)")
         else:
-            out += [f"docker image {i} (run scripts/images.sh)" for i in STEP_IMAGES if i not in have]
+            out += [f"docker image {i} (run scripts/images.sh)" for i in images if i not in have]
     return out
 
 
@@ -195,7 +196,7 @@ class RealNode:
     # -- public --------------------------------------------------------------------------------
 
     def start(self) -> RealNode:
-        m = missing(images=bool(self.images))
+        m = missing(self.images)
         if m:
             raise NodeNotAvailable("real node: missing " + "; ".join(m))
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -346,6 +347,8 @@ class RealNode:
                                                "routes": [{"dst": "0.0.0.0/0"}]}},
                 {"type": "portmap", "capabilities": {"portMappings": True}},
             ]}, indent=1))
+        runc_binary = (f'\n        BinaryName = "{os.environ["PIPECTL_NODE_RUNC"]}"'
+                       if os.environ.get("PIPECTL_NODE_RUNC") else "")
         (r / "containerd.toml").write_text(f"""\
 version = 2
 root = "{self.containerd_root}"
@@ -361,7 +364,7 @@ state = "{r / 'containerd-state'}"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
   enable_selinux = false
-  restrict_oom_score_adj = false
+  restrict_oom_score_adj = true  # these machines drop CAP_SYS_RESOURCE: no negative scores
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -369,7 +372,7 @@ state = "{r / 'containerd-state'}"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
+        SystemdCgroup = false{runc_binary}
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN}"
     conf_dir = "{r / 'cni'}"
@@ -613,7 +616,7 @@ def _unmount_under(path: Path) -> None:
 # -- command line ---------------------------------------------------------------------------------
 
 
-def _cli_up(cluster_dir: Path) -> int:
+def _cli_up(cluster_dir: Path, images: list[str] | None) -> int:
     cst = cl._state(cluster_dir.absolute())
     if cst is None or not cst.get("startup_s"):
         print(f"no running cluster in {cluster_dir} (start one: make cluster-up)", file=sys.stderr)
@@ -626,11 +629,12 @@ def _cli_up(cluster_dir: Path) -> int:
         return 0
     if st:
         _cli_down(cluster_dir)
-    m = missing()
+    m = missing(images)
     if m:
         print("node: missing " + "\n  ".join([""] + m), file=sys.stderr)
         return 2
-    node = RealNode(cluster_dir, Path(cst["kubeconfig"]), cst["server"], run_dir, die_with_parent=False)
+    node = RealNode(cluster_dir, Path(cst["kubeconfig"]), cst["server"], run_dir, die_with_parent=False,
+                    images=images)
     node.start()
     # KWOK's fake nodes stay, cordoned: real pods must land on the real node.
     from kubernetes import client
@@ -679,10 +683,12 @@ def main(argv: list[str]) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     for c in ("up", "down"):
         sub.add_parser(c).add_argument("cluster_run_dir", type=Path)
+    sub.choices["up"].add_argument("--image", action="append", dest="images",
+                                   help="docker image to load (default: the step images)")
     sub.add_parser("check")
     a = ap.parse_args(argv)
     if a.cmd == "up":
-        return _cli_up(a.cluster_run_dir)
+        return _cli_up(a.cluster_run_dir, a.images)
     if a.cmd == "down":
         return _cli_down(a.cluster_run_dir)
     m = missing()
