@@ -26,7 +26,8 @@ import yaml
 from tests.cluster import cluster as cl
 from tests.cluster import node as nd
 
-pytestmark = pytest.mark.cluster
+# Cold, the first test's fixture imports ~7.7 GB of images into containerd (minutes on 2 shared cores).
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parents[2]
 PIPECTL = REPO / ".venv" / "bin" / "pipectl"
@@ -272,3 +273,84 @@ def test_training_pipeline_on_real_pods(services, project, core):
         assert any(step in line for line in logs.stdout.splitlines()), f"no {step} log in pipectl logs"
     for p in gang:
         assert p.metadata.name in logs.stdout
+
+
+# -- faults on real pods -------------------------------------------------------------------------
+
+
+def _listing(s3, bucket: str, prefix: str) -> dict[str, tuple[int, str]]:
+    out = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for o in page.get("Contents", []):
+            out[o["Key"]] = (o["Size"], o["ETag"])
+    return out
+
+
+def test_step_exit_1_is_not_retried(services, project, core):
+    """A step that exits 1 (stage: the dataset does not exist) runs once, the workflow ends Failed,
+    `pipectl submit --wait` exits 1, and no training job is left behind."""
+    c = project
+    sub = _pipectl(c, "submit", "training", "--wait", "-p", "dataset-uri=s3://pipectl/no-such-dataset/",
+                   "--output", "json", timeout_s=600)
+    print(sub.stdout[-3000:], sub.stderr[-3000:])
+    result = json.loads(sub.stdout.strip().splitlines()[-1])
+    assert sub.returncode == 1 and result["phase"] == "Failed", result
+    wf = _custom(c).get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", result["name"])
+    attempts = [n for n in wf["status"]["nodes"].values()
+                if n["type"] == "Pod" and n["displayName"].startswith("stage")]
+    print("stage attempts:", [(n["displayName"], n["phase"], n.get("message"), n.get("outputs", {}).get("exitCode"))
+                              for n in attempts])
+    assert len(attempts) == 1, "a code failure (exit 1) must not be retried"
+    assert attempts[0]["phase"] == "Failed" and attempts[0]["outputs"]["exitCode"] == "1"
+    pods = core.list_namespaced_pod(NS, label_selector=f"workflows.argoproj.io/workflow={result['name']}").items
+    assert len(pods) == 1, [p.metadata.name for p in pods]  # nothing after stage ran
+    jobs = _custom(c).list_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs")["items"]
+    assert not [j for j in jobs if j["metadata"]["name"].startswith(result["name"])]
+
+
+def test_stage_killed_mid_copy_is_retried_and_the_bucket_is_identical(services, project, core):
+    """Delete the stage pod while it copies: Argo retries it (infrastructure failure: pod deleted),
+    the retry completes the copy, and the dataset in the bucket is byte-identical (keys, sizes,
+    MD5 ETags) to the clean copy of the end-to-end run above: nothing missing, nothing extra."""
+    c = project
+    s3 = services["ceph"].s3_client()
+    clean = _listing(s3, "pipectl", "datasets/")
+    assert clean, "needs the clean staging of test_training_pipeline_on_real_pods (run the module in order)"
+    for chunk in [list(clean)[i:i + 500] for i in range(0, len(clean), 500)]:
+        s3.delete_objects(Bucket="pipectl", Delete={"Objects": [{"Key": k} for k in chunk]})
+    assert not _listing(s3, "pipectl", "datasets/")
+    sub = _pipectl(c, "submit", "training", "--output", "json", timeout_s=120)
+    assert sub.returncode == 0, sub.stderr
+    name = json.loads(sub.stdout.strip().splitlines()[-1])["name"]
+    killed = None
+    deadline = time.monotonic() + 300
+    while killed is None:
+        assert time.monotonic() < deadline, "stage never started copying"
+        now = _listing(s3, "pipectl", "datasets/")
+        assert not any(k.endswith("manifest.json") for k in now), \
+            f"stage finished ({len(now)} objects) before it could be killed"
+        if len(now) >= 20:
+            pods = [p for p in core.list_namespaced_pod(
+                NS, label_selector=f"workflows.argoproj.io/workflow={name}").items if "-stage-" in p.metadata.name]
+            for p in pods:
+                core.delete_namespaced_pod(p.metadata.name, NS, grace_period_seconds=0)
+            killed = len(now)
+        time.sleep(0.1)
+    print(f"stage pod deleted after {killed} of {len(clean)} objects were written")
+
+    def stage_done():
+        wf = _custom(c).get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
+        nodes = wf.get("status", {}).get("nodes", {}).values()
+        stage = [n for n in nodes if n["displayName"] == "stage"]
+        assert wf["status"].get("phase") not in ("Failed", "Error"), wf["status"]
+        return stage and stage[0]["phase"] == "Succeeded" and wf
+    wf = c.wait_for("stage retried and Succeeded", stage_done, timeout_s=600, interval_s=1)
+    attempts = sorted((n["displayName"], n["phase"], n.get("message")) for n in wf["status"]["nodes"].values()
+                      if n["type"] == "Pod" and n["displayName"].startswith("stage("))
+    print("stage attempts:", attempts)
+    _custom(c).patch_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name,
+                                              {"spec": {"shutdown": "Terminate"}})
+    assert len(attempts) == 2 and attempts[0][1] in ("Error", "Failed") and attempts[1][1] == "Succeeded", attempts
+    after = _listing(s3, "pipectl", "datasets/")
+    assert after == clean, (f"{len(set(after) - set(clean))} extra, {len(set(clean) - set(after))} missing, "
+                            f"{sum(1 for k in clean if k in after and after[k] != clean[k])} different")
