@@ -12,7 +12,8 @@ demo: setup
 	$(VENV)/bin/pipectl run training
 
 # Set up, then run every test (unit, golden, integration with real local services, a real Ceph).
-# Cold: builds the test cluster's upstream binaries from the Go module proxy first (~17 min, cached).
+# Cold: builds the test cluster's upstream binaries from the Go module proxy first (~17 min, cached),
+# and the step images (~13 min, cached; the real-node tests load them into containerd, ~9 min once).
 test: setup
 	bash scripts/system-deps.sh
 	bash tests/cluster/build.sh
