@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv
 
-.PHONY: setup demo test test-unit bench render golden schemas ceph-up ceph-down cluster-build cluster-up cluster-down clean
+.PHONY: setup demo test test-unit bench render golden schemas ceph-up ceph-down cluster-build cluster-up cluster-down images node-up node-down clean
 
 setup:
 	bash scripts/setup.sh
@@ -12,10 +12,12 @@ demo: setup
 	$(VENV)/bin/pipectl run training
 
 # Set up, then run every test (unit, golden, integration with real local services, a real Ceph).
-# Cold: builds the test cluster's upstream binaries from the Go module proxy first (~17 min, cached).
+# Cold: builds the test cluster's upstream binaries from the Go module proxy first (~17 min, cached),
+# and the step images (~13 min, cached; the real-node tests load them into containerd, ~9 min once).
 test: setup
 	bash scripts/system-deps.sh
 	bash tests/cluster/build.sh
+	bash scripts/images.sh
 	PIPECTL_REQUIRE_CEPH=1 PIPECTL_REQUIRE_CLUSTER=1 $(VENV)/bin/pytest
 
 test-unit: setup
@@ -53,6 +55,18 @@ ceph-down:
 # Build (and cache) the upstream binaries of the test cluster: etcd, Kubernetes, Argo, Volcano, KWOK.
 cluster-build:
 	bash tests/cluster/build.sh
+
+# The step images (pipectl/step-light, pipectl/step-train) from a debootstrap Debian base with
+# Debian's Docker engine (started when not running); skipped when the content is unchanged.
+images:
+	bash scripts/images.sh
+
+# A real node (containerd, runc, CNI, kubelet; pause/argoexec/step images loaded) on top of
+# `make cluster-up`; needs root. Pods run for real: `pipectl submit training --wait` works on it.
+node-up: setup
+	@bash scripts/node-up.sh /tmp/pipectl-cluster
+node-down:
+	@bash scripts/node-down.sh /tmp/pipectl-cluster
 
 clean:
 	rm -rf .pipectl .pytest_cache

@@ -1,15 +1,33 @@
 #!/usr/bin/env bash
-# Debian packages the test suite needs: a real single-node Ceph (monitor, manager, OSD, RADOS
-# Gateway, MDS and ceph-fuse for CephFS), and Java + Maven to assemble Alluxio from Maven Central
-# (tests/alluxio). Installed only when missing (~76 MB download, ~50 s for Ceph).
-# `scripts/system-deps.sh --bench` also installs the peers of the storage benchmark (rclone).
+# Debian packages the test suite needs, by group (installed only when missing):
+#   ceph     a real single-node Ceph: monitor, manager, OSD, RADOS Gateway, MDS and ceph-fuse for
+#            CephFS (~76 MB, ~50 s)
+#   alluxio  Java + Maven, to assemble Alluxio from Maven Central (tests/alluxio)
+#   node     the real test node and its images (issue 5): Docker engine + debootstrap for
+#            `make images`; containerd, runc, CNI plugins, socat, iptables for `make node-up`
+#            (~60 MB, ~30 s)
+#   bench    the peers of the storage benchmark (rclone)
+# Usage: scripts/system-deps.sh [GROUP...]   (default: ceph alluxio node; `--bench` = bench)
 set -euo pipefail
+groups=()
+for a in "$@"; do [ "$a" = --bench ] && groups+=(bench) || groups+=("$a"); done
+[ ${#groups[@]} -gt 0 ] || groups=(ceph alluxio node)
 need=()
-bins="ceph-mon:ceph-mon ceph-mgr:ceph-mgr ceph-osd:ceph-osd radosgw:radosgw ceph:ceph-common ceph-mds:ceph-mds ceph-fuse:ceph-fuse java:default-jre-headless mvn:maven"
-[ "${1:-}" = --bench ] && bins="$bins rclone:rclone"
-for bin in $bins; do
-  command -v "${bin%%:*}" >/dev/null 2>&1 || need+=("${bin##*:}")
+for g in "${groups[@]}"; do
+  case $g in
+    ceph) bins="ceph-mon:ceph-mon ceph-mgr:ceph-mgr ceph-osd:ceph-osd radosgw:radosgw ceph:ceph-common ceph-mds:ceph-mds ceph-fuse:ceph-fuse" ;;
+    alluxio) bins="java:default-jre-headless mvn:maven" ;;
+    node|images) bins="dockerd:docker.io debootstrap:debootstrap containerd:containerd ctr:containerd runc:runc socat:socat iptables:iptables /usr/lib/cni/bridge:containernetworking-plugins" ;;
+    bench) bins="rclone:rclone" ;;
+    *) echo "system-deps: unknown group '$g' (ceph, alluxio, node, bench)" >&2; exit 2 ;;
+  esac
+  for bin in $bins; do
+    b=${bin%%:*}
+    if [[ $b == /* ]]; then [ -x "$b" ] && continue; else command -v "$b" >/dev/null 2>&1 && continue; fi
+    need+=("${bin##*:}")
+  done
 done
+[ ${#need[@]} -eq 0 ] || mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" != 0 ]; then
   echo "system-deps: missing Debian packages: ${need[*]} (run as root, or: sudo apt-get install ${need[*]})" >&2

@@ -16,6 +16,14 @@
 #   vc-controller-manager
 #   kwok                     sigs.k8s.io/kwok/cmd/kwok       go install @version
 #
+# The real node (scripts/node-up.sh, tests/cluster/node.py) adds:
+#   kubelet                  k8s.io/kubernetes/cmd/kubelet   via k8s-wrapper/go.mod
+#   pause                    k8s.io/kubernetes build/pause/linux/pause.c, gcc -static (as upstream)
+#   argoexec                 github.com/argoproj/argo-workflows/v4   writable copy + the git
+#                            symlink the module zip drops (osspecific/signal_linux.go)
+#   coredns                  github.com/coredns/coredns      writable copy, only the plugins the
+#                            node's Corefile uses (bind, kubernetes, errors, log, cache, ...)
+#
 # Cache layout (one directory per component and version, so bumping a version
 # rebuilds only that component):
 #
@@ -46,6 +54,8 @@ ETCD_VERSION=v3.6.16         # go.etcd.io/etcd/server/v3 (keep in sync with etcd
 ARGO_VERSION=v4.0.5          # github.com/argoproj/argo-workflows/v4 (v3 is not on the proxy)
 VOLCANO_VERSION=v1.10.0      # volcano.sh/volcano (newer versions are not on the proxy)
 KWOK_VERSION=v0.8.0          # sigs.k8s.io/kwok
+COREDNS_VERSION=v1.14.7      # github.com/coredns/coredns (pod DNS on the real node)
+PAUSE_TAG=3.10.1             # build/pause/Makefile TAG in k8s.io/kubernetes@K8S_VERSION
 
 ALL_COMPONENTS=(
   etcd
@@ -53,6 +63,7 @@ ALL_COMPONENTS=(
   workflow-controller argo
   vc-scheduler vc-controller-manager
   kwok
+  kubelet pause argoexec coredns
 )
 
 # --- paths ----------------------------------------------------------------------
@@ -164,6 +175,16 @@ build_k8s_cmd() {  # build_k8s_cmd CMD OUTPUT_PATH
 build_kube-apiserver()          { build_k8s_cmd kube-apiserver "$1"; }
 build_kube-controller-manager() { build_k8s_cmd kube-controller-manager "$1"; }
 build_kube-scheduler()          { build_k8s_cmd kube-scheduler "$1"; }
+build_kubelet()                 { build_k8s_cmd kubelet "$1"; }
+
+# The pause container's binary: C, compiled statically as build/pause/Makefile does
+# (CFLAGS -Os -Wall -Werror -static -DVERSION=v$(TAG)-$(REV); REV is a git describe, "archive" here).
+build_pause() {
+  local src
+  src=$(module_dir k8s.io/kubernetes "$K8S_VERSION")/build/pause/linux
+  "${NICE[@]}" gcc -Os -Wall -Werror -static -DVERSION="v$PAUSE_TAG-archive" -o "$1" "$src/pause.c"
+  strip "$1"
+}
 
 # Argo Workflows: version variables as in its Makefile. `version` also picks
 # the default executor image tag (tests pass --executor-image anyway).
@@ -205,6 +226,37 @@ build_argo() {
   "${NICE[@]}" go build "${GO_BUILD_FLAGS[@]}" -ldflags "$(argo_ldflags)" -o "$1" ./cmd/argo
 }
 
+# argoexec: the module zip drops workflow/executor/osspecific/signal_linux.go, a git symlink to
+# signal_darwin.go upstream (module zips carry no symlinks), so Linux builds lack Setpgid & co.
+build_argoexec() {
+  local dir
+  dir=$(writable_copy "$ARGO_MOD" "$ARGO_VERSION" "argo-workflows-$ARGO_VERSION")
+  cd "$dir"
+  if [[ ! -e workflow/executor/osspecific/signal_linux.go ]]; then
+    ln -s signal_darwin.go workflow/executor/osspecific/signal_linux.go
+  fi
+  "${NICE[@]}" go build "${GO_BUILD_FLAGS[@]}" -ldflags "$(argo_ldflags)" -o "$1" ./cmd/argoexec
+}
+
+# CoreDNS: the full binary links every cloud provider's SDK; the node needs a handful of plugins,
+# so the generated plugin list (core/plugin/zplugin.go) is cut down in a writable copy, the way
+# CoreDNS documents custom builds (plugin.cfg + go generate). Directive order stays upstream's.
+build_coredns() {
+  local dir p
+  dir=$(writable_copy github.com/coredns/coredns "$COREDNS_VERSION" "coredns-$COREDNS_VERSION")
+  cd "$dir"
+  {
+    echo '// pipectl: cut-down plugin list (tests/cluster/build.sh)'
+    echo 'package plugin'
+    echo 'import ('
+    for p in bind errors log cache health ready kubernetes loadbalance hosts whoami loop reload; do
+      echo "	_ \"github.com/coredns/coredns/plugin/$p\""
+    done
+    echo ')'
+  } >core/plugin/zplugin.go
+  "${NICE[@]}" go build "${GO_BUILD_FLAGS[@]}" -ldflags "-s -w" -o "$1" .
+}
+
 # Volcano: go.mod replaces k8s.io/* and grpc, so build from a writable copy.
 # Version variables as in its Makefile.def (no git SHA in a module zip).
 VOLCANO_MOD=volcano.sh/volcano
@@ -238,6 +290,9 @@ version_of() {
     workflow-controller|argo) echo "$ARGO_VERSION" ;;
     vc-*) echo "$VOLCANO_VERSION" ;;
     kwok) echo "$KWOK_VERSION" ;;
+    kubelet|pause) echo "$K8S_VERSION" ;;
+    argoexec) echo "$ARGO_VERSION" ;;
+    coredns) echo "$COREDNS_VERSION" ;;
     *) return 1 ;;
   esac
 }

@@ -888,6 +888,8 @@ class TestCluster:
             "--authorization-mode", "Node,RBAC",
             "--allow-privileged=true",
             "--profiling=false",
+            # as kubeadm: reach kubelets (logs, exec) by IP; a real node's name needs no DNS
+            "--kubelet-preferred-address-types", "InternalIP,ExternalIP,Hostname",
         ])
         self._wait("kube-apiserver /readyz", lambda: self._https_request("GET", "/readyz")[0] == 200)
         self._mark("kube-apiserver")

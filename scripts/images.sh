@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# scripts/images.sh — build the step images (`make images`) with Debian's Docker engine.
+#
+#   1. Docker engine: Debian's docker.io `dockerd`, started here in the background when no engine
+#      answers (log: $PIPECTL_CACHE_DIR/images/dockerd.log). Only the legacy builder exists.
+#   2. Base image: no registry is reachable, so the base is bootstrapped: `debootstrap
+#      --variant=minbase bookworm` + python3 python3-venv (the stand-in for production's
+#      python:3.11-slim-bookworm). Tarball cached under $PIPECTL_CACHE_DIR/images/ keyed by
+#      suite + mirror + package list; imported as pipectl/debian-base:<key>.
+#   3. Step images from images/Dockerfile (targets step-light, step-train) with
+#      --build-arg BASE_IMAGE=pipectl/debian-base:<key>. The build context is assembled in a temp
+#      folder: Dockerfile, requirements, project sources, and the host CA bundle (builder stages
+#      only: pip on this network needs it). Tagged pipectl/<target>:<version> (what the rendered
+#      templates use) and pipectl/<target>:c-<content hash>; a build is skipped when the
+#      content-hash tag exists (hash over the context, the base image id and the target).
+#
+# Prints, per image: build seconds (or "cached") and size; a summary line per image goes to
+# $PIPECTL_CACHE_DIR/images/build-times.txt.
+# Usage: scripts/images.sh [step-light] [step-train]      (default: both)
+# Env:   PIPECTL_CACHE_DIR (default ~/.cache/pipectl), PIPECTL_DEBIAN_MIRROR (default: the host's
+#        first deb.debian.org-style URI in /etc/apt/sources.list*), PIPECTL_DOCKER_DATA_ROOT.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE=${PIPECTL_CACHE_DIR:-$HOME/.cache/pipectl}/images
+mkdir -p "$CACHE"
+SUITE=bookworm
+INCLUDE=python3,python3-venv
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/pyproject.toml" | head -1)
+DOCKER=/usr/bin/docker; [[ -x $DOCKER ]] || DOCKER=docker
+log() { printf '[images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# --- 1. engine ---------------------------------------------------------------------------------
+if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
+  echo "images: dockerd/debootstrap missing: run scripts/system-deps.sh images (as root)" >&2; exit 1
+fi
+if ! "$DOCKER" info >/dev/null 2>&1; then
+  log "starting dockerd (log $CACHE/dockerd.log)"
+  setsid dockerd --host unix:///var/run/docker.sock ${PIPECTL_DOCKER_DATA_ROOT:+--data-root "$PIPECTL_DOCKER_DATA_ROOT"} \
+    >>"$CACHE/dockerd.log" 2>&1 < /dev/null &
+  for _ in $(seq 1 300); do "$DOCKER" info >/dev/null 2>&1 && break; sleep 0.2; done
+  "$DOCKER" info >/dev/null 2>&1 || { echo "images: dockerd did not start; tail of its log:" >&2; tail -20 "$CACHE/dockerd.log" >&2; exit 1; }
+fi
+
+# --- 2. base -----------------------------------------------------------------------------------
+mirror=${PIPECTL_DEBIAN_MIRROR:-}
+if [[ -z $mirror ]]; then
+  mirror=$( (grep -rhoE '^(URIs:|deb) +https?://[^ ]+/debian/?$' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null || true) \
+           | awk '{print $2}' | sed -n 1p)
+  mirror=${mirror:-http://deb.debian.org/debian}
+fi
+key=$(printf '%s|%s|%s|minbase' "$SUITE" "$mirror" "$INCLUDE" | sha256sum | cut -c1-12)
+tarball=$CACHE/debian-$SUITE-minbase-$key.tar
+BASE=pipectl/debian-base:$SUITE-$key
+if ! "$DOCKER" image inspect "$BASE" >/dev/null 2>&1; then
+  if [[ ! -f $tarball ]]; then
+    t0=$SECONDS
+    dir=$(mktemp -d /tmp/pipectl-debootstrap.XXXXXX)
+    log "debootstrap $SUITE minbase (+$INCLUDE) from $mirror"
+    debootstrap --variant=minbase --include="$INCLUDE" "$SUITE" "$dir" "$mirror" >"$CACHE/debootstrap.log" 2>&1 \
+      || { echo "images: debootstrap failed; tail of $CACHE/debootstrap.log:" >&2; tail -20 "$CACHE/debootstrap.log" >&2; exit 1; }
+    rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
+    tar -C "$dir" -cf "$tarball.partial" . && mv "$tarball.partial" "$tarball"
+    rm -rf "$dir"
+    log "base tarball $(du -h "$tarball" | cut -f1) in $((SECONDS - t0))s"
+  fi
+  "$DOCKER" import -c 'CMD ["/bin/bash"]' "$tarball" "$BASE" >/dev/null
+  log "imported $BASE"
+fi
+base_id=$("$DOCKER" image inspect -f '{{.Id}}' "$BASE")
+
+# --- 3. step images ----------------------------------------------------------------------------
+ctx=$(mktemp -d /tmp/pipectl-images-ctx.XXXXXX)
+trap 'rm -rf "$ctx"' EXIT
+cp "$ROOT/images/Dockerfile" "$ROOT"/images/requirements-*.txt "$ctx/"
+mkdir -p "$ctx/src"
+(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard -- pyproject.toml README.md cli pipelines components \
+   | xargs -0 cp --parents -t "$ctx/src")
+ca=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}
+cp "$ca" "$ctx/build-ca.crt"
+ctx_hash=$(cd "$ctx" && find . -type f ! -name build-ca.crt -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+
+targets=("$@"); [[ ${#targets[@]} -gt 0 ]] || targets=(step-light step-train)
+for target in "${targets[@]}"; do
+  h=$(printf '%s|%s|%s' "$ctx_hash" "$base_id" "$target" | sha256sum | cut -c1-16)
+  img=pipectl/$target
+  if "$DOCKER" image inspect "$img:c-$h" >/dev/null 2>&1; then
+    "$DOCKER" tag "$img:c-$h" "$img:$VERSION"
+    took=cached
+  else
+    log "building $img ($target, content hash $h; log $CACHE/build-$target.log)"
+    t0=$SECONDS
+    if ! "$DOCKER" build --network host -f "$ctx/Dockerfile" --target "$target" \
+         --build-arg BASE_IMAGE="$BASE" --build-arg PIPECTL_VERSION="$VERSION" --build-arg CONTENT_HASH="$h" \
+         -t "$img:c-$h" -t "$img:$VERSION" "$ctx" >"$CACHE/build-$target.log" 2>&1; then
+      echo "images: build of $target failed; tail of $CACHE/build-$target.log:" >&2
+      tail -30 "$CACHE/build-$target.log" >&2; exit 1
+    fi
+    took=$((SECONDS - t0))s
+  fi
+  size=$("$DOCKER" image inspect -f '{{.Size}}' "$img:$VERSION")
+  line=$(printf '%s %-28s build %-7s size %s MB (content %s)' "$(date -u +%FT%TZ)" "$img:$VERSION" "$took" "$((size / 1000000))" "$h")
+  log "$line"
+  echo "$line" >>"$CACHE/build-times.txt"
+done

@@ -1,0 +1,709 @@
+"""A real Kubernetes node on top of the loopback control plane (tests/cluster/cluster.py): pods run.
+
+Part 1 (cluster.py) fakes nodes with KWOK; this module adds one node whose pods really run:
+
+  containerd          Debian's 1.6 (CRI v1), its own config, socket and state under run_dir; its
+                      image store (root) is cached in ${PIPECTL_CACHE_DIR:-~/.cache/pipectl}/containerd
+                      so the GB-sized step images are imported once per content, not per run
+  runc                Debian's, cgroupfs driver (these machines have cgroup v1)
+  CNI                 Debian's containernetworking-plugins (/usr/lib/cni): bridge ``pipectl0``,
+                      pods in 10.244.255.0/24, gateway (the host) 10.244.255.1, host-local IPAM
+  kubelet             v1.34.4 from the same wrapper module as the control plane (build.sh),
+                      cgroupDriver cgroupfs, failCgroupV1 false, imageGCHighThresholdPercent 100
+  pause image         registry.k8s.io/pause:3.10.1, built from k8s.io/kubernetes build/pause (C,
+                      static) and loaded into containerd
+  argoexec image      quay.io/argoproj/argoexec:v4.0.5 (the controller's --executor-image), the
+                      argoexec binary built from the argo-workflows module (build.sh)
+  step images         pipectl/step-light, pipectl/step-train (scripts/images.sh), loaded with
+                      ``docker save | ctr -n k8s.io images import -``
+  CoreDNS             v1.14.7 (cut-down build, build.sh) on the gateway: cluster.local from the
+                      API server, so the training gang finds ``<job>-worker-0.<job>`` (Volcano
+                      svc plugin: headless Service + pod hostname/subdomain)
+
+How pods reach the host. Everything of part 1 listens on 127.0.0.1, which a pod's network
+namespace cannot reach. Pods keep their own network (no hostNetwork: the gang's two workers need
+distinct addresses and the svc plugin's DNS names, as on a real cluster) and reach the host on the
+bridge gateway 10.244.255.1. A host port P on 127.0.0.1 is published to pods as
+10.244.255.1:P by a ``socat`` forwarder (`expose()`): RGW, MLflow. The API server is reached
+the way in-cluster clients do, through the ``kubernetes`` Service's ClusterIP 10.96.0.1:443
+(what kubelet puts in KUBERNETES_SERVICE_HOST/PORT; in the API server certificate's SANs): there
+is no kube-proxy, so 10.96.0.1 is added as a host address on the bridge and a forwarder listens on
+it. Pod-to-pod traffic on the bridge is accepted in iptables' FORWARD chain (Docker sets its policy
+to DROP and br_netfilter sends bridged frames through it).
+
+The kubelet authenticates with the cluster's admin client certificate; its own server accepts the
+API server anonymously (authorization AlwaysAllow) — a throwaway, loopback-only node.
+
+Needs root (network, mounts, cgroups). Usage::
+
+    with TestCluster(tmp / "k8s", nodes=0) as c, RealNode(c, tmp / "node") as node:
+        node.expose(rgw_port)  # -> "10.244.255.1:<port>"
+
+Command line (scripts/node-up.sh, node-down.sh)::
+
+    python tests/cluster/node.py up CLUSTER_RUN_DIR      # node on a running `make cluster-up`
+    python tests/cluster/node.py down CLUSTER_RUN_DIR
+    python tests/cluster/node.py check                   # exit 1 naming what is missing
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+try:
+    from tests.cluster import cluster as cl
+except ImportError:  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.cluster import cluster as cl
+
+NODE_NAME = "pipectl-node"
+BRIDGE = "pipectl0"
+POD_SUBNET = "10.244.255.0/24"
+GATEWAY = "10.244.255.1"
+SERVICE_IP = "10.96.0.1"          # first address of cluster.SERVICE_CIDR: Service "kubernetes"
+CLUSTER_DOMAIN = "cluster.local"
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10.1"
+EXECUTOR_IMAGE = cl.EXECUTOR_IMAGE  # quay.io/argoproj/argoexec:v4.0.5
+STEP_IMAGES = ["pipectl/step-light:0.1.0", "pipectl/step-train:0.1.0"]
+CNI_BIN = "/usr/lib/cni"
+NODE_COMPONENTS = {"kubelet": cl.K8S_VERSION, "pause": cl.K8S_VERSION,
+                   "argoexec": cl.VERSIONS["workflow-controller"], "coredns": "v1.14.7"}
+STATE_FILE = "node.json"
+IPT_RULE = ["FORWARD", "-i", BRIDGE, "-o", BRIDGE, "-m", "comment", "--comment", "pipectl-node",
+            "-j", "ACCEPT"]
+DOCKER = shutil.which("docker", path="/usr/bin") or "docker"
+
+
+class NodeNotAvailable(RuntimeError):
+    """Something the node needs is missing (see `missing()`); the message says what and how."""
+
+
+class NodeStartError(RuntimeError):
+    pass
+
+
+def node_binary(name: str) -> Path:
+    return cl.cache_root() / "cluster-bin" / f"{name}-{NODE_COMPONENTS[name]}" / name
+
+
+def missing(images: list[str] | None = None) -> list[str]:
+    """What the node needs and cannot find: root, Debian packages, built binaries, images."""
+    out = []
+    if os.geteuid() != 0:
+        out.append("root (network namespaces, mounts and cgroups)")
+    for cmd, pkg in [("containerd", "containerd"), ("ctr", "containerd"), ("runc", "runc"),
+                     ("socat", "socat"), ("iptables", "iptables"), ("ip", "iproute2"),
+                     ("dockerd", "docker.io")]:
+        if not shutil.which(cmd):
+            out.append(f"command {cmd} (Debian package {pkg}: scripts/system-deps.sh node)")
+    if not os.path.exists(f"{CNI_BIN}/bridge"):
+        out.append(f"{CNI_BIN}/bridge (Debian package containernetworking-plugins)")
+    for name in NODE_COMPONENTS:
+        if not os.access(node_binary(name), os.X_OK):
+            out.append(f"binary {node_binary(name)} (run tests/cluster/build.sh {name})")
+    images = STEP_IMAGES if images is None else images
+    if images and not out:
+        try:
+            have = set(subprocess.run([DOCKER, "images", "--format", "{{.Repository}}:{{.Tag}}"],
+                                      capture_output=True, text=True, timeout=30,
+                                      check=True).stdout.split())
+        except (OSError, subprocess.SubprocessError) as e:
+            out.append(f"a running Docker engine ({e}; scripts/images.sh starts one)")
+        else:
+            out += [f"docker image {i} (run scripts/images.sh)" for i in images if i not in have]
+    return out
+
+
+def _run(argv: list[str], timeout_s: float = 120, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False, **kw)
+    if check and p.returncode != 0:
+        raise NodeStartError(f"{' '.join(argv)} exited {p.returncode}: {(p.stderr or p.stdout)[-2000:]}")
+    return p
+
+
+def _kill_group(pgid: int, term_timeout_s: float = 5.0) -> None:
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + term_timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int, marker: str) -> bool:
+    try:
+        return marker.encode() in Path(f"/proc/{pgid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+class RealNode:
+    """One real node (containerd + kubelet) joined to a running TestCluster; a context manager.
+
+    ``timings``: seconds since start() at which each step was done (network, containerd, images,
+    coredns, kubelet, node-ready); ``image_import_s``: per image, seconds spent importing (0 when
+    containerd already held that content).
+    """
+
+    __test__ = False
+
+    def __init__(self, cluster_run_dir: Path, kubeconfig: Path, apiserver: str, run_dir: Path, *,
+                 start_timeout_s: float = 180.0, die_with_parent: bool = True,
+                 images: list[str] | None = None) -> None:
+        self.cluster_run_dir = Path(cluster_run_dir).absolute()
+        self.kubeconfig = Path(kubeconfig).absolute()
+        self.apiserver = apiserver  # https://127.0.0.1:PORT
+        self.run_dir = Path(run_dir).absolute()
+        self.start_timeout_s = start_timeout_s
+        self.die_with_parent = die_with_parent
+        self.images = list(STEP_IMAGES if images is None else images)
+        self.logs = self.run_dir / "logs"
+        self.sock = self.run_dir / "containerd.sock"
+        self.containerd_root = cl.cache_root() / "containerd"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.ports: dict[str, int] = {}
+        self.exposed: dict[int, str] = {}
+        self.timings: dict[str, float] = {}
+        self.image_import_s: dict[str, float] = {}
+        self.startup_s: float | None = None
+        self._t0 = 0.0
+        self._lock_fd: int | None = None
+        self._net_done = False
+
+    @classmethod
+    def for_cluster(cls, c: cl.TestCluster, run_dir: Path, **kw) -> RealNode:
+        return cls(c.run_dir, c.kubeconfig, c.server, run_dir, **kw)
+
+    # -- public --------------------------------------------------------------------------------
+
+    def start(self) -> RealNode:
+        m = missing(self.images)
+        if m:
+            raise NodeNotAvailable("real node: missing " + "; ".join(m))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(exist_ok=True)
+        self.containerd_root.mkdir(parents=True, exist_ok=True)
+        # One node per machine: bridge name, addresses and the cached containerd root are shared.
+        self._lock_fd = os.open(cl.cache_root() / "node.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise NodeStartError(f"another real node holds {cl.cache_root() / 'node.lock'}")
+        self._t0 = time.monotonic()
+        try:
+            self._start()
+        except BaseException:
+            self._log(f"start failed; logs in {self.logs}")
+            self.stop(remove=False)
+            raise
+        self.startup_s = round(time.monotonic() - self._t0, 3)
+        self._save_state()
+        self._log(f"node up in {self.startup_s:.1f}s: {json.dumps(self.timings)}; "
+                  f"image imports (s): {json.dumps(self.image_import_s)}")
+        return self
+
+    def expose(self, port: int) -> str:
+        """Publish 127.0.0.1:``port`` of the host to pods as ``GATEWAY:port``; returns that address."""
+        if port not in self.exposed:
+            self._spawn(f"expose-{port}", ["socat", f"TCP-LISTEN:{port},bind={GATEWAY},reuseaddr,fork",
+                                           f"TCP:127.0.0.1:{port}"])
+            self._wait_tcp(GATEWAY, port, f"expose-{port}")
+            self.exposed[port] = f"{GATEWAY}:{port}"
+            self._save_state()
+        return self.exposed[port]
+
+    def stop(self, remove: bool = True) -> None:
+        """Stop the kubelet, every pod container, containerd, CoreDNS and the forwarders; undo the
+        network changes; unmount what the kubelet mounted under run_dir."""
+        if "kubelet" in self.procs:
+            _kill_group(self.procs.pop("kubelet").pid)
+        if "containerd" in self.procs and self.procs["containerd"].poll() is None:
+            self._remove_all_containers()
+        for name in list(self.procs):
+            _kill_group(self.procs[name].pid)
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.procs.clear()
+        _kill_shims(self.sock)
+        _unmount_under(self.run_dir)
+        if self._net_done:
+            _net_down()
+            self._net_done = False
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        if (self.run_dir / STATE_FILE).exists():
+            (self.run_dir / STATE_FILE).unlink()
+        if remove:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def __enter__(self) -> RealNode:  # noqa: PYI034
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def ctr(self, *args: str, timeout_s: float = 60, check: bool = True, **kw) -> subprocess.CompletedProcess:
+        return _run(["ctr", "--address", str(self.sock), "-n", "k8s.io", *args], timeout_s, check, **kw)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _log(self, msg: str) -> None:
+        print(f"[node +{time.monotonic() - self._t0:6.2f}s] {msg}", file=sys.stderr, flush=True)
+
+    def _mark(self, what: str) -> None:
+        self.timings[what] = round(time.monotonic() - self._t0, 3)
+        self._log(f"{what} done")
+
+    def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+        setpriv = shutil.which("setpriv")
+        if self.die_with_parent and setpriv:
+            argv = [setpriv, "--pdeathsig", "KILL", "--", *argv]
+        with open(self.logs / f"{name}.log", "ab") as log:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True, cwd=self.run_dir,
+                                 env={**os.environ, **(env or {})})
+        self.procs[name] = p
+        self._save_state()
+        return p
+
+    def _tail(self, name: str, n: int = 3000) -> str:
+        f = self.logs / f"{name}.log"
+        return f.read_text(errors="replace")[-n:] if f.exists() else ""
+
+    def _check_alive(self) -> None:
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                raise NodeStartError(f"{name} exited with rc={p.returncode}; log tail:\n{self._tail(name)}")
+
+    def _wait(self, what: str, fn, timeout_s: float | None = None) -> None:
+        deadline = time.monotonic() + (timeout_s or self.start_timeout_s)
+        last: object = None
+        while True:
+            self._check_alive()
+            try:
+                if fn():
+                    return
+            except Exception as e:  # noqa: BLE001
+                last = e
+            if time.monotonic() > deadline:
+                raise NodeStartError(f"{what} not ready within {timeout_s or self.start_timeout_s}s "
+                                     f"(last: {last!r}); logs in {self.logs}")
+            time.sleep(0.2)
+
+    def _wait_tcp(self, host: str, port: int, what: str) -> None:
+        def ok():
+            with socket.create_connection((host, port), timeout=1):
+                return True
+        self._wait(what, ok, 30)
+
+    def _save_state(self) -> None:
+        st = {"run_dir": str(self.run_dir), "cluster_run_dir": str(self.cluster_run_dir),
+              "pgids": {n: p.pid for n, p in self.procs.items()}, "exposed": self.exposed,
+              "timings": self.timings, "image_import_s": self.image_import_s,
+              "startup_s": self.startup_s, "socket": str(self.sock), "gateway": GATEWAY}
+        tmp = self.run_dir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(st, indent=2))
+        tmp.replace(self.run_dir / STATE_FILE)
+
+    def _start(self) -> None:
+        r = self.run_dir
+        _net_down()  # leftovers of a node that was killed
+        _net_up()
+        self._net_done = True
+        self._mark("network")
+
+        # containerd
+        (r / "cni").mkdir(exist_ok=True)
+        (r / "cni" / "10-pipectl.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": "pipectl", "plugins": [
+                {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False,
+                 "hairpinMode": True, "ipam": {"type": "host-local", "subnet": POD_SUBNET,
+                                               "gateway": GATEWAY, "dataDir": str(r / "cni-ipam"),
+                                               "routes": [{"dst": "0.0.0.0/0"}]}},
+                {"type": "portmap", "capabilities": {"portMappings": True}},
+            ]}, indent=1))
+        runc_binary = (f'\n        BinaryName = "{os.environ["PIPECTL_NODE_RUNC"]}"'
+                       if os.environ.get("PIPECTL_NODE_RUNC") else "")
+        (r / "containerd.toml").write_text(f"""\
+version = 2
+root = "{self.containerd_root}"
+state = "{r / 'containerd-state'}"
+[grpc]
+  address = "{self.sock}"
+[ttrpc]
+  address = "{self.sock}.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  enable_selinux = false
+  restrict_oom_score_adj = true  # these machines drop CAP_SYS_RESOURCE: no negative scores
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    discard_unpacked_layers = false
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false{runc_binary}
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{CNI_BIN}"
+    conf_dir = "{r / 'cni'}"
+""")
+        self._spawn("containerd", ["containerd", "--config", str(r / "containerd.toml")])
+        self._wait("containerd", lambda: self.ctr("version", timeout_s=5).returncode == 0, 60)
+        self._mark("containerd")
+        self._remove_all_containers()  # a killed earlier node's containers (the root is cached)
+
+        self._load_images()
+        self._mark("images")
+
+        # API server for pods: Service "kubernetes" (10.96.0.1:443) -> 127.0.0.1:PORT
+        api_port = int(self.apiserver.rsplit(":", 1)[1])
+        self._spawn("apiserver-forward", ["socat", f"TCP-LISTEN:443,bind={SERVICE_IP},reuseaddr,fork",
+                                          f"TCP:127.0.0.1:{api_port}"])
+        self._wait_tcp(SERVICE_IP, 443, "apiserver-forward")
+
+        # CoreDNS on the gateway
+        (r / "Corefile").write_text(f"""\
+{CLUSTER_DOMAIN}:53 {{
+    bind {GATEWAY}
+    errors
+    kubernetes {CLUSTER_DOMAIN} {{
+        kubeconfig {self.kubeconfig} pipectl-test
+        pods insecure
+        ttl 5
+    }}
+    cache 5
+}}
+.:53 {{
+    bind {GATEWAY}
+    errors
+}}
+""")
+        self._spawn("coredns", [str(node_binary("coredns")), "-conf", str(r / "Corefile"),
+                                "-dns.port", "53"])
+        self._wait_tcp(GATEWAY, 53, "coredns")
+        self._mark("coredns")
+
+        # kubelet
+        kp, hp = cl._free_ports(2)
+        self.ports.update(kubelet=kp, kubelet_healthz=hp)
+        (r / "resolv.conf").write_text("")  # pods get only the cluster DNS and search path
+        (r / "kubelet.yaml").write_text(f"""\
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: {GATEWAY}
+port: {kp}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: {hp}
+authentication:
+  anonymous: {{enabled: true}}
+  webhook: {{enabled: false}}
+authorization: {{mode: AlwaysAllow}}
+containerRuntimeEndpoint: unix://{self.sock}
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {{memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}}
+clusterDNS: [{GATEWAY}]
+clusterDomain: {CLUSTER_DOMAIN}
+resolvConf: {r / 'resolv.conf'}
+podLogsDir: {r / 'pod-logs'}
+serializeImagePulls: false
+registerNode: true
+maxPods: 110
+podPidsLimit: -1
+syncFrequency: 5s
+nodeStatusUpdateFrequency: 5s
+fileCheckFrequency: 20s
+""")
+        self._spawn("kubelet", [
+            str(node_binary("kubelet")), "--config", str(r / "kubelet.yaml"),
+            "--kubeconfig", str(self.kubeconfig), "--hostname-override", NODE_NAME,
+            "--node-ip", GATEWAY, "--root-dir", str(r / "kubelet"), "--cert-dir", str(r / "kubelet-pki"),
+            "--node-labels", "pipectl.io/real-node=true", "--v", "2",
+        ])
+
+        from kubernetes import client
+
+        api = _api(self.kubeconfig)
+        core = client.CoreV1Api(api)
+
+        def ready():
+            n = core.read_node(NODE_NAME)
+            return any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+        self._wait("kubelet: node Ready", ready)
+        self._mark("node-ready")
+        api.close()
+
+    def _remove_all_containers(self) -> None:
+        p = self.ctr("tasks", "ls", "-q", check=False, timeout_s=30)
+        for t in p.stdout.split():
+            self.ctr("tasks", "kill", "-s", "KILL", t, check=False)
+        for t in p.stdout.split():
+            self.ctr("tasks", "delete", "-f", t, check=False)
+        c = self.ctr("containers", "ls", "-q", check=False, timeout_s=30)
+        for cid in c.stdout.split():
+            self.ctr("containers", "delete", cid, check=False)
+
+    def _load_images(self) -> None:
+        """Build the pause and argoexec images from the cached binaries (docker, FROM scratch /
+        the Debian base), then import every image whose Docker image id containerd does not hold
+        yet (label ``pipectl.io/docker-id`` on the containerd image)."""
+        refs = [self._binary_image("pause", PAUSE_IMAGE, "/pause", entry=["/pause"]),
+                self._binary_image("argoexec", EXECUTOR_IMAGE, "/bin/argoexec", entry=["argoexec"])]
+        refs += self.images
+        have = {}
+        for line in self.ctr("images", "ls").stdout.splitlines()[1:]:
+            parts = line.split()
+            labels = parts[-1] if parts else ""
+            for kv in labels.split(","):
+                if kv.startswith("pipectl.io/docker-id="):
+                    have[parts[0]] = kv.split("=", 1)[1]
+        todo: dict[str, tuple[str, str]] = {}
+        for ref in refs:
+            docker_id = _run([DOCKER, "image", "inspect", "-f", "{{.Id}}", ref]).stdout.strip()
+            full = _normalize(ref)
+            if have.get(full) == docker_id:
+                self.image_import_s[ref] = 0.0
+            else:
+                todo[ref] = (full, docker_id)
+        if not todo:
+            return
+        # One `docker save` of every image to load: layers shared by the step images (the ~6.6 GB
+        # venv) are in the stream once.
+        t0 = time.monotonic()
+        save = subprocess.Popen([DOCKER, "save", *todo], stdout=subprocess.PIPE)
+        imp = subprocess.run(["ctr", "--address", str(self.sock), "-n", "k8s.io", "images",
+                              "import", "-"], stdin=save.stdout,
+                             capture_output=True, text=True, timeout=3600, check=False)
+        save.stdout.close()
+        save.wait()
+        if save.returncode != 0 or imp.returncode != 0:
+            raise NodeStartError(f"importing {', '.join(todo)}: docker save rc={save.returncode}, "
+                                 f"ctr import rc={imp.returncode}: {imp.stderr[-2000:]}")
+        for ref, (full, docker_id) in todo.items():
+            self.ctr("images", "label", full, f"pipectl.io/docker-id={docker_id}")
+        took = round(time.monotonic() - t0, 1)
+        self.image_import_s["+".join(todo)] = took
+        self._log(f"imported {', '.join(todo)} in {took}s")
+
+    def _binary_image(self, name: str, ref: str, path: str, entry: list[str]) -> str:
+        """A docker image holding one cached binary at ``path`` (pause: FROM scratch, as upstream;
+        argoexec: on the Debian base, standing in for distroless/static). Rebuilt when the binary
+        changes (its sha256 is a label)."""
+        b = node_binary(name)
+        digest = hashlib.sha256(b.read_bytes()).hexdigest()[:16]
+        try:
+            cur = _run([DOCKER, "image", "inspect", "-f", '{{index .Config.Labels "io.pipectl.binary"}}', ref],
+                       check=False).stdout.strip()
+        except subprocess.TimeoutExpired:
+            cur = ""
+        if cur == digest:
+            return ref
+        ctx = self.run_dir / f"image-{name}"
+        ctx.mkdir(exist_ok=True)
+        shutil.copy2(b, ctx / name)
+        if name == "pause":
+            base = "scratch"
+        else:
+            bases = _run([DOCKER, "images", "--format", "{{.Repository}}:{{.Tag}}", "pipectl/debian-base"]).stdout.split()
+            if not bases:
+                raise NodeNotAvailable("docker image pipectl/debian-base:* missing (run scripts/images.sh)")
+            base = sorted(bases)[-1]
+        (ctx / "Dockerfile").write_text(
+            f"FROM {base}\nCOPY {name} {path}\nLABEL io.pipectl.binary={digest}\n"
+            f"ENTRYPOINT {json.dumps(entry)}\n" + ("USER 65535:65535\n" if name == "pause" else ""))
+        _run([DOCKER, "build", "-q", "-t", ref, str(ctx)], timeout_s=300)
+        return ref
+
+
+def _normalize(ref: str) -> str:
+    """Docker's short reference -> the full name containerd stores (docker.io/library/...)."""
+    first = ref.split("/")[0]
+    if "/" in ref and ("." in first or ":" in first or first == "localhost"):
+        return ref
+    return ("docker.io/" if "/" in ref else "docker.io/library/") + ref
+
+
+def _api(kubeconfig: Path):
+    from kubernetes import config
+
+    return config.new_client_from_config(config_file=str(kubeconfig))
+
+
+# -- host network and cleanup --------------------------------------------------------------------
+
+
+def _net_up() -> None:
+    if _run(["ip", "link", "show", BRIDGE], check=False).returncode != 0:
+        _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+    _run(["ip", "addr", "replace", f"{GATEWAY}/24", "dev", BRIDGE])
+    _run(["ip", "addr", "replace", f"{SERVICE_IP}/32", "dev", BRIDGE])
+    _run(["ip", "link", "set", BRIDGE, "up"])
+    Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+    if _run(["iptables", "-C", *IPT_RULE], check=False).returncode != 0:
+        _run(["iptables", "-I", *IPT_RULE])
+
+
+def _net_down() -> None:
+    while _run(["iptables", "-D", *IPT_RULE], check=False).returncode == 0:
+        pass
+    # veths of pods whose sandboxes were not torn down by the kubelet
+    out = _run(["ip", "-o", "link", "show", "master", BRIDGE], check=False).stdout
+    for line in out.splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        _run(["ip", "link", "del", name], check=False)
+    _run(["ip", "link", "del", BRIDGE], check=False)
+
+
+def _kill_shims(sock: Path) -> None:
+    """containerd-shim-runc-v2 processes of this node's containerd (started by it, so ours)."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"containerd-shim-runc-v2") and str(sock).encode() in cmd:
+            try:
+                os.kill(int(d.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _unmount_under(path: Path) -> None:
+    mounts = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        mp = line.split()[1].replace("\\040", " ")
+        if mp == str(path) or mp.startswith(str(path) + "/"):
+            mounts.append(mp)
+    for mp in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", mp], capture_output=True, check=False)
+    # network namespaces the CRI made for pods of this node
+    for ns in Path("/var/run/netns").glob("cni-*") if Path("/var/run/netns").exists() else []:
+        subprocess.run(["umount", "-l", str(ns)], capture_output=True, check=False)
+        try:
+            ns.unlink()
+        except OSError:
+            pass
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+
+def _cli_up(cluster_dir: Path, images: list[str] | None) -> int:
+    cst = cl._state(cluster_dir.absolute())
+    if cst is None or not cst.get("startup_s"):
+        print(f"no running cluster in {cluster_dir} (start one: make cluster-up)", file=sys.stderr)
+        return 3
+    run_dir = cluster_dir.absolute() / "node"
+    st = json.loads((run_dir / STATE_FILE).read_text()) if (run_dir / STATE_FILE).exists() else None
+    if st and st.get("startup_s") and all(_group_alive(p, str(run_dir)) or n.startswith("expose")
+                                          for n, p in st["pgids"].items()):
+        print(f"node already running in {run_dir}", file=sys.stderr)
+        return 0
+    if st:
+        _cli_down(cluster_dir)
+    m = missing(images)
+    if m:
+        print("node: missing " + "\n  ".join([""] + m), file=sys.stderr)
+        return 2
+    node = RealNode(cluster_dir, Path(cst["kubeconfig"]), cst["server"], run_dir, die_with_parent=False,
+                    images=images)
+    node.start()
+    # KWOK's fake nodes stay, cordoned: real pods must land on the real node.
+    from kubernetes import client
+
+    api = _api(node.kubeconfig)
+    core = client.CoreV1Api(api)
+    for n in core.list_node(label_selector="type=kwok").items:
+        core.patch_node(n.metadata.name, {"spec": {"unschedulable": True}})
+    node.procs.clear()  # detach; `down` finds the groups in node.json
+    node._lock_fd = None  # noqa: SLF001 - the lock dies with this process; down re-checks groups
+    print(f"# node {NODE_NAME} up in {node.startup_s:.1f}s: {json.dumps(node.timings)}; "
+          f"image imports (s): {json.dumps(node.image_import_s)}", file=sys.stderr)
+    return 0
+
+
+def _cli_down(cluster_dir: Path) -> int:
+    run_dir = cluster_dir.absolute() / "node"
+    p = run_dir / STATE_FILE
+    if not p.exists():
+        print(f"no {STATE_FILE} in {run_dir}: no node running", file=sys.stderr)
+        _net_down()
+        return 0
+    st = json.loads(p.read_text())
+    pg = st.get("pgids", {})
+    if "kubelet" in pg and _group_alive(pg["kubelet"], str(run_dir)):
+        _kill_group(pg["kubelet"])
+    sock = Path(st["socket"])
+    if "containerd" in pg and _group_alive(pg["containerd"], str(run_dir)):
+        fake = RealNode(cluster_dir, Path("/dev/null"), "https://127.0.0.1:1", run_dir)
+        fake._remove_all_containers()  # noqa: SLF001
+    for name, pgid in pg.items():
+        if name != "kubelet" and (_group_alive(pgid, str(run_dir)) or _group_alive(pgid, "socat")):
+            _kill_group(pgid)
+    _kill_shims(sock)
+    _unmount_under(run_dir)
+    _net_down()
+    shutil.rmtree(run_dir, ignore_errors=True)
+    print(f"node in {run_dir} stopped", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="node.py")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for c in ("up", "down"):
+        sub.add_parser(c).add_argument("cluster_run_dir", type=Path)
+    sub.choices["up"].add_argument("--image", action="append", dest="images",
+                                   help="docker image to load (default: the step images)")
+    sub.add_parser("check")
+    a = ap.parse_args(argv)
+    if a.cmd == "up":
+        return _cli_up(a.cluster_run_dir, a.images)
+    if a.cmd == "down":
+        return _cli_down(a.cluster_run_dir)
+    m = missing()
+    for x in m:
+        print("missing:", x, file=sys.stderr)
+    return 1 if m else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

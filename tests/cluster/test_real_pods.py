@@ -1,0 +1,356 @@
+"""Real pods: the loopback control plane (cluster.py) plus one real node (node.py: containerd, runc,
+CNI, kubelet), the real Argo executor, Ceph RGW and an MLflow server on the host.
+
+What runs for real here: every container (pause, argoexec init/wait, the step images), the CNI
+network, pod DNS (CoreDNS), in-cluster API access of the executor, Volcano's gang of two training
+pods talking to each other (torchrun rendezvous, gloo), S3 traffic to Ceph RGW and MLflow calls
+from pods. Nothing is stood in for.
+
+Needs root, Debian's containerd/runc/CNI/docker.io, the node binaries (tests/cluster/build.sh) and
+the step images (scripts/images.sh). Without them the tests are skipped naming what is missing;
+PIPECTL_REQUIRE_CLUSTER=1 (make test) makes that a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cluster import cluster as cl
+from tests.cluster import node as nd
+
+# Cold, the first test's fixture imports ~7.7 GB of images into containerd (minutes on 2 shared cores).
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(2400)]
+
+REPO = Path(__file__).resolve().parents[2]
+PIPECTL = REPO / ".venv" / "bin" / "pipectl"
+NS = "pipectl"
+KIND_ORDER = {"Namespace": 0, "PriorityClass": 1, "ServiceAccount": 2, "Role": 3,
+              "RoleBinding": 4, "ConfigMap": 5, "Queue": 6, "WorkflowTemplate": 7}
+BASE_IMAGE_REPO = "pipectl/debian-base"
+
+
+def _require_or_skip(what: str) -> None:
+    if os.environ.get("PIPECTL_REQUIRE_CLUSTER") == "1":
+        pytest.fail(what)
+    pytest.skip(what)
+
+
+def _timings_line(name: str, d: dict) -> None:
+    print(f"[timing] {name}: {json.dumps(d)}", file=sys.stderr, flush=True)
+
+
+@pytest.fixture(scope="module")
+def real_cluster(tmp_path_factory):
+    """(TestCluster with no fake nodes, RealNode) — module scope: one node for these tests."""
+    try:
+        cl.ensure_available(volcano=True)
+    except cl.ClusterNotAvailable as e:
+        _require_or_skip(str(e))
+    m = nd.missing()
+    if m:
+        _require_or_skip("real node cannot come up: missing " + "; ".join(m))
+    run = tmp_path_factory.mktemp("real")
+    t0 = time.monotonic()
+    with cl.TestCluster(run / "k8s", nodes=0) as c:
+        with nd.RealNode.for_cluster(c, run / "node") as node:
+            _timings_line("cluster+node start (s)", {
+                "cluster": c.startup_s, "node": node.startup_s,
+                "total": round(time.monotonic() - t0, 1), "node_steps": node.timings,
+                "image_import_s": node.image_import_s})
+            yield c, node
+
+
+@pytest.fixture(scope="module")
+def core(real_cluster):
+    from kubernetes import client
+
+    api = nd._api(real_cluster[0].kubeconfig)
+    yield client.CoreV1Api(api)
+    api.close()
+
+
+def _base_image() -> str:
+    out = subprocess.run([nd.DOCKER, "images", "--format", "{{.Repository}}:{{.Tag}}", BASE_IMAGE_REPO],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out, "no pipectl/debian-base image (scripts/images.sh builds it)"
+    return sorted(out)[-1]
+
+
+def _wait_pod(core, ns: str, name: str, timeout_s: float = 120):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        p = core.read_namespaced_pod(name, ns)
+        if p.status.phase in ("Succeeded", "Failed"):
+            return p
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pod {ns}/{name} still {p.status.phase}: {p.status}")
+        time.sleep(0.5)
+
+
+def test_plain_pod_runs_on_the_real_node(real_cluster, core):
+    """A pod runs in a real container: its own network namespace, cluster DNS, the API server at
+    the kubernetes Service address, its log readable through the API server (kubelet)."""
+    c, node = real_cluster
+    c.wait_for("default ServiceAccount", lambda: core.read_namespaced_service_account("default", "default"))
+    script = ("echo hello from $(hostname); "
+              "getent hosts kubernetes.default.svc.cluster.local; "
+              "python3 -c 'import socket; socket.create_connection((\"10.96.0.1\", 443), 3); print(\"api reachable\")'")
+    image = _base_image()
+    t0 = time.monotonic()
+    core.create_namespaced_pod("default", {
+        "metadata": {"name": "hello"},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "c", "image": image, "imagePullPolicy": "Never", "command": ["sh", "-c", script]}]}})
+    p = _wait_pod(core, "default", "hello")
+    took = time.monotonic() - t0
+    log = core.read_namespaced_pod_log("hello", "default")
+    print(f"pod hello: {p.status.phase} in {took:.1f}s on {p.spec.node_name} ({p.status.pod_ip}):\n{log}")
+    assert p.status.phase == "Succeeded", p.status
+    assert p.spec.node_name == nd.NODE_NAME
+    assert p.status.pod_ip.startswith("10.244.255.")
+    assert "hello from hello" in log
+    assert "10.96.0.1" in log and "kubernetes.default.svc.cluster.local" in log
+    assert "api reachable" in log
+
+
+def _apply_project(c) -> None:
+    docs = []
+    for f in sorted((REPO / "argo").rglob("*.yaml")):
+        rel = f.relative_to(REPO / "argo")
+        if rel.parts[0] in {"controller", "monitoring"} or f.name == "kustomization.yaml":
+            continue
+        docs += [d for d in yaml.safe_load_all(f.read_text()) if d]
+    c.apply(sorted(docs, key=lambda d: KIND_ORDER.get(d["kind"], 99)), field_manager="pipectl-tests")
+
+
+@pytest.fixture(scope="module")
+def project(real_cluster, core):
+    c, _ = real_cluster
+    _apply_project(c)
+    c.wait_for("ServiceAccount pipectl-workflow",
+               lambda: core.read_namespaced_service_account("pipectl-workflow", NS))
+    return c
+
+
+def _custom(c):
+    from kubernetes import client
+
+    return client.CustomObjectsApi(nd._api(c.kubeconfig))
+
+
+def _wait_workflow(c, name: str, timeout_s: float) -> dict:
+    custom = _custom(c)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        wf = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
+        if wf.get("status", {}).get("phase") in ("Succeeded", "Failed", "Error"):
+            return wf
+        if time.monotonic() > deadline:
+            raise AssertionError(f"workflow {name} not done in {timeout_s}s: {wf.get('status')}")
+        time.sleep(1)
+
+
+def test_argo_step_with_the_real_executor(project, core):
+    """argoexec (init, wait, emissary) from the argo-workflows module runs a container step and
+    reports its output parameter to the controller through the API server."""
+    c = project
+    wf = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+          "metadata": {"generateName": "one-step-", "namespace": NS},
+          "spec": {"entrypoint": "main", "serviceAccountName": "pipectl-workflow", "templates": [{
+              "name": "main",
+              "container": {"image": _base_image(), "command": ["sh", "-c",
+                            "echo step runs; mkdir -p /tmp/o; echo 42 > /tmp/o/answer"]},
+              "outputs": {"parameters": [{"name": "answer", "valueFrom": {"path": "/tmp/o/answer"}}]}}]}}
+    t0 = time.monotonic()
+    created = _custom(c).create_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", wf)
+    done = _wait_workflow(c, created["metadata"]["name"], 180)
+    print(f"one-step workflow {done['status']['phase']} in {time.monotonic() - t0:.1f}s")
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    node = next(n for n in done["status"]["nodes"].values() if n["type"] == "Pod")
+    assert node["outputs"]["parameters"][0]["value"] == "42"
+    pod = core.list_namespaced_pod(NS, label_selector=f"workflows.argoproj.io/workflow={created['metadata']['name']}").items[0]
+    assert "step runs" in core.read_namespaced_pod_log(pod.metadata.name, NS, container="main")
+
+
+# -- the training pipeline on real pods ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def services(project, real_cluster, tmp_path_factory):
+    """Ceph RGW and an MLflow server on the host, published to pods on the bridge gateway; the
+    pipectl-store ConfigMap, the S3 credentials Secret and Argo's artifact repository point at them."""
+    from kubernetes import client
+
+    from pipectl.pipelines.embedded import start_mlflow
+    from tests.ceph.ceph import CephCluster, missing_packages
+
+    if missing_packages():
+        _require_or_skip("Ceph packages missing: " + ", ".join(missing_packages()))
+    c, node = real_cluster
+    run = tmp_path_factory.mktemp("svc")
+    with CephCluster(run / "ceph") as ceph:
+        mlflow = start_mlflow(run / "mlflow")
+        try:
+            rgw = node.expose(ceph.rgw_port)
+            mlf = node.expose(int(mlflow.url.rsplit(":", 1)[1]))
+            s3_in_pods = f"http://{rgw}"
+            ceph.s3_client().create_bucket(Bucket="pipectl-artifacts")
+            api = nd._api(c.kubeconfig)
+            core = client.CoreV1Api(api)
+            core.patch_namespaced_config_map("pipectl-store", NS, {"data": {
+                "PIPECTL_S3_ENDPOINT": s3_in_pods, "PIPECTL_MLFLOW_URI": f"http://{mlf}"}})
+            repo = yaml.safe_load(core.read_namespaced_config_map("artifact-repositories", NS).data["ceph-rgw"])
+            repo["s3"]["endpoint"] = rgw
+            core.patch_namespaced_config_map("artifact-repositories", NS, {"data": {"ceph-rgw": yaml.safe_dump(repo)}})
+            secret = {"metadata": {"name": "pipectl-s3-credentials", "namespace": NS},
+                      "stringData": {"PIPECTL_S3_ACCESS_KEY": ceph.access_key,
+                                     "PIPECTL_S3_SECRET_KEY": ceph.secret_key}}
+            try:
+                core.create_namespaced_secret(NS, secret)
+            except client.ApiException as e:
+                if e.status != 409:
+                    raise
+                core.replace_namespaced_secret("pipectl-s3-credentials", NS, secret)
+            yield {"ceph": ceph, "mlflow_url": mlflow.url, "s3_in_pods": s3_in_pods}
+        finally:
+            mlflow.stop()
+
+
+def _pipectl(c, *args: str, timeout_s: float = 1800) -> subprocess.CompletedProcess:
+    env = {**os.environ, "KUBECONFIG": str(c.kubeconfig)}
+    return subprocess.run([str(PIPECTL), *args], capture_output=True, text=True, timeout=timeout_s,
+                          cwd=REPO, env=env, check=False)
+
+
+def test_training_pipeline_on_real_pods(services, project, core):
+    """`pipectl submit training --wait` with a 2-worker Volcano gang: stage -> preprocess -> train ->
+    evaluate -> register in real containers, ends Succeeded with a model version in MLflow, and
+    `pipectl logs` shows every step's log."""
+    c = project
+    ap = _pipectl(c, "templates", "apply", timeout_s=300)
+    assert ap.returncode == 0, ap.stdout + ap.stderr
+    t0 = time.monotonic()
+    sub = _pipectl(c, "submit", "training", "--wait", "-p", "workers=2", "-p", "processes-per-worker=1",
+                   "-p", "epochs=3", "--output", "json")
+    wall = time.monotonic() - t0
+    print(sub.stdout[-5000:], sub.stderr[-5000:])
+    result = json.loads(sub.stdout.strip().splitlines()[-1])
+    name = result["name"]
+    _timings_line("e2e training run (s)", {"workflow": name, "wall_s": round(wall, 1),
+                                          "phase": result["phase"]})
+    wf = _custom(c).get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
+    steps = {n["displayName"]: (n["phase"], n.get("message")) for n in wf["status"]["nodes"].values()}
+    print("steps:", json.dumps(steps, indent=1))
+    assert sub.returncode == 0 and result["phase"] == "Succeeded", steps
+    for step in ("stage", "preprocess", "train", "evaluate", "register"):
+        assert steps.get(step, ("missing",))[0] == "Succeeded", (step, steps)
+
+    # the gang: two pods of one Volcano Job, both ran on the real node and completed
+    gang = core.list_namespaced_pod(NS, label_selector=f"workflows.argoproj.io/workflow={name},pipectl.io/step=train").items
+    gang = [p for p in gang if p.metadata.name.startswith(f"{name}-train-")]
+    assert len(gang) == 2, [p.metadata.name for p in gang]
+    assert all(p.status.phase == "Succeeded" and p.spec.node_name == nd.NODE_NAME for p in gang)
+
+    # a model version in MLflow, tagged with this workflow
+    from mlflow import MlflowClient
+
+    versions = MlflowClient(tracking_uri=services["mlflow_url"]).search_model_versions("name='digits-cnn'")
+    print("model versions:", [(v.version, v.run_id, v.tags) for v in versions])
+    assert versions, "no model version registered"
+
+    logs = _pipectl(c, "logs", name, timeout_s=120)
+    assert logs.returncode == 0, logs.stderr
+    print(logs.stdout[-6000:])
+    for step in ("stage", "preprocess", "evaluate", "register"):
+        assert any(step in line for line in logs.stdout.splitlines()), f"no {step} log in pipectl logs"
+    for p in gang:
+        assert p.metadata.name in logs.stdout
+
+
+# -- faults on real pods -------------------------------------------------------------------------
+
+
+def _listing(s3, bucket: str, prefix: str) -> dict[str, tuple[int, str]]:
+    out = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for o in page.get("Contents", []):
+            out[o["Key"]] = (o["Size"], o["ETag"])
+    return out
+
+
+def test_step_exit_1_is_not_retried(services, project, core):
+    """A step that exits 1 (stage: the dataset does not exist) runs once, the workflow ends Failed,
+    `pipectl submit --wait` exits 1, and no training job is left behind."""
+    c = project
+    sub = _pipectl(c, "submit", "training", "--wait", "-p", "dataset-uri=s3://pipectl/no-such-dataset/",
+                   "--output", "json", timeout_s=600)
+    print(sub.stdout[-3000:], sub.stderr[-3000:])
+    result = json.loads(sub.stdout.strip().splitlines()[-1])
+    assert sub.returncode == 1 and result["phase"] == "Failed", result
+    wf = _custom(c).get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", result["name"])
+    attempts = [n for n in wf["status"]["nodes"].values()
+                if n["type"] == "Pod" and n["displayName"].startswith("stage")]
+    print("stage attempts:", [(n["displayName"], n["phase"], n.get("message"), n.get("outputs", {}).get("exitCode"))
+                              for n in attempts])
+    assert len(attempts) == 1, "a code failure (exit 1) must not be retried"
+    assert attempts[0]["phase"] == "Failed" and attempts[0]["outputs"]["exitCode"] == "1"
+    pods = core.list_namespaced_pod(NS, label_selector=f"workflows.argoproj.io/workflow={result['name']}").items
+    assert len(pods) == 1, [p.metadata.name for p in pods]  # nothing after stage ran
+    jobs = _custom(c).list_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs")["items"]
+    assert not [j for j in jobs if j["metadata"]["name"].startswith(result["name"])]
+
+
+def test_stage_killed_mid_copy_is_retried_and_the_bucket_is_identical(services, project, core):
+    """Delete the stage pod while it copies: Argo retries it (infrastructure failure: pod deleted),
+    the retry completes the copy, and the dataset in the bucket is byte-identical (keys, sizes,
+    MD5 ETags) to the clean copy of the end-to-end run above: nothing missing, nothing extra."""
+    c = project
+    s3 = services["ceph"].s3_client()
+    clean = _listing(s3, "pipectl", "datasets/")
+    assert clean, "needs the clean staging of test_training_pipeline_on_real_pods (run the module in order)"
+    for chunk in [list(clean)[i:i + 500] for i in range(0, len(clean), 500)]:
+        s3.delete_objects(Bucket="pipectl", Delete={"Objects": [{"Key": k} for k in chunk]})
+    assert not _listing(s3, "pipectl", "datasets/")
+    sub = _pipectl(c, "submit", "training", "--output", "json", timeout_s=120)
+    assert sub.returncode == 0, sub.stderr
+    name = json.loads(sub.stdout.strip().splitlines()[-1])["name"]
+    killed = None
+    deadline = time.monotonic() + 300
+    while killed is None:
+        assert time.monotonic() < deadline, "stage never started copying"
+        now = _listing(s3, "pipectl", "datasets/")
+        assert not any(k.endswith("manifest.json") for k in now), \
+            f"stage finished ({len(now)} objects) before it could be killed"
+        if len(now) >= 20:
+            pods = [p for p in core.list_namespaced_pod(
+                NS, label_selector=f"workflows.argoproj.io/workflow={name}").items if "-stage-" in p.metadata.name]
+            for p in pods:
+                core.delete_namespaced_pod(p.metadata.name, NS, grace_period_seconds=0)
+            killed = len(now)
+        time.sleep(0.1)
+    print(f"stage pod deleted after {killed} of {len(clean)} objects were written")
+
+    def stage_done():
+        wf = _custom(c).get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
+        nodes = wf.get("status", {}).get("nodes", {}).values()
+        stage = [n for n in nodes if n["displayName"] == "stage"]
+        assert wf["status"].get("phase") not in ("Failed", "Error"), wf["status"]
+        return stage and stage[0]["phase"] == "Succeeded" and wf
+    wf = c.wait_for("stage retried and Succeeded", stage_done, timeout_s=600, interval_s=1)
+    attempts = sorted((n["displayName"], n["phase"], n.get("message")) for n in wf["status"]["nodes"].values()
+                      if n["type"] == "Pod" and n["displayName"].startswith("stage("))
+    print("stage attempts:", attempts)
+    _custom(c).patch_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name,
+                                              {"spec": {"shutdown": "Terminate"}})
+    assert len(attempts) == 2 and attempts[0][1] in ("Error", "Failed") and attempts[1][1] == "Succeeded", attempts
+    after = _listing(s3, "pipectl", "datasets/")
+    assert after == clean, (f"{len(set(after) - set(clean))} extra, {len(set(clean) - set(after))} missing, "
+                            f"{sum(1 for k in clean if k in after and after[k] != clean[k])} different")
