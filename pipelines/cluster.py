@@ -67,7 +67,9 @@ def priority_classes() -> list[dict]:
             "metadata": {"name": spec.priority_class, "labels": {"app.kubernetes.io/part-of": "pipectl"}},
             "value": spec.priority_value,
             "preemptionPolicy": spec.preemption_policy,
-            "globalDefault": False,
+            # no `globalDefault: false`: the API server drops a false bool (omitempty), so
+            # `kubectl apply` would report every PriorityClass "configured" on every apply
+            # (seen on the test cluster with kubectl v1.34.4)
             "description": f"pipectl lane {spec.lane.value}",
         }
         for spec in LANES.values()

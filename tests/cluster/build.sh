@@ -64,6 +64,7 @@ ALL_COMPONENTS=(
   vc-scheduler vc-controller-manager
   kwok
   kubelet pause argoexec coredns
+  kubectl
 )
 
 # --- paths ----------------------------------------------------------------------
@@ -176,6 +177,7 @@ build_kube-apiserver()          { build_k8s_cmd kube-apiserver "$1"; }
 build_kube-controller-manager() { build_k8s_cmd kube-controller-manager "$1"; }
 build_kube-scheduler()          { build_k8s_cmd kube-scheduler "$1"; }
 build_kubelet()                 { build_k8s_cmd kubelet "$1"; }
+build_kubectl()                 { build_k8s_cmd kubectl "$1"; }   # `kubectl apply -k argo/` as users do
 
 # The pause container's binary: C, compiled statically as build/pause/Makefile does
 # (CFLAGS -Os -Wall -Werror -static -DVERSION=v$(TAG)-$(REV); REV is a git describe, "archive" here).
@@ -290,7 +292,7 @@ version_of() {
     workflow-controller|argo) echo "$ARGO_VERSION" ;;
     vc-*) echo "$VOLCANO_VERSION" ;;
     kwok) echo "$KWOK_VERSION" ;;
-    kubelet|pause) echo "$K8S_VERSION" ;;
+    kubelet|pause|kubectl) echo "$K8S_VERSION" ;;
     argoexec) echo "$ARGO_VERSION" ;;
     coredns) echo "$COREDNS_VERSION" ;;
     *) return 1 ;;

@@ -84,6 +84,7 @@ VERSIONS = {
     "vc-scheduler": "v1.10.0",
     "vc-controller-manager": "v1.10.0",
     "kwok": "v0.8.0",
+    "kubectl": K8S_VERSION,  # only for `kubectl apply -k argo/` as a user would
 }
 # Go modules whose manifests (CRDs, stages) are applied: module@version -> files inside it
 MODULES = {

@@ -718,3 +718,53 @@ def test_pipectl_retry_in_place_through_the_argo_server_and_resubmit(
     wf2 = _training_wf(_custom(k8s_api), new)
     assert wf2["metadata"]["labels"]["pipectl.io/retry-of"] == name
     _custom(k8s_api).delete_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", new)
+
+
+PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator@v0.80.1"
+
+
+def test_kubectl_apply_k_argo_as_a_user_would(test_cluster, k8s_api, tmp_path):
+    """`kubectl apply -k argo/` (kubectl v1.34.4 built by build.sh, its own kustomize) on a cluster
+    that has what argo/ expects installed: Argo (namespace argo), Volcano (namespace
+    volcano-system) and prometheus-operator's PrometheusRule CRD (from its Go module). Every
+    object is accepted; a second apply changes nothing. Runs last: it applies the controller
+    configuration (pod GC, TTLs) the other tests do not expect."""
+    import os
+    import shutil
+
+    from kubernetes import client
+    from tests.cluster.cluster import binary
+
+    kubectl = binary("kubectl")
+    if not os.access(kubectl, os.X_OK):
+        msg = f"{kubectl} missing (run tests/cluster/build.sh kubectl)"
+        if os.environ.get("PIPECTL_REQUIRE_CLUSTER") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    dl = subprocess.run([go, "mod", "download", "-json", PROMETHEUS_OPERATOR], capture_output=True, text=True,
+                        cwd=tmp_path, env={**os.environ, "GOFLAGS": ""}, timeout=300)
+    assert dl.returncode == 0, dl.stderr
+    crd = Path(json.loads(dl.stdout)["Dir"]) / "example/prometheus-operator-crd-full/monitoring.coreos.com_prometheusrules.yaml"
+    env = {**os.environ, "KUBECONFIG": str(test_cluster.kubeconfig)}
+
+    def kc(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(kubectl), *args], capture_output=True, text=True, timeout=120, env=env)
+
+    r = kc("apply", "--server-side", "-f", str(crd))  # too large for client-side apply's annotation
+    assert r.returncode == 0, r.stderr
+    core = client.CoreV1Api(k8s_api)
+    if "volcano-system" not in {n.metadata.name for n in core.list_namespace().items}:
+        core.create_namespace({"metadata": {"name": "volcano-system"}})
+    test_cluster.wait_for("PrometheusRule CRD served", lambda: kc("get", "prometheusrules", "-A").returncode == 0, timeout_s=60)
+
+    r = kc("apply", "-k", str(ARGO_DIR))
+    assert r.returncode == 0, r.stdout + r.stderr
+    applied = [line for line in r.stdout.splitlines() if line.strip()]
+    expected = sum(1 for f in ARGO_DIR.rglob("*.yaml") if f.name != "kustomization.yaml"
+                   for d in yaml.safe_load_all(f.read_text()) if d)
+    assert len(applied) == expected, r.stdout
+    r = kc("apply", "-k", str(ARGO_DIR))
+    assert r.returncode == 0 and all(line.endswith("unchanged") for line in r.stdout.splitlines() if line.strip()), r.stdout
+    r = kc("get", "workflowtemplate", "training-v1", "-n", "pipectl", "-o", "name")
+    assert r.stdout.strip() == "workflowtemplate.argoproj.io/training-v1"
