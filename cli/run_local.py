@@ -27,7 +27,9 @@ def run_local(parameters: TrainingParameters, options: dict[str, Any], launcher:
         if kind == "start":
             ids[task] = progress.add_task(f"{task} …", total=1)
         else:
-            mark = "[green]✓[/]" if node.phase == "Succeeded" else "[red]✗[/]"
+            if task not in ids:  # skipped (`when` false): never started
+                ids[task] = progress.add_task(task, total=1)
+            mark = {"Succeeded": "[green]✓[/]", "Skipped": "[dim]–[/]"}.get(node.phase, "[red]✗[/]")
             progress.update(ids[task], description=f"{mark} {task} [dim]{node.message}[/]", completed=1)
 
     def on_services(urls: dict[str, str]) -> None:
@@ -46,7 +48,7 @@ def run_local(parameters: TrainingParameters, options: dict[str, Any], launcher:
         signal.signal(signal.SIGTERM, previous)
 
     if summary["phase"] != "Succeeded":
-        failed = next(s for s in summary["steps"] if s["phase"] != "Succeeded")
+        failed = next(s for s in summary["steps"] if s["phase"] not in ("Succeeded", "Skipped"))
         console.print(f"[bold red]workflow {summary['workflow']} Failed[/] at step {failed['task']} ({failed['message']})")
         try:
             with open(failed["log"], errors="replace") as f:

@@ -89,6 +89,12 @@ class TrainingParameters(StrictModel):
         0.01, ge=0, le=1, description="Preprocess fails if more than this share of images is corrupt."
     )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Random seed for initialisation and sampling.")
+    warm_cache: bool = Field(
+        False,
+        description="Warm the Alluxio cache over the staged dataset before preprocessing (step warm; "
+        "needs PIPECTL_ALLUXIO_JOB_MASTER_URL in the store settings; preprocess/train then read "
+        "through Alluxio's S3 proxy when PIPECTL_ALLUXIO_PROXY_URL is set).",
+    )
 
     @field_validator("model_name")
     @classmethod
@@ -135,7 +141,10 @@ class TrainingParameters(StrictModel):
         out: dict[str, str] = {}
         for name in type(self).model_fields:
             v = getattr(self, name)
-            out[self.argo_name(name)] = v.value if isinstance(v, enum.Enum) else str(v)
+            if isinstance(v, bool):  # Argo `when` compares strings: true/false, as in YAML
+                out[self.argo_name(name)] = "true" if v else "false"
+            else:
+                out[self.argo_name(name)] = v.value if isinstance(v, enum.Enum) else str(v)
         return out
 
 

@@ -47,7 +47,7 @@ class LocalBackendError(Exception):
 
 @dataclass
 class NodeResult:
-    """One executed task: ``phase`` is Succeeded or Failed; ``duration_s`` seconds."""
+    """One executed task: ``phase`` is Succeeded, Failed or Skipped (``when`` false); ``duration_s`` seconds."""
 
     task: str
     template: str
@@ -129,6 +129,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def evaluate_when(expr: str, task: str) -> bool:
+    """A task's ``when`` after substitution: ``A == B`` or ``A != B`` (strings, optionally quoted),
+    as Argo evaluates them (govaluate; Argo docs, "Conditionals"). Anything richer raises
+    LocalBackendError naming the task: the local backend does not guess."""
+    import re
+
+    m = re.fullmatch(r"\s*(.+?)\s*(==|!=)\s*(.+?)\s*", expr)
+    if not m:
+        raise LocalBackendError(f"task {task!r}: when {expr!r} is not supported locally (only A == B, A != B)")
+    a, op, b = (x.strip("'\"") for x in m.groups())
+    return (a == b) if op == "==" else (a != b)
 
 
 def _topological(tasks: list[dict]) -> list[dict]:
@@ -217,6 +230,11 @@ class LocalRunner:
                 p["name"]: substitute(str(p.get("value", "")), values, where=f"task {name}")
                 for p in task.get("arguments", {}).get("parameters", [])
             }
+            if "when" in task and not evaluate_when(substitute(task["when"], values, where=f"task {name} when"), name):
+                node = NodeResult(name, task["template"], "Skipped", 0, 0.0, message=f"when '{task['when']}' is false")
+                nodes.append(node)
+                self.on_event("end", name, node)
+                continue
             self.on_event("start", name, None)
             node = self._run_template(name, self.templates[task["template"]], args, values)
             nodes.append(node)

@@ -185,6 +185,12 @@ def run_training_locally(
         probe_mlflow(settings.mlflow_uri)
     validate_dataset(parameters, settings)
 
+    if parameters.warm_cache and not (settings.alluxio_proxy_url and settings.alluxio_job_master_url):
+        raise ValidationFailed(
+            "warm-cache=true but no Alluxio is configured",
+            "set PIPECTL_ALLUXIO_PROXY_URL (http://proxy:39999) and PIPECTL_ALLUXIO_JOB_MASTER_URL "
+            "(http://job-master:20002), or leave warm-cache false",
+        )
     if parameters.gpus_per_worker and not gpu_count():
         raise ValidationFailed(
             f"gpus-per-worker={parameters.gpus_per_worker} but this machine has no NVIDIA GPU",

@@ -48,6 +48,8 @@ from pipectl.components.contracts import (
     StageInput,
     StageOutput,
     TrainingParameters,
+    WarmInput,
+    WarmOutput,
 )
 
 from pipectl.pipelines.gang import LAUNCHERS, OUTPUTS_DIR, STORE_CONFIGMAP, STORE_SECRET, GangConfig
@@ -183,6 +185,8 @@ def _workflow_parameters() -> list[Parameter]:
         if isinstance(field.annotation, type) and issubclass(field.annotation, _enum.Enum):
             choices = [member.value for member in field.annotation]
         value = default.value if isinstance(default, _enum.Enum) else str(default)
+        if field.annotation is bool:
+            choices, value = ["false", "true"], "true" if default else "false"
         params.append(Parameter(name=kebab(name), value=value, description=field.description, enum=choices))
     return params
 
@@ -199,6 +203,7 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
     preprocess = _step(cfg, "preprocess", cfg.train_image, "preprocess", PreprocessInput, PreprocessOutput)
     preprocess.volume_mounts = [VolumeMount(name="dshm", mount_path="/dev/shm")]
     preprocess.volumes = [Volume(name="dshm", empty_dir=EmptyDirVolumeSource(medium="Memory", size_limit=f"{cfg.shm_gib}Gi"))]
+    warm = _step(cfg, "warm", cfg.light_image, "stage.warm", WarmInput, WarmOutput)
     train = _train_template(cfg)
     evaluate = _step(cfg, "evaluate", cfg.light_image, "evaluate", EvaluateInput, EvaluateOutput)
     register = _step(cfg, "register", cfg.light_image, "register", RegisterInput, RegisterOutput)
@@ -210,10 +215,19 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
         name="training",
         tasks=[
             Task(name="stage", template=stage, arguments=task_args({"source_uri": _wf("dataset_uri")})),
+            # optional: load the staged dataset into Alluxio (skipped unless warm-cache=true;
+            # a skipped task satisfies its dependants' `dependencies`)
+            Task(
+                name="warm",
+                template=warm,
+                dependencies=["stage"],
+                when=f"{_wf('warm_cache')} == true",
+                arguments=task_args({"manifest_uri": "{{tasks.stage.outputs.parameters.manifest-uri}}"}),
+            ),
             Task(
                 name="preprocess",
                 template=preprocess,
-                dependencies=["stage"],
+                dependencies=["stage", "warm"],
                 arguments=task_args(
                     {
                         "manifest_uri": "{{tasks.stage.outputs.parameters.manifest-uri}}",
@@ -273,7 +287,7 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
         labels={"app.kubernetes.io/part-of": "pipectl"},
         annotations={
             "workflows.argoproj.io/title": "Training pipeline",
-            "workflows.argoproj.io/description": "Stage, preprocess (DALI), train (DDP gang), evaluate against the champion, register in MLflow.",
+            "workflows.argoproj.io/description": "Stage, optionally warm Alluxio, preprocess (DALI), train (DDP gang), evaluate against the champion, register in MLflow.",
         },
         workflow_metadata=WorkflowMetadata(
             annotations={
@@ -283,5 +297,5 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
             labels={"pipectl.io/lane": "{{workflow.parameters.lane}}"},
         ),
         arguments=_workflow_parameters(),
-        templates=[dag, stage, preprocess, train, evaluate, register],
+        templates=[dag, stage, warm, preprocess, train, evaluate, register],
     )

@@ -35,8 +35,9 @@ def _jpeg(path):
         (lambda d: ["-p", "lane=superurgent"], "lane"),
         (lambda d: ["-p", "workers=0"], "workers"),
         (lambda d: ["-p", "workers"], "not key=value"),
+        (lambda d: ["-p", "warm-cache=true"], "no Alluxio is configured"),
     ],
-    ids=["missing-path", "empty", "no-labels", "unknown-param", "bad-enum", "workers-0", "not-key-value"],
+    ids=["missing-path", "empty", "no-labels", "unknown-param", "bad-enum", "workers-0", "not-key-value", "warm-without-alluxio"],
 )
 def test_bad_input_exits_2_and_writes_nothing(make_args, message, tmp_path):
     r, state = _run(make_args(tmp_path), tmp_path)

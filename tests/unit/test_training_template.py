@@ -30,10 +30,29 @@ def _job(wt, **params):
     return yaml.safe_load(substitute(_templates(wt)["train"]["resource"]["manifest"], values, where="test"))
 
 
-def test_dag_order_is_stage_preprocess_train_evaluate_register(wt):
+def test_dag_order_is_stage_warm_preprocess_train_evaluate_register(wt):
     dag = _templates(wt)["training"]["dag"]["tasks"]
-    assert [t["name"] for t in dag] == ["stage", "preprocess", "train", "evaluate", "register"]
-    assert [t.get("dependencies") for t in dag] == [None, ["stage"], ["preprocess"], ["train"], ["evaluate"]]
+    assert [t["name"] for t in dag] == ["stage", "warm", "preprocess", "train", "evaluate", "register"]
+    assert [t.get("dependencies") for t in dag] == [None, ["stage"], ["stage", "warm"], ["preprocess"], ["train"], ["evaluate"]]
+    # warm runs only when asked; a skipped task still satisfies preprocess's dependencies (Argo)
+    assert dag[1]["when"] == "{{workflow.parameters.warm-cache}} == true"
+    params = {p["name"]: p for p in wt["spec"]["arguments"]["parameters"]}
+    assert params["warm-cache"]["enum"] == ["false", "true"] and params["warm-cache"]["value"] == "false"
+
+
+@pytest.mark.parametrize(("expr", "expected"), [("false == true", False), ("true == true", True),
+                                                ("'a' != \"b\"", True), ("x != x", False)])
+def test_local_backend_evaluates_when_like_argo(expr, expected):
+    from pipectl.pipelines.local import evaluate_when
+
+    assert evaluate_when(expr, "t") is expected
+
+
+def test_local_backend_refuses_a_when_it_cannot_evaluate():
+    from pipectl.pipelines.local import LocalBackendError, evaluate_when
+
+    with pytest.raises(LocalBackendError, match="not supported locally"):
+        evaluate_when("{{x}} > 3 && y", "t")
 
 
 def test_every_parameter_is_typed_described_and_defaulted(wt):
