@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.bench.table import Bench, Row, measure_pair
+from tests.bench.table import Bench, Row, Stats, measure_pair, with_cpu
 
 LARGE_COUNT = int(os.environ.get("BENCH_LARGE_IMAGES", "300"))
 
@@ -108,9 +108,13 @@ def main() -> None:
             ours_img, _ = decode_all(blobs, size, batch_size, use_gpu=False)
             peer_img = pil_dataloader(blobs, size, batch_size, threads)
             diff = float(np.abs(ours_img.astype(np.float32) - peer_img.astype(np.float32)).mean())
-            ours, peer = measure_pair(lambda: decode_all(blobs, size, batch_size, use_gpu=False)[1],
-                                      lambda: pil_dataloader(blobs, size, batch_size, threads), b.runs, b.warmup)
+            cpu_ours: list[float] = []
+            cpu_peer: list[float] = []
+            ours, peer = measure_pair(with_cpu(lambda: decode_all(blobs, size, batch_size, use_gpu=False) and None, cpu_ours),
+                                      with_cpu(lambda: pil_dataloader(blobs, size, batch_size, threads), cpu_peer), b.runs, b.warmup)
             b.rows.append(Row(label, "images/s", ours.rate(len(blobs)), peer.rate(len(blobs)), higher_is_better=True))
+            b.rows.append(Row(f"{label}: CPU time per 1,000 images", "s", Stats(cpu_ours[b.warmup:]).scaled(1000 / len(blobs)),
+                              Stats(cpu_peer[b.warmup:]).scaled(1000 / len(blobs)), note="user+sys, all threads and workers"))
             b.notes.append(f"{label}: {sum(map(len, blobs)) / len(blobs) / 1024:.1f} KiB per JPEG; mean |DALI − PIL| "
                            f"after normalisation {diff:.4f} (of a range of 2)")
         b.notes.append(f"Both include set-up (DALI pipeline build; DataLoader worker start), batch {batch_size}. "

@@ -119,7 +119,7 @@ class TrainBench:
 
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp, TrainBench(Path(tmp)) as tb, \
-            Bench("train", f"Training step, DDP on CPU (gloo), digits {EPOCHS} epochs", "pipectl local backend", "bare torchrun --standalone") as b:
+            Bench("train", f"Training step, DDP on CPU (gloo), digits {EPOCHS} epoch{'s' if EPOCHS != 1 else ''}", "pipectl local backend", "bare torchrun --standalone") as b:
         b.setup.update(epochs=EPOCHS, batch_size_per_process=int(tb.defaults["batch-size"]), train_images=tb.train_count)
         for n in (1, 2):
             tb.metrics.clear()
