@@ -189,15 +189,14 @@ def test_many_small_files_go_through_worker_processes_which_die_with_stage(ceph_
     slow = FaultyProxy(ceph_settings.s3_endpoint, rate=0.0, delay_s=0.01).__enter__()
     env = {**os.environ, **ceph_settings.step_env(), "PIPECTL_S3_ENDPOINT": slow.url}
     argv = [sys.executable, "-m", "pipectl.components.stage", "--source-uri", str(src), "--bucket", ceph_settings.bucket,
-            "--outputs-dir", str(tmp_path / "out"), "--max-concurrency", "4"]
+            "--outputs-dir", str(tmp_path / "out"), "--max-concurrency", "4", "--upload-processes", "2"]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     workers: list = []
     while time.monotonic() < deadline and _count(s3, ceph_settings.bucket) < 200:
         workers = workers or [c for c in psutil.Process(proc.pid).children() if "multiprocessing" in " ".join(c.cmdline())]
         time.sleep(0.02)
-    if parallel.default_processes() > 1:
-        assert workers, "no worker processes were started"
+    assert workers, "no worker processes were started"
     proc.kill()  # the stage process only
     proc.wait()
     gone, alive = psutil.wait_procs(workers, timeout=10)
