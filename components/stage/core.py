@@ -137,16 +137,19 @@ def scan_s3(s3: Any, uri: str) -> list[SourceFile]:
 
 
 def _digests(f: SourceFile) -> tuple[str, str]:
-    """(sha256, md5) hex of the file's bytes, in one pass. md5 only to compare S3 ETags."""
-    sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
+    """(sha256, md5) hex of the file's bytes, in one pass. md5 only to compare the ETag of a single
+    PUT (below the multipart threshold); "" for larger files (verified by HEAD + sha256 metadata)."""
+    sha = hashlib.sha256()
+    md5 = hashlib.md5(usedforsecurity=False) if f.size < MULTIPART_THRESHOLD_BYTES else None
     stream = f.open()
     try:
         for chunk in iter(lambda: stream.read(1 << 20), b""):
             sha.update(chunk)
-            md5.update(chunk)
+            if md5 is not None:
+                md5.update(chunk)
     finally:
         stream.close()
-    return sha.hexdigest(), md5.hexdigest()
+    return sha.hexdigest(), md5.hexdigest() if md5 is not None else ""
 
 
 def dataset_digest(entries: Iterable[ManifestEntry]) -> str:
@@ -233,7 +236,7 @@ def _stage_files(inp: StageInput, target: Target, files: list[SourceFile]) -> St
         from pipectl.components.stage import parallel
 
         small = [t for t in todo if t[0].path is not None and t[0].s3_location is None and t[1].size < target.part_size]
-        processes = parallel.default_processes()
+        processes = inp.upload_processes or parallel.default_processes()
         if len(small) >= parallel.MIN_FILES and processes > 1:
             retries = parallel.put_in_processes(
                 target.settings, target.bucket,
@@ -269,7 +272,8 @@ def make_target(inp: StageInput, s3: Any, settings: StoreSettings | None = None,
 
 def run(inp: StageInput, settings: StoreSettings) -> StageOutput:
     """Step entry: builds the S3 client and the target from ``settings`` and calls :func:`stage`."""
-    s3 = s3_client(settings, max_pool=max(10, inp.max_concurrency))
+    # room for each concurrent multipart upload's own part threads (TransferConfig.max_concurrency)
+    s3 = s3_client(settings, max_pool=max(32, 2 * inp.max_concurrency))
     return stage(inp, s3, target=make_target(inp, s3, settings, own_client=True))
 
 

@@ -2,8 +2,9 @@
 
 Profiling ``stage`` on 2 cores (tests/bench/bench_storage.py): for small files the time is
 botocore's per-request CPU (~1.2 ms of Python per PUT: serialising, signing, urllib3), which the
-GIL holds to one core however many threads wait on the network. Above ``MIN_FILES`` files, the
-PUTs are spread over ``processes`` spawned workers, each with its own client and
+GIL holds to one core however many threads wait on the network. With ``upload_processes`` > 1
+(opt-in: on 2 busy cores it measured slower than threads, README) and above ``MIN_FILES``
+files, the PUTs are spread over ``processes`` spawned workers, each with its own client and
 ``threads`` threads, in batches of ``BATCH`` files; each PUT is verified exactly as in
 :class:`~pipectl.components.stage.targets.S3Target` (it is that code). Workers die with the
 stage process (``PR_SET_PDEATHSIG``), so a SIGKILL of stage stops the uploads too.

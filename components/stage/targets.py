@@ -171,6 +171,8 @@ class S3Target:
             src_bucket, src_key = src.s3_location
             s3.copy({"Bucket": src_bucket, "Key": src_key}, bucket, key,
                     ExtraArgs={**extra, "MetadataDirective": "REPLACE"}, Config=config)
+        elif getattr(src, "path", None):  # a local file: parts read from the file by the part threads
+            s3.upload_file(src.path, bucket, key, ExtraArgs=extra, Config=config)
         else:
             stream = src.open()
             try:

@@ -3,7 +3,7 @@
     .venv/bin/python tests/bench/bench_storage.py [--runs 5] [--small 10000] [--big 3] [--only small|big]
 
 Tools (each a separate process, as a user would run it, all at 16 concurrent transfers):
-- ``stage, threads only`` (small files only): stage with its worker processes switched off (ablation)
+- ``stage, 2 processes`` (small files only): stage with ``--upload-processes 2`` (worker processes)
 - ``stage``: ``python -m pipectl.components.stage`` (hashes every file, verifies every write, manifest)
 - ``rclone copy`` (Debian's rclone; ``scripts/system-deps.sh --bench`` installs it): ``--transfers 16``
 - ``aws s3 sync`` (AWS CLI; ``aws`` on PATH, else a venv under ~/.cache/pipectl/awscli-venv):
@@ -114,10 +114,8 @@ class Bench:
         if tool == "stage":
             return [sys.executable, "-m", "pipectl.components.stage", "--source-uri", str(src), "--bucket", bucket,
                     "--max-concurrency", str(CONCURRENCY), "--outputs-dir", str(self.work / "out" / bucket)]
-        if tool == "stage, threads only":  # ablation: without the worker processes of stage/parallel.py
-            code = ("import sys, runpy; import pipectl.components.stage.parallel as p; p.MIN_FILES = 10**12; "
-                    "sys.argv[0] = 'stage'; runpy.run_module('pipectl.components.stage', run_name='__main__')")
-            return [sys.executable, "-c", code, *self.command("stage", src, bucket, endpoint)[3:]]
+        if tool == "stage, 2 processes":  # stage/parallel.py's worker processes (opt-in)
+            return [*self.command("stage", src, bucket, endpoint), "--upload-processes", "2"]
         if tool == "rclone copy":
             return ["rclone", "copy", str(src), f"ceph:{bucket}/data", "--transfers", str(CONCURRENCY),
                     "--checkers", str(CONCURRENCY)]
@@ -158,8 +156,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--small", type=int, default=10_000)
     ap.add_argument("--big", type=int, default=3)
     ap.add_argument("--only", choices=["small", "big"])
-    ap.add_argument("--tools", default="stage,stage, threads only,rclone copy,aws s3 sync".replace("stage, threads", "stage; threads"),
-                    help="comma-separated; 'stage; threads only' is stage without its worker processes (small files only)")
+    ap.add_argument("--tools", default="stage,stage; 2 processes,rclone copy,aws s3 sync",
+                    help="comma-separated; 'stage; 2 processes' is stage with --upload-processes 2 (small files only)")
     args = ap.parse_args(argv)
     import signal
 
@@ -177,7 +175,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         datasets = make_datasets(work / "data", small, big)
         bench = Bench(work)
         for name, (src, files, nbytes) in datasets.items():
-            ds_tools = [t for t in tools if not (t == "stage, threads only" and files < 1000)]
+            ds_tools = [t for t in tools if not (t == "stage, 2 processes" and files < 1000)]
             times: dict[str, list[float]] = {t: [] for t in ds_tools}
             for t in ds_tools:
                 bench.run_once(t, src)  # warm-up (page cache, interpreter, RGW pools)
