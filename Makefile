@@ -33,6 +33,8 @@ cluster-down:
 # Set up, then run the benchmarks side by side with their peers (tests/bench/; issue 7); tables
 # and JSON under tests/bench/results/. A subset: make bench BENCH="cli preprocess".
 bench: setup
+	bash scripts/system-deps.sh ceph alluxio bench
+	bash tests/cluster/build.sh
 	$(VENV)/bin/python -m tests.bench.run $(BENCH)
 
 render: setup
