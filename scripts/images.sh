@@ -75,6 +75,9 @@ cp "$ROOT/images/Dockerfile" "$ROOT"/images/requirements-*.txt "$ctx/"
 mkdir -p "$ctx/src"
 (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard -- pyproject.toml README.md cli pipelines components \
    | xargs -0 cp --parents -t "$ctx/src")
+# pyproject.toml names README.md as the long description: a stub keeps documentation edits from
+# rebuilding the images (and re-loading GBs into the node's containerd).
+printf '# pipectl\n\nStep image of pipectl; documentation: the project README.\n' >"$ctx/src/README.md"
 ca=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}
 cp "$ca" "$ctx/build-ca.crt"
 ctx_hash=$(cd "$ctx" && find . -type f ! -name build-ca.crt -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
