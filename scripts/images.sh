@@ -75,11 +75,21 @@ cp "$ROOT/images/Dockerfile" "$ROOT"/images/requirements-*.txt "$ctx/"
 mkdir -p "$ctx/src"
 (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard -- pyproject.toml README.md cli pipelines components \
    | xargs -0 cp --parents -t "$ctx/src")
+# pyproject.toml names README.md as the long description: a stub keeps documentation edits from
+# rebuilding the images (and re-loading GBs into the node's containerd).
+printf '# pipectl\n\nStep image of pipectl; documentation: the project README.\n' >"$ctx/src/README.md"
 ca=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}
 cp "$ca" "$ctx/build-ca.crt"
 ctx_hash=$(cd "$ctx" && find . -type f ! -name build-ca.crt -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 
 targets=("$@"); [[ ${#targets[@]} -gt 0 ]] || targets=(step-light step-train)
+# The dependency stages are no final image's parents (multi-stage), so `docker image prune` deletes
+# them and the next build reinstalls GBs: keep them tagged (pipectl/build-cache:deps-train holds
+# deps-light as its parent). Cheap when cached.
+log "tagging the dependency stages (pipectl/build-cache:deps-train)"
+"$DOCKER" build --network host -f "$ctx/Dockerfile" --target deps-train --build-arg BASE_IMAGE="$BASE" \
+  -t pipectl/build-cache:deps-train "$ctx" >"$CACHE/build-deps.log" 2>&1 \
+  || { echo "images: build of the dependency stages failed; tail of $CACHE/build-deps.log:" >&2; tail -30 "$CACHE/build-deps.log" >&2; exit 1; }
 for target in "${targets[@]}"; do
   h=$(printf '%s|%s|%s' "$ctx_hash" "$base_id" "$target" | sha256sum | cut -c1-16)
   img=pipectl/$target

@@ -248,6 +248,7 @@ class RealNode:
             except subprocess.TimeoutExpired:
                 pass
         self.procs.clear()
+        _kill_runc_containers(_stale_runc_containers(self.run_dir))
         _kill_shims(self.sock)
         _unmount_under(self.run_dir)
         if self._net_done:
@@ -332,7 +333,15 @@ class RealNode:
 
     def _start(self) -> None:
         r = self.run_dir
-        _net_down()  # leftovers of a node that was killed
+        # Leftovers of a node whose process was killed (its containerd died, shims and containers
+        # live on): containers, shims, pod network namespaces and mounts, the bridge.
+        stale = _stale_runc_containers()
+        if stale:
+            self._log(f"removing {len(stale)} containers of an earlier node that was killed")
+            _kill_runc_containers(stale)
+        _kill_shims(Path("containerd.sock"))
+        _unmount_stale_pod_volumes(self.run_dir)
+        _net_down()
         _net_up()
         self._net_done = True
         self._mark("network")
@@ -588,6 +597,40 @@ def _net_down() -> None:
     _run(["ip", "link", "del", BRIDGE], check=False)
 
 
+RUNC_ROOT = "/run/containerd/runc/k8s.io"  # containerd's runc root for the k8s.io namespace
+
+
+def _stale_runc_containers(only_under: Path | None = None) -> list[str]:
+    """runc containers of a pipectl node's containerd: their bundle lies in a containerd state
+    folder whose containerd.toml uses the cached pipectl containerd root. With ``only_under``, those
+    of that run folder only; without, every such container (call it holding the node lock: another
+    pipectl node cannot be running then)."""
+    out = _run(["runc", "--root", RUNC_ROOT, "list", "-f", "json"], check=False).stdout.strip()
+    ids = []
+    for c in json.loads(out or "null") or []:
+        bundle = Path(c.get("bundle", ""))
+        if "containerd-state" not in bundle.parts:
+            continue
+        run_dir = Path(*bundle.parts[:bundle.parts.index("containerd-state")])
+        if only_under is not None and run_dir != only_under:
+            continue
+        try:
+            if str(cl.cache_root() / "containerd") not in (run_dir / "containerd.toml").read_text():
+                continue
+        except OSError:
+            if only_under is None:
+                continue
+        ids.append(c["id"])
+    return ids
+
+
+def _kill_runc_containers(ids: list[str]) -> None:
+    for cid in ids:
+        subprocess.run(["runc", "--root", RUNC_ROOT, "kill", cid, "KILL"], capture_output=True, check=False)
+    for cid in ids:
+        subprocess.run(["runc", "--root", RUNC_ROOT, "delete", "-f", cid], capture_output=True, check=False)
+
+
 def _kill_shims(sock: Path) -> None:
     """containerd-shim-runc-v2 processes of this node's containerd (started by it, so ours)."""
     for d in Path("/proc").iterdir():
@@ -597,11 +640,22 @@ def _kill_shims(sock: Path) -> None:
             cmd = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if cmd and cmd[0].endswith(b"containerd-shim-runc-v2") and str(sock).encode() in cmd:
+        if cmd and cmd[0].endswith(b"containerd-shim-runc-v2") and any(
+                a.endswith(str(sock).encode()) and (sock.is_absolute() or b"/node/" in a) for a in cmd):
             try:
                 os.kill(int(d.name), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _unmount_stale_pod_volumes(keep: Path) -> None:
+    """Pod volume mounts (kubelet root ``<run>/node/kubelet``) of killed pipectl nodes, and the
+    CRI's pod network namespaces."""
+    _unmount_under(keep / "nonexistent")  # network namespaces only
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        mp = line.split()[1]
+        if ("/node/kubelet/pods/" in mp or mp.endswith("/node/kubelet")) and not mp.startswith(str(keep) + "/"):
+            subprocess.run(["umount", "-l", mp], capture_output=True, check=False)
 
 
 def _unmount_under(path: Path) -> None:
@@ -676,6 +730,7 @@ def _cli_down(cluster_dir: Path) -> int:
     for name, pgid in pg.items():
         if name != "kubelet" and (_group_alive(pgid, str(run_dir)) or _group_alive(pgid, "socat")):
             _kill_group(pgid)
+    _kill_runc_containers(_stale_runc_containers(run_dir))
     _kill_shims(sock)
     _unmount_under(run_dir)
     _net_down()
