@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv
 
-.PHONY: setup demo test test-unit bench render golden schemas ceph-up ceph-down cluster-build cluster-up cluster-down images node-up node-down clean
+.PHONY: setup demo test test-unit bench render golden schemas ceph-up ceph-down cluster-build cluster-up cluster-down images node-up node-down test-node clean
 
 setup:
 	bash scripts/setup.sh
@@ -11,14 +11,22 @@ setup:
 demo: setup
 	$(VENV)/bin/pipectl run training
 
-# Set up, then run every test (unit, golden, integration with real local services, a real Ceph).
-# Cold: builds the test cluster's upstream binaries from the Go module proxy first (~17 min, cached),
-# and the step images (~13 min, cached; the real-node tests load them into containerd, ~9 min once).
+# Set up, then run every test (unit, golden, integration with real local services, a real Ceph,
+# a real Alluxio, the loopback Kubernetes + Argo + Volcano cluster) but the real-pod tests
+# (`make test-node`). Cold: builds the test cluster's upstream binaries from the Go module proxy
+# first (~20 min, cached).
 test: setup
-	bash scripts/system-deps.sh
+	bash scripts/system-deps.sh ceph alluxio
+	bash tests/cluster/build.sh
+	PIPECTL_REQUIRE_CEPH=1 PIPECTL_REQUIRE_CLUSTER=1 $(VENV)/bin/pytest
+
+# The real-pod tests (issue 5): step images (cold ~12 min), a real node (containerd, kubelet),
+# the training pipeline in real pods (first image load into containerd ~9 min). Needs root.
+test-node: setup
+	bash scripts/system-deps.sh ceph node
 	bash tests/cluster/build.sh
 	bash scripts/images.sh
-	PIPECTL_REQUIRE_CEPH=1 PIPECTL_REQUIRE_CLUSTER=1 $(VENV)/bin/pytest
+	PIPECTL_REQUIRE_CEPH=1 PIPECTL_REQUIRE_CLUSTER=1 PIPECTL_NODE_TESTS=1 $(VENV)/bin/pytest tests/cluster/test_real_pods.py
 
 test-unit: setup
 	$(VENV)/bin/pytest tests/unit tests/golden
