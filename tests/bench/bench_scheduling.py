@@ -265,6 +265,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = Path(__file__).resolve().parent / "results"
     results.mkdir(exist_ok=True)
     (results / "scheduling.json").write_text(json.dumps(r, indent=2))
+    (results / "scheduling.md").write_text("### Cluster scheduling\n\n" + table(r) + "\n")
     return r
 
 

@@ -23,6 +23,7 @@ peer's. Not collected by pytest (file name), not a timed test: it prints a table
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--only", choices=["small", "big"])
     ap.add_argument("--tools", default="stage,stage; 2 processes,rclone copy,aws s3 sync",
                     help="comma-separated; 'stage; 2 processes' is stage with --upload-processes 2 (small files only)")
-    args = ap.parse_args(argv)
+    args = ap.parse_args([] if argv is None else argv)  # tests.bench.run calls main()
     import signal
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-ups (Ceph daemons) on TERM
@@ -202,18 +203,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         r["vs"] = fastest["tool"]
     load_after = os.getloadavg()
 
-    print(f"\nstaging to one Ceph 16.2 RGW (memstore OSD) on 127.0.0.1; {os.cpu_count()} CPUs; "
-          f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}; "
-          f"median of {args.runs} runs after a warm-up (min-max); {CONCURRENCY} concurrent transfers each\n")
-    print("| dataset | tool | MB/s | files/s | ratio to the faster peer |")
-    print("|---|---|---|---|---|")
+    lines = [f"staging to one Ceph 16.2 RGW (memstore OSD) on 127.0.0.1; {os.cpu_count()} CPUs; "
+             f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}; "
+             f"median of {args.runs} runs after a warm-up (min-max); {CONCURRENCY} concurrent transfers each",
+             "", "| dataset | tool | MB/s | files/s | ratio to the faster peer |", "|---|---|---|---|---|"]
     for r in rows:
         ratio = f"{r['ratio']:.2f}x {r['vs']}" if "ratio" in r and r["tool"].startswith("stage") else ("" if "ratio" not in r else f"{r['ratio']:.2f}")
-        print(f"| {r['dataset']} | {r['tool']} | {r['text_mb']} | {r['text_fps']} | {ratio} |")
+        lines.append(f"| {r['dataset']} | {r['tool']} | {r['text_mb']} | {r['text_fps']} | {ratio} |")
+    print("\n" + "\n".join(lines))
     for r in rows:
         r["load_before"], r["load_after"] = load_before, load_after
+    results = Path(__file__).resolve().parent / "results"
+    results.mkdir(exist_ok=True)
+    (results / "storage.md").write_text("### Staging to Ceph RGW\n\n" + "\n".join(lines) + "\n")
+    (results / "storage.json").write_text(json.dumps(rows, indent=2, default=str))
     return rows
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
