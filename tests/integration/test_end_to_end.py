@@ -95,7 +95,7 @@ def test_the_local_backend_executes_the_rendered_template(tmp_path):
         flags = [a for a in templates[step]["container"]["args"] if a.startswith("--")]
         assert [a for a in argv if a.startswith("--")] == flags, step
     (pod_argv,) = json.loads((Path(summary["workdir"]) / "train" / "argv.json").read_text())
-    assert pod_argv[1:4] == ["-m", "pipectl.components.train.launch"] and "--nnodes=1" in pod_argv and "--nproc-per-node=2" in pod_argv
+    assert pod_argv[1:3] == ["-m", "pipectl.components.train.launch"] and "--nnodes=1" in pod_argv and "--nproc-per-node=2" in pod_argv
 
 
 def test_sigterm_stops_every_process_the_run_started(tmp_path):

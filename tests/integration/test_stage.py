@@ -133,8 +133,10 @@ def test_s3_source_gets_the_same_content_address(dest, small_digits_dir):
 
 
 def test_sigkill_mid_copy_then_rerun_finishes_where_it_stopped(dest, digits_dir, tmp_path):
+    # 2 concurrent writes, not 16: listing 300+ keys takes long enough on RGW that a full-speed
+    # copy of these 1,797 small files could finish before the kill (seen in a CI-like run)
     argv = [sys.executable, "-m", "pipectl.components.stage", "--source-uri", str(digits_dir),
-            "--bucket", dest.bucket, *dest.argv(), "--outputs-dir", str(tmp_path / "out1")]
+            "--bucket", dest.bucket, *dest.argv(), "--max-concurrency", "2", "--outputs-dir", str(tmp_path / "out1")]
     proc = subprocess.Popen(argv, env=dest.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(dest.objects()) < 300:
@@ -152,7 +154,12 @@ def test_sigkill_mid_copy_then_rerun_finishes_where_it_stopped(dest, digits_dir,
     rerun = subprocess.run([*argv[:-1], str(tmp_path / "out2")], env=dest.env(), capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr
     copied = int((tmp_path / "out2" / "copied").read_text())
-    assert copied == 1797 - len(partial)
+    skipped = int((tmp_path / "out2" / "skipped").read_text())
+    # A PUT fully sent before the SIGKILL can still complete on the server after the listing
+    # above (seen on Ceph RGW: 335 listed, 336 present at the rerun); the rerun then verifies and
+    # skips it. At most one such write per concurrent request.
+    assert copied + skipped == 1797
+    assert 1797 - len(partial) - 2 <= copied <= 1797 - len(partial)
     final = dest.objects()
     assert len(final) == 1797 + 1  # every image once, plus the manifest
     assert dest.tmp_leftovers() == [], "the rerun sweeps the killed run's temporary files"
