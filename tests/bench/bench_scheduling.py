@@ -130,15 +130,19 @@ def run(runs: int = RUNS) -> dict:
         bw = BindWatch(api)
         time.sleep(1)
 
+        def time_gang(name: str, lane: str) -> float:
+            """Create a 2 x 8-GPU gang of ``lane``; seconds until both pods are bound; delete it."""
+            t0 = time.monotonic()
+            custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs",
+                                                   _lane_gang(name, lane, 2, GPUS_PER_NODE, "1h"))
+            t = bw.wait_bound(lambda l: l.get("volcano.sh/job-name") == name, 2) - t0
+            _delete_and_wait(c, custom, core, "batch.volcano.sh", "jobs", name, f"volcano.sh/job-name={name}")
+            return t
+
         # 1. idle: Volcano gang vs plain Job under kube-scheduler, alternating, warm-up first
         gang, plain = [], []
         for i in range(runs + 1):
-            name = f"idle-gang-{i}"
-            t0 = time.monotonic()
-            custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs",
-                                                   _lane_gang(name, "standard", 2, GPUS_PER_NODE, "1h"))
-            t = bw.wait_bound(lambda l, n=name: l.get("volcano.sh/job-name") == n, 2) - t0
-            _delete_and_wait(c, custom, core, "batch.volcano.sh", "jobs", name, f"volcano.sh/job-name={name}")
+            t = time_gang(f"idle-gang-{i}", "standard")
             name = f"idle-plain-{i}"
             t0 = time.monotonic()
             batchv1.create_namespaced_job(NS, _plain_job(name, 2, GPUS_PER_NODE))
@@ -176,12 +180,7 @@ def run(runs: int = RUNS) -> dict:
         out["fill_1024_gpus_s"] = time.monotonic() - t0
         pre = []
         for i in range(runs + 1):
-            name = f"urgent-gang-{i}"
-            t0 = time.monotonic()
-            custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs",
-                                                   _lane_gang(name, "urgent", 2, GPUS_PER_NODE, "1h"))
-            t = bw.wait_bound(lambda l, n=name: l.get("volcano.sh/job-name") == n, 2) - t0
-            _delete_and_wait(c, custom, core, "batch.volcano.sh", "jobs", name, f"volcano.sh/job-name={name}")
+            t = time_gang(f"urgent-gang-{i}", "urgent")
             c.wait_for("batch refilled", all_batch_running, timeout_s=300)
             if i:
                 pre.append(t)

@@ -132,21 +132,8 @@ def _run(argv: list[str], timeout_s: float = 120, check: bool = True, **kw) -> s
 
 
 def _kill_group(pgid: int, term_timeout_s: float = 5.0) -> None:
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + term_timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    """SIGTERM the group, SIGKILL what is left after ``term_timeout_s`` (cluster.py's helper)."""
+    cl._kill_group(pgid, timeout_s=term_timeout_s)
 
 
 def _group_alive(pgid: int, marker: str) -> bool:
