@@ -131,8 +131,11 @@ def volcano_scheduler_config() -> list[dict]:
 
 def config_maps(cfg: CompileConfig) -> list[dict]:
     """Semaphore sizes per lane, store settings for steps, and the Argo artifact repository on
-    Ceph RGW (credentials only as Secret references)."""
+    Ceph RGW (credentials only as Secret references). ``archiveLogs``: every step pod's main log is
+    saved to ``s3://pipectl-artifacts/<workflow>/<pod>/main.log`` by argoexec's wait container, so
+    logs outlive pod GC (the Argo UI and `pipectl logs` read pods while they exist)."""
     artifact_repo = {
+        "archiveLogs": True,
         "s3": {
             "bucket": ARTIFACT_BUCKET,
             "endpoint": CEPH_RGW_ENDPOINT,

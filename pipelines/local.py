@@ -330,7 +330,7 @@ class LocalRunner:
 
     def _run_resource(self, task: str, tmpl: dict, scope: dict[str, str], taskdir: Path) -> NodeResult:
         res = tmpl["resource"]
-        if res.get("action") != "create":
+        if res.get("action") not in ("create", "apply"):  # no object exists beforehand here: both create
             raise LocalBackendError(f"task {task}: resource action {res.get('action')!r} not supported locally")
         manifest = yaml.safe_load(substitute(res["manifest"], scope, where=f"task {task} manifest"))
         kind = (manifest.get("apiVersion"), manifest.get("kind"))

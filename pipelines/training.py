@@ -154,11 +154,16 @@ def _train_template(cfg: CompileConfig) -> Resource:
 
     Conditions look only at terminal states (C02); ``setOwnerReference`` makes the job (and its
     pods) go when the Workflow is deleted; a retry creates a new job named after ``{{retries}}``.
+    ``action: apply``, not ``create``: argoexec retries kubectl on transient errors
+    (workflow/executor/resource.go, ``retry.OnError`` with ``IsTransientErr``), so a create whose
+    response was lost (connection reset, API server timeout) is sent again and fails the step with
+    AlreadyExists although the job runs — seen on the real-node cluster. ``apply`` of the same
+    manifest attaches to the job that exists and waits for it (RBAC: get + patch).
     """
     launcher = LAUNCHERS[cfg.launcher]
     return Resource(
         name="train",
-        action="create",
+        action="apply",
         set_owner_reference=True,
         manifest=launcher.manifest(cfg.gang()),
         success_condition=launcher.success_condition,

@@ -175,6 +175,9 @@ def train(inp: TrainInput, settings: StoreSettings, s3: Any, *, reader: Any = No
                     save_checkpoint(s3, inp.run_uri, step, model, optimizer)
                 if distributed:
                     dist.barrier()
+        if rank == 0:  # progress in the step's log (`pipectl logs`): where a restart would resume from
+            log.info("epoch %d of %d done: step %d of %d, mean loss %.4f", epoch + 1, inp.epochs, step, total_steps,
+                     (epoch_loss / max(1, steps_per_epoch - offset)).item())
         if run is not None:
             import mlflow
 

@@ -1289,12 +1289,18 @@ def run_taskresult_reporter(kubeconfig: str) -> None:
             for t in _pod_templates(obj):
                 t.setdefault("metadata", {}).setdefault("annotations", {}).update(extra)
         try:
-            if res.get("action") != "create":
-                raise ValueError(f"stand-in supports action create only, not {res.get('action')!r}")
+            action = res.get("action")
+            if action not in ("create", "apply"):
+                raise ValueError(f"stand-in supports actions create and apply only, not {action!r}")
             rapi = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-            rapi.create(body=obj, namespace=ns)
+            try:
+                rapi.create(body=obj, namespace=ns)
+            except Exception as e:  # noqa: BLE001
+                # `kubectl apply` of the same manifest onto the object that exists changes nothing
+                # and goes on to wait for it; `kubectl create` fails with AlreadyExists.
+                if action != "apply" or getattr(e, "status", None) != 409:
+                    raise
         except Exception as e:  # noqa: BLE001 - argoexec fails the step the same way
-            # (`kubectl create` of an existing object, AlreadyExists, included)
             reason = getattr(e, "reason", "") or type(e).__name__
             finish(pod, 1, f"{reason}: {getattr(e, 'body', '') or e}"[:500])
             return

@@ -246,8 +246,14 @@ class RealNode:
             self._lock_fd = None
         if (self.run_dir / STATE_FILE).exists():
             (self.run_dir / STATE_FILE).unlink()
-        if remove:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+        if remove:  # the node's and the pods' logs stay (small; pytest keeps its last 3 tmp folders)
+            for p in self.run_dir.iterdir() if self.run_dir.exists() else ():
+                if p.name in ("logs", "pod-logs"):
+                    continue
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
 
     def __enter__(self) -> RealNode:  # noqa: PYI034
         return self.start()
@@ -479,6 +485,7 @@ fileCheckFrequency: 20s
         yet (label ``pipectl.io/docker-id`` on the containerd image)."""
         refs = [self._binary_image("pause", PAUSE_IMAGE, "/pause", entry=["/pause"]),
                 self._binary_image("argoexec", EXECUTOR_IMAGE, "/bin/argoexec", entry=["argoexec"])]
+        refs.append(_latest_base_image())  # plain pods of the tests run on it; its layer is the step images' first
         refs += self.images
         have = {}
         for line in self.ctr("images", "ls").stdout.splitlines()[1:]:
@@ -531,18 +538,20 @@ fileCheckFrequency: 20s
         ctx = self.run_dir / f"image-{name}"
         ctx.mkdir(exist_ok=True)
         shutil.copy2(b, ctx / name)
-        if name == "pause":
-            base = "scratch"
-        else:
-            bases = _run([DOCKER, "images", "--format", "{{.Repository}}:{{.Tag}}", "pipectl/debian-base"]).stdout.split()
-            if not bases:
-                raise NodeNotAvailable("docker image pipectl/debian-base:* missing (run scripts/images.sh)")
-            base = sorted(bases)[-1]
+        base = "scratch" if name == "pause" else _latest_base_image()
         (ctx / "Dockerfile").write_text(
             f"FROM {base}\nCOPY {name} {path}\nLABEL io.pipectl.binary={digest}\n"
             f"ENTRYPOINT {json.dumps(entry)}\n" + ("USER 65535:65535\n" if name == "pause" else ""))
         _run([DOCKER, "build", "-q", "-t", ref, str(ctx)], timeout_s=300)
         return ref
+
+
+def _latest_base_image() -> str:
+    """The Debian base scripts/images.sh bootstrapped (``pipectl/debian-base:<suite>-<key>``)."""
+    bases = _run([DOCKER, "images", "--format", "{{.Repository}}:{{.Tag}}", "pipectl/debian-base"]).stdout.split()
+    if not bases:
+        raise NodeNotAvailable("docker image pipectl/debian-base:* missing (run scripts/images.sh)")
+    return sorted(bases)[-1]
 
 
 def _normalize(ref: str) -> str:

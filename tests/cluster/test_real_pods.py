@@ -281,6 +281,83 @@ def test_training_pipeline_on_real_pods(services, project, core):
     for p in gang:
         assert p.metadata.name in logs.stdout
 
+    # Argo's artifact repository on Ceph RGW (argo/configmaps.yaml: archiveLogs): the real argoexec
+    # saved every step pod's main log to s3://pipectl-artifacts/<workflow>/<pod>/main.log
+    s3 = services["ceph"].s3_client()
+    archived = _listing(s3, "pipectl-artifacts", f"{name}/")
+    print("artifact repository:", json.dumps(sorted(archived), indent=1))
+    argo_pods = [p.metadata.name for p in core.list_namespaced_pod(
+        NS, label_selector=f"workflows.argoproj.io/workflow={name}").items
+        if (p.metadata.annotations or {}).get("workflows.argoproj.io/node-name")]
+    assert len(argo_pods) >= 5, argo_pods  # stage, preprocess, train (resource), evaluate, register
+    for pod in argo_pods:
+        assert f"{name}/{pod}/main.log" in archived, (pod, sorted(archived))
+    stage_pod = next(p for p in argo_pods if "-stage-" in p)
+    stage_log = s3.get_object(Bucket="pipectl-artifacts", Key=f"{name}/{stage_pod}/main.log")["Body"].read().decode()
+    lines = [ln.strip() for ln in stage_log.splitlines() if ln.strip()]
+    assert lines and any(ln in logs.stdout for ln in lines), stage_log[-2000:]  # the same log pipectl showed
+
+
+def test_gang_pod_lost_mid_training_restarts_the_gang_from_its_checkpoint(services, project, core):
+    """One training pod is lost mid-epoch as a failed node looks (pod force-deleted, its processes
+    SIGKILLed): Volcano restarts the whole gang (PodEvicted -> RestartJob, pipelines/gang.py), the
+    workers resume from the last checkpoint, Argo does not retry the step, the workflow Succeeds.
+    Prints the optimiser steps lost (trained before the loss, after the checkpoint resumed from)."""
+    c = project
+    s3 = services["ceph"].s3_client()
+    every = 10
+    sub = _pipectl(c, "submit", "training", "-p", "workers=2", "-p", "processes-per-worker=1", "-p", "epochs=40",
+                   "-p", f"checkpoint-every-steps={every}", "--output", "json", timeout_s=120)
+    assert sub.returncode == 0, sub.stderr
+    name = json.loads(sub.stdout.strip().splitlines()[-1])["name"]
+    latest_key = f"runs/{name}/checkpoints/latest.json"
+
+    def checkpointed():
+        try:
+            return json.loads(s3.get_object(Bucket="pipectl", Key=latest_key)["Body"].read())
+        except s3.exceptions.NoSuchKey:
+            return None
+
+    deadline = time.monotonic() + 900
+    while (ck := checkpointed()) is None:
+        assert time.monotonic() < deadline, "no checkpoint written in 900 s"
+        wf = _custom(c).get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
+        assert wf.get("status", {}).get("phase") not in ("Succeeded", "Failed", "Error"), wf["status"]
+        time.sleep(0.2)
+    gang = sorted((p for p in core.list_namespaced_pod(NS, label_selector=f"workflows.argoproj.io/workflow={name},pipectl.io/step=train").items
+                   if p.metadata.name.startswith(f"{name}-train-") and p.status.phase == "Running"),
+                  key=lambda p: p.metadata.name)
+    assert len(gang) == 2, [(p.metadata.name, p.status.phase) for p in gang]
+    rank0_log = core.read_namespaced_pod_log(gang[0].metadata.name, NS)
+    victim = gang[-1]
+    core.delete_namespaced_pod(victim.metadata.name, NS, grace_period_seconds=0)
+    n_killed = _kill_pod_processes(victim.metadata.uid)
+    at_kill = checkpointed()
+    epoch_steps = [int(line.split(": step ")[1].split()[0]) for line in rank0_log.splitlines() if " done: step " in line]
+    print(f"lost pod {victim.metadata.name} (SIGKILLed {n_killed} processes); latest checkpoint step "
+          f"{at_kill['step']}, last epoch logged at step {max(epoch_steps, default=0)}")
+
+    wf = _wait_workflow(c, name, 1200)
+    nodes = wf["status"]["nodes"].values()
+    train_attempts = [n for n in nodes if n["type"] == "Pod" and n["displayName"].startswith("train(")]
+    print("workflow", wf["status"]["phase"], "train attempts:", [(n["displayName"], n["phase"], n.get("message")) for n in train_attempts])
+    assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")
+    assert len(train_attempts) == 1, "the gang restarts inside its Volcano Job; Argo must not retry the step"
+    job = _custom(c).get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", f"{name}-train-0")
+    print("volcano job status:", json.dumps({k: job["status"].get(k) for k in ("state", "retryCount", "version")}))
+    assert job["status"].get("retryCount", 0) >= 1, job["status"]
+    after = core.read_namespaced_pod_log(gang[0].metadata.name, NS)
+    resumed = [line for line in after.splitlines() if "resuming from checkpoint" in line]
+    assert resumed, after[-3000:]
+    r = int(resumed[-1].split("(step ")[1].split()[0])
+    assert r >= at_kill["step"] >= ck["step"], (r, at_kill, ck)
+    done_before = max([at_kill["step"], *epoch_steps])
+    total = int(resumed[-1].split(" of ")[1].split(")")[0])
+    print(f"steps lost: {max(0, done_before - r)} to {max(0, done_before - r) + every} of {total} "
+          f"(resumed at step {r}; checkpoint every {every} steps)")
+    _timings_line("gang pod lost mid-training", {"workflow": name, "resumed_from_step": r, "total_steps": total,
+                                                  "checkpoint_every": every, "volcano_retry_count": job["status"].get("retryCount")})
+
 
 # -- faults on real pods -------------------------------------------------------------------------
 

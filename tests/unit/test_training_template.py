@@ -113,7 +113,7 @@ def test_C06_training_and_preprocess_pods_mount_memory_backed_shm(wt):
 def test_gang_job_is_owned_labelled_and_not_evictable_by_the_autoscaler(wt):
     res = _templates(wt)["train"]["resource"]
     assert res["setOwnerReference"] is True
-    assert res["action"] == "create"
+    assert res["action"] == "apply"  # idempotent: argoexec's transient-error retry must not hit AlreadyExists
     job = _job(wt, lane="urgent")
     assert job["spec"]["queue"] == "pipectl-urgent"
     assert job["spec"]["schedulerName"] == "volcano"
