@@ -432,8 +432,9 @@ spec:
       operator: 'DoesNotExist'
     # Argo resource-template pods (`argoexec resource ...`) stay Running: the argoexec stand-in
     # creates their manifest and ends the pod when argoexec would (success/failure condition).
-    # (`/var/run/argo/argoexec emissary -- argoexec resource create ...`)
-    - key: '(.spec.containers[0].command // []) | join(" ") | test("(^| )argoexec resource ")'
+    # (`/var/run/argo/argoexec emissary -- argoexec resource apply ...`; the main container is not
+    # always the first: with archiveLogs Argo adds a wait container before it)
+    - key: '[.spec.containers[] | (.command // []) | join(" ")] | join(";") | test("(^| )argoexec resource ")'
       operator: 'NotIn'
       values: ['true']
   delay:
@@ -1155,9 +1156,13 @@ def _argo_template(pod) -> dict:
 
 
 def _is_resource_pod(pod) -> bool:
-    """True for the pod of a resource template: ``... emissary -- argoexec resource <action>``."""
-    cmd = (pod.spec.containers[0].command or []) if pod.spec.containers else []
-    return any(cmd[i:i + 2] == ["argoexec", "resource"] for i in range(len(cmd)))
+    """True for the pod of a resource template: ``... emissary -- argoexec resource <action>`` in
+    its main container (with archiveLogs a wait container comes first)."""
+    for c in pod.spec.containers or []:
+        cmd = c.command or []
+        if any(cmd[i:i + 2] == ["argoexec", "resource"] for i in range(len(cmd))):
+            return True
+    return False
 
 
 def _pod_templates(obj: dict) -> list[dict]:

@@ -13,6 +13,21 @@ import pytest
 from tests.cluster.cluster import ClusterNotAvailable, TestCluster, ensure_available
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Repeat the ``[timing] ...`` lines the cluster tests print (start-up, end-to-end run, faults)
+    at the end of the run, passed tests included: the README's figures come from these."""
+    lines = []
+    for reports in terminalreporter.stats.values():  # passed setup reports are filed under ""
+        for rep in reports:
+            if getattr(rep, "when", None) in ("setup", "call"):
+                lines += [f"{rep.nodeid.split('::')[-1]}: {ln}" for ln in (rep.capstderr + rep.capstdout).splitlines()
+                          if ln.startswith(("[timing]", "steps lost", "lost pod"))]
+    if lines:
+        terminalreporter.section("cluster timings")
+        for ln in lines:
+            terminalreporter.write_line(ln)
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",

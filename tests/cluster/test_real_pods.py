@@ -165,9 +165,10 @@ def _wait_workflow(c, name: str, timeout_s: float) -> dict:
         time.sleep(1)
 
 
-def test_argo_step_with_the_real_executor(project, core):
-    """argoexec (init, wait, emissary) from the argo-workflows module runs a container step and
-    reports its output parameter to the controller through the API server."""
+def test_argo_step_with_the_real_executor(services, project, core):
+    """argoexec (init, wait, emissary) from the argo-workflows module runs a container step,
+    reports its output parameter to the controller through the API server and archives its log
+    in the artifact repository (Ceph RGW, set up by ``services``)."""
     c = project
     wf = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
           "metadata": {"generateName": "one-step-", "namespace": NS},
@@ -185,6 +186,9 @@ def test_argo_step_with_the_real_executor(project, core):
     assert node["outputs"]["parameters"][0]["value"] == "42"
     pod = core.list_namespaced_pod(NS, label_selector=f"workflows.argoproj.io/workflow={created['metadata']['name']}").items[0]
     assert "step runs" in core.read_namespaced_pod_log(pod.metadata.name, NS, container="main")
+    key = f"{created['metadata']['name']}/{pod.metadata.name}/main.log"
+    log = services["ceph"].s3_client().get_object(Bucket="pipectl-artifacts", Key=key)["Body"].read().decode()
+    assert "step runs" in log, log
 
 
 # -- the training pipeline on real pods ------------------------------------------------------
