@@ -24,6 +24,7 @@ from hera.workflows import (
     WorkflowTemplate,
 )
 from hera.workflows.models import (
+    ArtifactLocation,
     ConfigMapEnvSource,
     ConfigMapKeySelector,
     SemaphoreRef,
@@ -159,12 +160,16 @@ def _train_template(cfg: CompileConfig) -> Resource:
     response was lost (connection reset, API server timeout) is sent again and fails the step with
     AlreadyExists although the job runs — seen on the real-node cluster. ``apply`` of the same
     manifest attaches to the job that exists and waits for it (RBAC: get + patch).
+    No log archiving for this pod (its log is argoexec polling the job): with ``archiveLogs`` Argo
+    adds a wait container to resource pods and cancels the still-polling main container when the
+    node completes (exit 64, pod shown as Error although the step Succeeded; seen on the real node).
     """
     launcher = LAUNCHERS[cfg.launcher]
     return Resource(
         name="train",
         action="apply",
         set_owner_reference=True,
+        archive_location=ArtifactLocation(archive_logs=False),
         manifest=launcher.manifest(cfg.gang()),
         success_condition=launcher.success_condition,
         failure_condition=launcher.failure_condition,

@@ -76,6 +76,7 @@ PAUSE_IMAGE = "registry.k8s.io/pause:3.10.1"
 EXECUTOR_IMAGE = cl.EXECUTOR_IMAGE  # quay.io/argoproj/argoexec:v4.0.5
 STEP_IMAGES = ["pipectl/step-light:0.1.0", "pipectl/step-train:0.1.0"]
 CNI_BIN = "/usr/lib/cni"
+BRIDGE_MAC = "02:70:69:70:65:01"  # locally administered
 NODE_COMPONENTS = {"kubelet": cl.K8S_VERSION, "pause": cl.K8S_VERSION,
                    "argoexec": cl.VERSIONS["workflow-controller"], "coredns": "v1.14.7"}
 STATE_FILE = "node.json"
@@ -574,6 +575,10 @@ def _api(kubeconfig: Path):
 def _net_up() -> None:
     if _run(["ip", "link", "show", BRIDGE], check=False).returncode != 0:
         _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+    # A fixed MAC: a Linux bridge otherwise takes the lowest MAC of its ports, which changes as pod
+    # veths come and go, and pods that cached the gateway's old MAC lose the host (RGW, MLflow, the
+    # API) until ARP re-resolves — seen as a step's connect timeout right after the gang's pods ended.
+    _run(["ip", "link", "set", BRIDGE, "address", BRIDGE_MAC])
     _run(["ip", "addr", "replace", f"{GATEWAY}/24", "dev", BRIDGE])
     _run(["ip", "addr", "replace", f"{SERVICE_IP}/32", "dev", BRIDGE])
     _run(["ip", "link", "set", BRIDGE, "up"])
