@@ -22,6 +22,7 @@ def pytest_terminal_summary(terminalreporter):
             if getattr(rep, "when", None) in ("setup", "call"):
                 lines += [f"{rep.nodeid.split('::')[-1]}: {ln}" for ln in (rep.capstderr + rep.capstdout).splitlines()
                           if ln.startswith(("[timing]", "steps lost", "lost pod"))]
+    lines = list(dict.fromkeys(lines))  # a setup report can be filed twice
     if lines:
         terminalreporter.section("cluster timings")
         for ln in lines:

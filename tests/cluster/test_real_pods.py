@@ -337,8 +337,9 @@ def test_gang_pod_lost_mid_training_restarts_the_gang_from_its_checkpoint(servic
             return None
 
     deadline = time.monotonic() + 900
-    while (ck := checkpointed()) is None:
-        assert time.monotonic() < deadline, "no checkpoint written in 900 s"
+    # mid-training, past the first epoch (23 steps of 920 with digits, 2 workers, batch 32)
+    while (ck := checkpointed()) is None or ck["step"] < 4 * every:
+        assert time.monotonic() < deadline, f"no checkpoint at step >= {4 * every} in 900 s"
         wf = _custom(c).get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
         assert wf.get("status", {}).get("phase") not in ("Succeeded", "Failed", "Error"), wf["status"]
         time.sleep(0.2)
