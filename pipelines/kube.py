@@ -114,13 +114,13 @@ class ArgoCluster:
     def delete_failed_gang_jobs(self, workflow: str) -> list[str]:
         """Delete the gang jobs (Volcano Jobs, PyTorchJobs) of ``workflow`` that ended failed.
 
-        Needed before an in-place retry: the train step creates ``<workflow>-train-<retries>``,
-        and an in-place retry starts the step's retries at 0 again, so argoexec's `kubectl create`
-        would hit the failed attempt's job (AlreadyExists) and fail the step. Checkpoints live in
+        Needed before an in-place retry: the train step applies ``<workflow>-train-<retries>``,
+        and an in-place retry starts the step's retries at 0 again, so argoexec's `kubectl apply`
+        would attach to the failed attempt's job and fail the step at once. Checkpoints live in
         the store, not in the job, so nothing is lost. Returns the deleted names.
+        Errors as :meth:`_call` (401/403 → :class:`Unreachable`, exit 3); a kind whose CRD is not
+        installed is skipped.
         """
-        from kubernetes.client.exceptions import ApiException
-
         selector = f"workflows.argoproj.io/workflow={workflow}"
         kinds = [("batch.volcano.sh", "v1alpha1", "jobs",
                   lambda j: j.get("status", {}).get("state", {}).get("phase") in ("Failed", "Aborted", "Terminated")),
@@ -128,13 +128,9 @@ class ArgoCluster:
                   lambda j: any(c.get("type") == "Failed" and c.get("status") == "True" for c in j.get("status", {}).get("conditions", [])))]
         deleted = []
         for group, version, plural, failed in kinds:
-            try:
-                items = self.api.list_namespaced_custom_object(group, version, self.namespace, plural, label_selector=selector, _request_timeout=30)["items"]
-            except ApiException as e:
-                if e.status == 404:  # that CRD is not installed
-                    continue
-                raise
-            for j in items:
+            listed = self._call(f"list {plural}", self.api.list_namespaced_custom_object, group, version, self.namespace, plural,
+                                label_selector=selector, missing_ok=True)
+            for j in (listed or {}).get("items", []):  # None: that CRD is not installed
                 if failed(j):
                     name = j["metadata"]["name"]
                     self._call(f"delete {plural} {name}", self.api.delete_namespaced_custom_object, group, version, self.namespace, plural, name,
