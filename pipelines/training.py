@@ -158,7 +158,8 @@ def _train_template(cfg: CompileConfig) -> Resource:
     ``action: apply``, not ``create``: argoexec retries kubectl on transient errors
     (workflow/executor/resource.go, ``retry.OnError`` with ``IsTransientErr``), so a create whose
     response was lost (connection reset, API server timeout) is sent again and fails the step with
-    AlreadyExists although the job runs — seen on the real-node cluster. ``apply`` of the same
+    AlreadyExists although the job runs (the failure seen on the real-node cluster; that retry is
+    the path in argoexec that sends the create twice). ``apply`` of the same
     manifest attaches to the job that exists and waits for it (RBAC: get + patch).
     No log archiving for this pod (its log is argoexec polling the job): with ``archiveLogs`` Argo
     adds a wait container to resource pods and cancels the still-polling main container when the

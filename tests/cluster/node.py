@@ -577,7 +577,8 @@ def _net_up() -> None:
         _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
     # A fixed MAC: a Linux bridge otherwise takes the lowest MAC of its ports, which changes as pod
     # veths come and go, and pods that cached the gateway's old MAC lose the host (RGW, MLflow, the
-    # API) until ARP re-resolves — seen as a step's connect timeout right after the gang's pods ended.
+    # API) until ARP re-resolves: the probable cause of a step's connect timeout to RGW seen right
+    # after the gang's pods ended (not seen again since the MAC is fixed).
     _run(["ip", "link", "set", BRIDGE, "address", BRIDGE_MAC])
     _run(["ip", "addr", "replace", f"{GATEWAY}/24", "dev", BRIDGE])
     _run(["ip", "addr", "replace", f"{SERVICE_IP}/32", "dev", BRIDGE])
