@@ -12,7 +12,6 @@ stage process (``PR_SET_PDEATHSIG``), so a SIGKILL of stage stops the uploads to
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -91,9 +90,8 @@ def put_in_processes(settings: Any, bucket: str, items: list[tuple[str, str, str
 
 
 def default_processes() -> int:
-    """One worker per CPU this process may use, at most 8."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, 8))
+    """One worker per CPU this process may use (:func:`~pipectl.components.runtime.available_cpus`:
+    affinity mask capped by the cgroup CPU quota), at most 8."""
+    from pipectl.components.runtime import available_cpus
+
+    return min(available_cpus(), 8)
