@@ -14,16 +14,11 @@ demo: setup
 # Set up, then run every test: unit, golden, integration with real local services, a real Ceph, a
 # real Alluxio, the loopback Kubernetes + Argo + Volcano cluster (KWOK nodes); then the real-pod tests
 # (step images, a real node: containerd + kubelet, the training pipeline in real containers) as a
-# second pytest run, once the KWOK cluster is down. Both run even when the first fails; the exit
-# status is non-zero if either did. Cold: the test cluster's binaries from the Go module proxy
-# (~20 min), the step images (~12 min) and their first load into containerd (~9 min), all cached.
-test: setup
-	bash scripts/system-deps.sh ceph alluxio node
-	bash tests/cluster/build.sh
-	rc=0; \
-	PIPECTL_REQUIRE_CEPH=1 PIPECTL_REQUIRE_CLUSTER=1 $(VENV)/bin/pytest --ignore=tests/cluster/test_real_pods.py || rc=1; \
-	$(MAKE) --no-print-directory test-node-only || rc=1; \
-	exit $$rc
+# second pytest run, once the KWOK cluster is down. scripts/test.sh prepares what is independent in
+# parallel (venv, Go builds of the test cluster, step images), times each phase and prints the table
+# at the end; both pytest runs always run and the exit status is non-zero if any phase failed.
+test:
+	bash scripts/test.sh
 
 # The real-pod tests alone (issue 5), with what they need installed and built.
 test-node: setup

@@ -134,6 +134,10 @@ def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type
     )
 
 
+# Server-side apply: one idempotent request (see _train_template). The field manager names who
+# owns the job's fields; --force-conflicts lets a re-sent apply take them over again.
+TRAIN_APPLY_FLAGS = ("--server-side", "--force-conflicts", "--field-manager=pipectl-train")
+
 TRAIN_INPUTS = [
     "shards_uri",
     "run_uri",
@@ -155,12 +159,17 @@ def _train_template(cfg: CompileConfig) -> Resource:
 
     Conditions look only at terminal states (C02); ``setOwnerReference`` makes the job (and its
     pods) go when the Workflow is deleted; a retry creates a new job named after ``{{retries}}``.
-    ``action: apply``, not ``create``: argoexec retries kubectl on transient errors
-    (workflow/executor/resource.go, ``retry.OnError`` with ``IsTransientErr``), so a create whose
-    response was lost (connection reset, API server timeout) is sent again and fails the step with
-    AlreadyExists although the job runs (the failure seen on the real-node cluster; that retry is
-    the path in argoexec that sends the create twice). ``apply`` of the same
-    manifest attaches to the job that exists and waits for it (RBAC: get + patch).
+    Creating the job must be idempotent under every re-send, because two are known:
+    argoexec re-runs kubectl on transient errors (workflow/executor/resource.go, ``retry.OnError``
+    with ``IsTransientErr``), and client-go inside one kubectl call re-sends a POST whose response
+    was a 5xx/429 with ``Retry-After`` — what the API server answers when etcd is slow
+    (``ServerTimeout``, ``retryAfterSeconds: 2``) although the write may have committed. Plain
+    ``create`` fails both with AlreadyExists; client-side ``apply`` (GET, then POST) still fails the
+    second one (issue 18, C16: ``error when creating ... already exists`` with the job running).
+    So the step is ``kubectl apply --server-side`` (:data:`TRAIN_APPLY_FLAGS`): ONE PATCH request
+    that creates the object if absent and otherwise applies the same fields again, so any re-send
+    answers 200 with the job that exists (tests/cluster: a proxy that fails the first write's
+    response, with the real kubectl and on the real node). RBAC: create + patch.
     No log archiving for this pod (its log is argoexec polling the job): with ``archiveLogs`` Argo
     adds a wait container to resource pods and cancels the still-polling main container when the
     node completes (exit 64, pod shown as Error although the step Succeeded; seen on the real node).
@@ -169,6 +178,7 @@ def _train_template(cfg: CompileConfig) -> Resource:
     return Resource(
         name="train",
         action="apply",
+        flags=list(TRAIN_APPLY_FLAGS),
         set_owner_reference=True,
         archive_location=ArtifactLocation(archive_logs=False),
         manifest=launcher.manifest(cfg.gang()),

@@ -100,6 +100,7 @@ CRD_GLOBS = {
 REQUIRED_COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
                        "kwok", "workflow-controller"]
 OPTIONAL_COMPONENTS = ["vc-scheduler", "vc-controller-manager"]
+AUDIT_POLICY = Path(__file__).resolve().parent / "audit-policy.yaml"
 STOP_ORDER = ["argoexec-stand-in", "argo-server", "workflow-controller", "vc-controller-manager", "vc-scheduler",
               "kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]
 STATE_FILE = "cluster.json"
@@ -706,6 +707,14 @@ class TestCluster:
             out.append(obj.to_dict())
         return out
 
+    def audit_events(self, name: str | None = None) -> list[dict]:
+        """Audit events of writes to gang jobs (tests/cluster/audit-policy.yaml), oldest first;
+        only those for the object ``name`` when given. Each: verb, objectRef, responseStatus.code,
+        user.username, userAgent, requestReceivedTimestamp."""
+        path = self.run_dir / "audit.log"
+        events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        return [e for e in events if name is None or e.get("objectRef", {}).get("name") == name]
+
     def wait_for(self, what: str, fn, timeout_s: float = 60.0, interval_s: float = 0.2):
         deadline = time.monotonic() + timeout_s
         last: object = None
@@ -892,6 +901,9 @@ class TestCluster:
             "--profiling=false",
             # as kubeadm: reach kubelets (logs, exec) by IP; a real node's name needs no DNS
             "--kubelet-preferred-address-types", "InternalIP,ExternalIP,Hostname",
+            # every write to a gang job, kept with the run (audit_events)
+            "--audit-policy-file", str(AUDIT_POLICY), "--audit-log-path", str(r / "audit.log"),
+            "--audit-log-mode", "blocking",
         ])
         self._wait("kube-apiserver /readyz", lambda: self._https_request("GET", "/readyz")[0] == 200)
         self._mark("kube-apiserver")
@@ -1298,13 +1310,20 @@ def run_taskresult_reporter(kubeconfig: str) -> None:
             if action not in ("create", "apply"):
                 raise ValueError(f"stand-in supports actions create and apply only, not {action!r}")
             rapi = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-            try:
-                rapi.create(body=obj, namespace=ns)
-            except Exception as e:  # noqa: BLE001
-                # `kubectl apply` of the same manifest onto the object that exists changes nothing
-                # and goes on to wait for it; `kubectl create` fails with AlreadyExists.
-                if action != "apply" or getattr(e, "status", None) != 409:
-                    raise
+            flags = res.get("flags") or []
+            if action == "apply" and "--server-side" in flags:
+                # `kubectl apply --server-side`: one PATCH that creates or re-applies (as kubectl)
+                manager = next((f.split("=", 1)[1] for f in flags if f.startswith("--field-manager=")), "kubectl")
+                rapi.server_side_apply(body=obj, namespace=ns, field_manager=manager,
+                                       force_conflicts="--force-conflicts" in flags)
+            else:
+                try:
+                    rapi.create(body=obj, namespace=ns)
+                except Exception as e:  # noqa: BLE001
+                    # client-side `kubectl apply` of the same manifest onto the object that exists
+                    # changes nothing and waits for it; `kubectl create` fails with AlreadyExists.
+                    if action != "apply" or getattr(e, "status", None) != 409:
+                        raise
         except Exception as e:  # noqa: BLE001 - argoexec fails the step the same way
             reason = getattr(e, "reason", "") or type(e).__name__
             finish(pod, 1, f"{reason}: {getattr(e, 'body', '') or e}"[:500])

@@ -48,6 +48,7 @@ Command line (scripts/node-up.sh, node-down.sh)::
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -221,6 +222,24 @@ class RealNode:
             self._save_state()
         return self.exposed[port]
 
+    @contextlib.contextmanager
+    def api_through_fault_proxy(self, cluster, fail, times: int = 1):
+        """While inside, pods reach the API server (Service ``kubernetes``, SERVICE_IP:443) through
+        tests/tools/kube_fault_proxy.KubeFaultProxy instead of the plain forwarder: the first
+        ``times`` requests matching ``fail(method, path)`` are committed upstream and answered with
+        a ServerTimeout 500 + Retry-After. Yields the proxy (``writes()``)."""
+        from tests.tools.kube_fault_proxy import KubeFaultProxy
+
+        api_port = int(self.apiserver.rsplit(":", 1)[1])
+        _kill_group(self.procs.pop("apiserver-forward").pid)
+        try:
+            with KubeFaultProxy(api_port, cluster.pki, fail, times, host=SERVICE_IP, port=443) as px:
+                yield px
+        finally:
+            self._spawn("apiserver-forward", ["socat", f"TCP-LISTEN:443,bind={SERVICE_IP},reuseaddr,fork",
+                                              f"TCP:127.0.0.1:{api_port}"])
+            self._wait_tcp(SERVICE_IP, 443, "apiserver-forward")
+
     def stop(self, remove: bool = True) -> None:
         """Stop the kubelet, every pod container, containerd, CoreDNS and the forwarders; undo the
         network changes; unmount what the kubelet mounted under run_dir."""
@@ -264,6 +283,20 @@ class RealNode:
 
     def ctr(self, *args: str, timeout_s: float = 60, check: bool = True, **kw) -> subprocess.CompletedProcess:
         return _run(["ctr", "--address", str(self.sock), "-n", "k8s.io", *args], timeout_s, check, **kw)
+
+    def image_revision(self, ref: str) -> dict:
+        """Which build of ``ref`` the node runs: the Docker image id and content hash of the build
+        this checkout made (scripts/images.sh labels), and the id containerd holds for the ref (its
+        ``pipectl.io/docker-id`` label, set when it was imported). Equal ids: the node runs this
+        checkout's image."""
+        docker_id = _run([DOCKER, "image", "inspect", "-f", "{{.Id}}", ref]).stdout.strip()
+        content = _run([DOCKER, "image", "inspect", "-f", '{{index .Config.Labels "io.pipectl.content-hash"}}', ref]).stdout.strip()
+        node_id = ""
+        for line in self.ctr("images", "ls").stdout.splitlines()[1:]:
+            parts = line.split()
+            if parts and parts[0] == _normalize(ref):
+                node_id = next((kv.split("=", 1)[1] for kv in parts[-1].split(",") if kv.startswith("pipectl.io/docker-id=")), "")
+        return {"ref": ref, "docker_id": docker_id, "content_hash": content, "node_docker_id": node_id}
 
     # -- internals -----------------------------------------------------------------------------
 

@@ -720,6 +720,106 @@ def test_pipectl_retry_in_place_through_the_argo_server_and_resubmit(
     _custom(k8s_api).delete_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", new)
 
 
+def _train_template(path: Path = ARGO_DIR / "workflowtemplates" / "training-v1.yaml") -> tuple[dict, dict]:
+    """(the checked-in training WorkflowTemplate, its ``train`` resource template)."""
+    wt = yaml.safe_load(path.read_text())
+    return wt, next(t for t in wt["spec"]["templates"] if t["name"] == "train")
+
+
+def _gang_manifest(wt: dict, train: dict, workflow: str, **params: str) -> str:
+    """The train step's manifest as Argo substitutes it: workflow parameters' defaults, then
+    ``params`` (kebab names), ``{{workflow.name}}`` and ``{{retries}}`` = 0."""
+    import re
+
+    values = {f"inputs.parameters.{p['name']}": str(p.get("value", "")) for p in wt["spec"]["arguments"]["parameters"]}
+    values.update({"inputs.parameters.shards-uri": "s3://pipectl/runs/x/shards/", "inputs.parameters.run-uri": "s3://pipectl/runs/x"})
+    values.update({f"inputs.parameters.{k}": v for k, v in params.items()})
+    values.update({"workflow.name": workflow, "retries": "0"})
+    return re.sub(r"\{\{\s*([^}=]+?)\s*\}\}", lambda m: values[m.group(1)], train["resource"]["manifest"])
+
+
+def test_C16_gang_job_write_resent_after_a_lost_response_attaches_to_the_job(project_applied, test_cluster, k8s_api, tmp_path):
+    """Issue 18 / C16, the path that created the job twice, reproduced with the real kubectl
+    (v1.34.4, the library argoexec runs in-process) as the train step's ServiceAccount: the API
+    server commits the first write of the gang job but its response is lost as a ServerTimeout
+    500 with Retry-After (tests/tools/kube_fault_proxy.py), and client-go re-sends the request.
+
+    - client-side ``kubectl apply`` (what the step used to run): GET 404, POST 201 (answered 500),
+      POST again -> 409, exit 1 ``Error from server (AlreadyExists): error when creating`` while the
+      job exists — exactly the field failure. The audit log shows the two creates.
+    - the step's own action and flags, read from the checked-in template (server-side apply):
+      PATCH 201 (answered 500), PATCH again -> 200, exit 0, one job; a whole second run of
+      kubectl (argoexec's own re-send on a transient error) answers 200 with the same object."""
+    import os
+
+    from kubernetes import client
+
+    from tests.cluster.cluster import binary
+    from tests.tools.kube_fault_proxy import KubeFaultProxy
+
+    kubectl = binary("kubectl")
+    if not os.access(kubectl, os.X_OK):
+        pytest.fail(f"{kubectl} missing (run tests/cluster/build.sh kubectl)")
+    wt, train = _train_template()
+    assert train["resource"]["action"] == "apply"
+    flags = train["resource"]["flags"]
+    core = client.CoreV1Api(k8s_api)
+    sa = wt["spec"]["serviceAccountName"]
+    token = core.create_namespaced_service_account_token(sa, "pipectl", client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
+    custom = _custom(k8s_api)
+    who = f"system:serviceaccount:pipectl:{sa}"
+
+    def run(name: str, kubectl_flags: list[str]) -> tuple[subprocess.CompletedProcess, list, list]:
+        manifest = tmp_path / f"{name}.yaml"
+        manifest.write_text(_gang_manifest(wt, train, name[: -len("-train-0")], workers="1"))
+        with KubeFaultProxy(test_cluster.ports["apiserver"], test_cluster.pki,
+                            fail=lambda m, p: m in ("POST", "PATCH") and "/jobs" in p) as px:
+            kc = tmp_path / f"{name}.kubeconfig"
+            kc.write_text(yaml.safe_dump({
+                "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+                "clusters": [{"name": "c", "cluster": {"server": px.url, "certificate-authority": str(test_cluster.pki / "ca.crt")}}],
+                "users": [{"name": "sa", "user": {"token": token}}],
+                "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa", "namespace": "pipectl"}}]}))
+            r = subprocess.run([str(kubectl), "--kubeconfig", str(kc), "apply", *kubectl_flags, "-f", str(manifest), "-o", "json"],
+                               capture_output=True, text=True, timeout=120)
+            writes = px.writes()
+        audit = [(e["verb"], e["responseStatus"]["code"], e["user"]["username"])
+                 for e in test_cluster.audit_events(name)
+                 if e.get("stage") == "ResponseComplete" and e["user"]["username"] == who]
+        return r, writes, audit
+
+    try:
+        # the field failure, reproduced: client-side apply
+        old, writes, audit = run("c16-client-side-train-0", [])
+        print("client-side apply:", old.returncode, old.stderr.strip()[-300:], writes, audit)
+        assert old.returncode != 0 and "AlreadyExists" in old.stderr and "error when creating" in old.stderr, old.stderr
+        assert [(m, up, ans) for m, _, up, ans in writes] == [("POST", 201, 500), ("POST", 409, 409)], writes
+        assert audit == [("create", 201, who), ("create", 409, who)], audit
+        custom.get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs", "c16-client-side-train-0")
+
+        # what the step runs now
+        name = "c16-server-side-train-0"
+        new, writes, audit = run(name, flags)
+        print("server-side apply:", new.returncode, writes, audit)
+        assert new.returncode == 0, new.stderr
+        assert [(m, up, ans) for m, _, up, ans in writes] == [("PATCH", 201, 500), ("PATCH", 200, 200)], writes
+        assert audit == [("patch", 201, who), ("patch", 200, who)], audit
+        job = custom.get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs", name)
+        assert json.loads(new.stdout)["metadata"]["uid"] == job["metadata"]["uid"]
+        assert job["spec"]["minAvailable"] == 1 and job["spec"]["tasks"][0]["replicas"] == 1
+        # argoexec's own re-send (a second kubectl run): the same object, nothing new
+        again, writes, _ = run(name, flags)
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["metadata"]["uid"] == job["metadata"]["uid"]
+    finally:
+        for n in ("c16-client-side-train-0", "c16-server-side-train-0"):
+            try:
+                custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs", n)
+            except client.ApiException:
+                pass
+
+
 PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator@v0.80.1"
 
 

@@ -315,12 +315,43 @@ def test_training_pipeline_on_real_pods(services, project, core):
     assert lines and any(ln in logs.stdout for ln in lines), stage_log[-2000:]  # the same log pipectl showed
 
 
-def test_gang_pod_lost_mid_training_restarts_the_gang_from_its_checkpoint(services, project, core):
+def _gang_job_writes(c, job: str) -> list[tuple[str, int, str]]:
+    """(verb, response code, user) of every write to the gang job ``job``, from the API server's
+    audit log (tests/cluster/audit-policy.yaml)."""
+    return [(e["verb"], e["responseStatus"]["code"], e["user"]["username"])
+            for e in c.audit_events(job) if e.get("stage") == "ResponseComplete"]
+
+
+def test_gang_pod_lost_mid_training_restarts_the_gang_from_its_checkpoint(services, project, real_cluster, core):
     """One training pod is lost mid-epoch as a failed node looks (pod force-deleted, its processes
     SIGKILLed): Volcano restarts the whole gang (PodEvicted -> RestartJob, pipelines/gang.py), the
     workers resume from the last checkpoint, Argo does not retry the step, the workflow Succeeds.
-    Prints the optimiser steps lost (trained before the loss, after the checkpoint resumed from)."""
-    c = project
+    Prints the optimiser steps lost (trained before the loss, after the checkpoint resumed from).
+
+    Issue 18 / C16: the run also goes through the re-send that failed it on a fresh machine — pods
+    reach the API server through a proxy that commits the first write of the gang job and answers
+    it with a ServerTimeout 500 + Retry-After, so the train step's kubectl sends it again; the
+    audit log must show the job created once and re-applied once, and the step must attach to it.
+    The image revision the node ran is printed and checked against this checkout's build."""
+    c, node = real_cluster
+    with node.api_through_fault_proxy(c, fail=lambda m, p: m in ("POST", "PATCH") and "/batch.volcano.sh/" in p and "/jobs" in p) as px:
+        name = _lose_a_gang_pod_mid_training(services, c, core)
+        writes = px.writes()
+    job = f"{name}-train-0"
+    gang_writes = [(m, up, ans) for m, path, up, ans in writes if f"/jobs/{job}" in path or path.split("?")[0].endswith("/jobs")]
+    audit = [a for a in _gang_job_writes(c, job) if a[2] == "system:serviceaccount:pipectl:pipectl-workflow"]
+    print("gang job writes through the proxy:", gang_writes, "audit:", audit)
+    assert gang_writes[:2] == [("PATCH", 201, 500), ("PATCH", 200, 200)], gang_writes
+    assert [a[:2] for a in audit] == [("patch", 201), ("patch", 200)], audit  # created once, re-applied once
+    revisions = [node.image_revision(ref) for ref in nd.STEP_IMAGES]
+    _timings_line("image revision on the node", {"images": revisions})
+    for r in revisions:
+        assert r["node_docker_id"] == r["docker_id"], r
+
+
+def _lose_a_gang_pod_mid_training(services, c, core) -> str:
+    """Submit training (2 workers), lose one gang pod past checkpoint step 40, check the gang
+    restarted from its checkpoint and the workflow Succeeded; returns the workflow name."""
     s3 = services["ceph"].s3_client()
     _apply_templates_for_one_node(c)
     every = 10
@@ -376,6 +407,7 @@ def test_gang_pod_lost_mid_training_restarts_the_gang_from_its_checkpoint(servic
           f"(resumed at step {r}; checkpoint every {every} steps)")
     _timings_line("gang pod lost mid-training", {"workflow": name, "resumed_from_step": r, "total_steps": total,
                                                   "checkpoint_every": every, "volcano_retry_count": job["status"].get("retryCount")})
+    return name
 
 
 # -- faults on real pods -------------------------------------------------------------------------
