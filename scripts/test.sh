@@ -5,8 +5,9 @@
 #   system-deps   Debian packages (Ceph, Java/Maven, Docker, containerd, ...)    serial, first
 #   venv          the project's cached virtual environment (scripts/setup.sh)    ┐
 #   go-build      the test cluster's binaries from the Go module proxy          ├ in parallel:
-#   images        the step images (scripts/images.sh)                            ┘ pip/apt downloads
-#                                                                                  overlap Go compiles
+#   images        the step images (scripts/images.sh)                            │ pip/apt downloads
+#   node-images   the step images into the real node's containerd store         ┘ overlap Go compiles
+#                 (tests/cluster/node.py preload; after images)
 #   tests         pytest: unit, golden, integration, Ceph, Alluxio, KWOK cluster
 #   real-pods     pytest tests/cluster/test_real_pods.py (the real node; after the KWOK cluster is
 #                 down: both bind the node's ports and load the 2 cores)
@@ -53,20 +54,20 @@ trap table EXIT
 run_phase system-deps bash scripts/system-deps.sh ceph alluxio node || exit 1
 
 # Independent, and each mostly waits on a different thing (PyPI, the Go compiler, Docker builds).
+# node-images (the step images into the real node's cached containerd store, minutes cold) starts
+# once the images and the venv are there, still beside the Go builds.
 declare -A pid start
-for p in venv go-build images; do
-  case $p in
-    venv) cmd=(bash scripts/setup.sh) ;;
-    go-build) cmd=(bash tests/cluster/build.sh) ;;
-    images) cmd=(bash scripts/images.sh) ;;
-  esac
-  log "phase $p (background; log $LOGS/$p.log): ${cmd[*]}"
+bg() {  # bg NAME CMD...
+  local p=$1
+  shift
+  log "phase $p (background; log $LOGS/$p.log): $*"
   start[$p]=$SECONDS
-  "${cmd[@]}" >"$LOGS/$p.log" 2>&1 &
+  "$@" >"$LOGS/$p.log" 2>&1 &
   pid[$p]=$!
-done
+}
 prepared=0
-for p in venv go-build images; do
+reap() {  # reap NAME: wait for it, record it, show its tail (all of the end when it failed)
+  local p=$1 rc
   wait "${pid[$p]}"
   rc=$?
   record "$p" "${start[$p]}" "$rc"
@@ -77,7 +78,16 @@ for p in venv go-build images; do
   else
     tail -n 3 "$LOGS/$p.log" | sed "s/^/    [$p] /" >&2
   fi
-done
+  return "$rc"
+}
+bg venv bash scripts/setup.sh
+bg go-build bash tests/cluster/build.sh
+bg images bash scripts/images.sh
+reap venv
+reap images
+[[ $prepared -eq 0 ]] && bg node-images .venv/bin/python tests/cluster/node.py preload
+reap go-build
+[[ -z ${start[node-images]:-} ]] || reap node-images
 [[ $prepared -eq 0 ]] || exit 1
 
 export PIPECTL_REQUIRE_CEPH=1 PIPECTL_REQUIRE_CLUSTER=1

@@ -521,40 +521,10 @@ fileCheckFrequency: 20s
                 self._binary_image("argoexec", EXECUTOR_IMAGE, "/bin/argoexec", entry=["argoexec"])]
         refs.append(_latest_base_image())  # plain pods of the tests run on it; its layer is the step images' first
         refs += self.images
-        have = {}
-        for line in self.ctr("images", "ls").stdout.splitlines()[1:]:
-            parts = line.split()
-            labels = parts[-1] if parts else ""
-            for kv in labels.split(","):
-                if kv.startswith("pipectl.io/docker-id="):
-                    have[parts[0]] = kv.split("=", 1)[1]
-        todo: dict[str, tuple[str, str]] = {}
-        for ref in refs:
-            docker_id = _run([DOCKER, "image", "inspect", "-f", "{{.Id}}", ref]).stdout.strip()
-            full = _normalize(ref)
-            if have.get(full) == docker_id:
-                self.image_import_s[ref] = 0.0
-            else:
-                todo[ref] = (full, docker_id)
-        if not todo:
-            return
-        # One `docker save` of every image to load: layers shared by the step images (the ~6.6 GB
-        # venv) are in the stream once.
-        t0 = time.monotonic()
-        save = subprocess.Popen([DOCKER, "save", *todo], stdout=subprocess.PIPE)
-        imp = subprocess.run(["ctr", "--address", str(self.sock), "-n", "k8s.io", "images",
-                              "import", "-"], stdin=save.stdout,
-                             capture_output=True, text=True, timeout=3600, check=False)
-        save.stdout.close()
-        save.wait()
-        if save.returncode != 0 or imp.returncode != 0:
-            raise NodeStartError(f"importing {', '.join(todo)}: docker save rc={save.returncode}, "
-                                 f"ctr import rc={imp.returncode}: {imp.stderr[-2000:]}")
-        for ref, (full, docker_id) in todo.items():
-            self.ctr("images", "label", full, f"pipectl.io/docker-id={docker_id}")
-        took = round(time.monotonic() - t0, 1)
-        self.image_import_s["+".join(todo)] = took
-        self._log(f"imported {', '.join(todo)} in {took}s")
+        took = import_images(self.sock, refs)
+        if took is not None:
+            self.image_import_s["+".join(refs)] = took
+            self._log(f"imported {', '.join(refs)} (those containerd lacked) in {took}s")
 
     def _binary_image(self, name: str, ref: str, path: str, entry: list[str]) -> str:
         """A docker image holding one cached binary at ``path`` (pause: FROM scratch, as upstream;
@@ -578,6 +548,78 @@ fileCheckFrequency: 20s
             f"ENTRYPOINT {json.dumps(entry)}\n" + ("USER 65535:65535\n" if name == "pause" else ""))
         _run([DOCKER, "build", "-q", "-t", ref, str(ctx)], timeout_s=300)
         return ref
+
+
+def import_images(sock: Path, refs: list[str]) -> float | None:
+    """Import into the containerd at ``sock`` (namespace k8s.io) every Docker image of ``refs``
+    whose Docker image id it does not hold yet (label ``pipectl.io/docker-id``), in ONE
+    ``docker save | ctr import`` stream (layers the step images share, the ~6.6 GB venv, are in it
+    once). Returns the seconds it took, None when nothing was missing. Raises NodeStartError."""
+    def ctr(*args: str, **kw) -> subprocess.CompletedProcess:
+        return _run(["ctr", "--address", str(sock), "-n", "k8s.io", *args], **kw)
+
+    have = {}
+    for line in ctr("images", "ls").stdout.splitlines()[1:]:
+        parts = line.split()
+        labels = parts[-1] if parts else ""
+        for kv in labels.split(","):
+            if kv.startswith("pipectl.io/docker-id="):
+                have[parts[0]] = kv.split("=", 1)[1]
+    todo: dict[str, tuple[str, str]] = {}
+    for ref in refs:
+        docker_id = _run([DOCKER, "image", "inspect", "-f", "{{.Id}}", ref]).stdout.strip()
+        full = _normalize(ref)
+        if have.get(full) != docker_id:
+            todo[ref] = (full, docker_id)
+    if not todo:
+        return None
+    t0 = time.monotonic()
+    save = subprocess.Popen([DOCKER, "save", *todo], stdout=subprocess.PIPE)
+    imp = subprocess.run(["ctr", "--address", str(sock), "-n", "k8s.io", "images", "import", "-"],
+                         stdin=save.stdout, capture_output=True, text=True, timeout=3600, check=False)
+    save.stdout.close()
+    save.wait()
+    if save.returncode != 0 or imp.returncode != 0:
+        raise NodeStartError(f"importing {', '.join(todo)}: docker save rc={save.returncode}, "
+                             f"ctr import rc={imp.returncode}: {imp.stderr[-2000:]}")
+    for ref, (full, docker_id) in todo.items():
+        ctr("images", "label", full, f"pipectl.io/docker-id={docker_id}")
+    return round(time.monotonic() - t0, 1)
+
+
+def preload_images(refs: list[str] | None = None) -> float | None:
+    """Import the Debian base and the step images into the node's cached containerd store
+    (``<cache>/containerd``) ahead of any node, with a containerd of its own (CRI off) that stops
+    afterwards; a node started later finds them and imports only what changed. ``make test`` runs
+    it while the Go builds of the test cluster run. Holds the node lock. Returns seconds or None."""
+    import tempfile
+
+    refs = refs or [_latest_base_image(), *STEP_IMAGES]
+    root = cl.cache_root() / "containerd"
+    root.mkdir(parents=True, exist_ok=True)
+    lock_fd = os.open(cl.cache_root() / "node.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    try:
+        with tempfile.TemporaryDirectory(prefix="pipectl-preload-") as d:
+            sock = Path(d) / "containerd.sock"
+            (Path(d) / "config.toml").write_text(
+                f'version = 2\nroot = "{root}"\nstate = "{d}/state"\n'
+                f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
+                f'[grpc]\n  address = "{sock}"\n[ttrpc]\n  address = "{sock}.ttrpc"\n')
+            with open(Path(d) / "containerd.log", "w") as log:
+                proc = subprocess.Popen(["containerd", "--config", str(Path(d) / "config.toml")],
+                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                deadline = time.monotonic() + 60
+                while _run(["ctr", "--address", str(sock), "version"], timeout_s=5, check=False).returncode != 0:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise NodeStartError("preload: containerd did not start: " + (Path(d) / "containerd.log").read_text()[-2000:])
+                    time.sleep(0.2)
+                return import_images(sock, refs)
+            finally:
+                _kill_group(proc.pid)
+    finally:
+        os.close(lock_fd)
 
 
 def _latest_base_image() -> str:
@@ -784,7 +826,12 @@ def main(argv: list[str]) -> int:
     sub.choices["up"].add_argument("--image", action="append", dest="images",
                                    help="docker image to load (default: the step images)")
     sub.add_parser("check")
+    sub.add_parser("preload", help="import the step images into the node's cached containerd store")
     a = ap.parse_args(argv)
+    if a.cmd == "preload":
+        took = preload_images()
+        print(f"preload: {'nothing to import' if took is None else f'imported in {took}s'}")
+        return 0
     if a.cmd == "up":
         return _cli_up(a.cluster_run_dir, a.images)
     if a.cmd == "down":
