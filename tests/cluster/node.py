@@ -521,10 +521,10 @@ fileCheckFrequency: 20s
                 self._binary_image("argoexec", EXECUTOR_IMAGE, "/bin/argoexec", entry=["argoexec"])]
         refs.append(_latest_base_image())  # plain pods of the tests run on it; its layer is the step images' first
         refs += self.images
-        took = import_images(self.sock, refs)
-        if took is not None:
-            self.image_import_s["+".join(refs)] = took
-            self._log(f"imported {', '.join(refs)} (those containerd lacked) in {took}s")
+        done = import_images(self.sock, refs)
+        if done is not None:
+            self.image_import_s["+".join(done[0])] = done[1]
+            self._log(f"imported {', '.join(done[0])} in {done[1]}s")
 
     def _binary_image(self, name: str, ref: str, path: str, entry: list[str]) -> str:
         """A docker image holding one cached binary at ``path`` (pause: FROM scratch, as upstream;
@@ -550,11 +550,11 @@ fileCheckFrequency: 20s
         return ref
 
 
-def import_images(sock: Path, refs: list[str]) -> float | None:
+def import_images(sock: Path, refs: list[str]) -> tuple[list[str], float] | None:
     """Import into the containerd at ``sock`` (namespace k8s.io) every Docker image of ``refs``
     whose Docker image id it does not hold yet (label ``pipectl.io/docker-id``), in ONE
     ``docker save | ctr import`` stream (layers the step images share, the ~6.6 GB venv, are in it
-    once). Returns the seconds it took, None when nothing was missing. Raises NodeStartError."""
+    once). Returns (the refs imported, seconds), None when nothing was missing. Raises NodeStartError."""
     def ctr(*args: str, **kw) -> subprocess.CompletedProcess:
         return _run(["ctr", "--address", str(sock), "-n", "k8s.io", *args], **kw)
 
@@ -584,14 +584,14 @@ def import_images(sock: Path, refs: list[str]) -> float | None:
                              f"ctr import rc={imp.returncode}: {imp.stderr[-2000:]}")
     for ref, (full, docker_id) in todo.items():
         ctr("images", "label", full, f"pipectl.io/docker-id={docker_id}")
-    return round(time.monotonic() - t0, 1)
+    return list(todo), round(time.monotonic() - t0, 1)
 
 
-def preload_images(refs: list[str] | None = None) -> float | None:
+def preload_images(refs: list[str] | None = None) -> tuple[list[str], float] | None:
     """Import the Debian base and the step images into the node's cached containerd store
     (``<cache>/containerd``) ahead of any node, with a containerd of its own (CRI off) that stops
     afterwards; a node started later finds them and imports only what changed. ``make test`` runs
-    it while the Go builds of the test cluster run. Holds the node lock. Returns seconds or None."""
+    it while the Go builds of the test cluster run. Holds the node lock. Returns as import_images."""
     import tempfile
 
     refs = refs or [_latest_base_image(), *STEP_IMAGES]
@@ -829,8 +829,8 @@ def main(argv: list[str]) -> int:
     sub.add_parser("preload", help="import the step images into the node's cached containerd store")
     a = ap.parse_args(argv)
     if a.cmd == "preload":
-        took = preload_images()
-        print(f"preload: {'nothing to import' if took is None else f'imported in {took}s'}")
+        done = preload_images()
+        print("preload: nothing to import" if done is None else f"preload: imported {', '.join(done[0])} in {done[1]}s")
         return 0
     if a.cmd == "up":
         return _cli_up(a.cluster_run_dir, a.images)

@@ -364,7 +364,7 @@ def _lose_a_gang_pod_mid_training(services, c, core) -> str:
     def checkpointed():
         try:
             return json.loads(s3.get_object(Bucket="pipectl", Key=latest_key)["Body"].read())
-        except s3.exceptions.NoSuchKey:
+        except (s3.exceptions.NoSuchKey, s3.exceptions.NoSuchBucket):  # the stage step makes the bucket
             return None
 
     deadline = time.monotonic() + 900
