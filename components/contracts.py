@@ -14,6 +14,32 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+# ---------------------------------------------------------------- names (written once, derived everywhere)
+
+OUTPUTS_DIR = "/tmp/outputs"
+"""Folder in a step's container for its output parameters, one file per field (kebab name); Argo
+reads them with ``valueFrom.path``, the local backend maps it to a per-task folder."""
+
+LANE_OBJECT_PREFIX = "pipectl-"
+"""Prefix of a lane's PriorityClass and Volcano Queue names (``pipectl-urgent``)."""
+
+
+def kebab(name: str) -> str:
+    """``image_size`` -> ``image-size``: Argo parameter names and CLI flags are kebab-case."""
+    return name.replace("_", "-")
+
+
+def snake(name: str) -> str:
+    """``image-size`` -> ``image_size``: pydantic field names are snake_case."""
+    return name.replace("-", "_")
+
+
+def lane_object_name(lane: str) -> str:
+    """The PriorityClass and Volcano Queue of ``lane`` (a Lane value or an Argo tag such as
+    ``{{inputs.parameters.lane}}``): ``pipectl-<lane>``."""
+    return LANE_OBJECT_PREFIX + lane
+
+
 class ExitCode(enum.IntEnum):
     """Step exit codes (DESIGN.md, "Errors and exit codes").
 
@@ -114,11 +140,6 @@ class TrainingParameters(StrictModel):
         return self
 
     @classmethod
-    def argo_name(cls, field: str) -> str:
-        """``image_size`` -> ``image-size`` (Argo parameter names are kebab-case)."""
-        return field.replace("_", "-")
-
-    @classmethod
     def from_overrides(cls, overrides: dict[str, str]) -> "TrainingParameters":
         """Build from ``key=value`` strings (CLI ``-p``); keys may be kebab- or snake-case.
 
@@ -128,10 +149,10 @@ class TrainingParameters(StrictModel):
         known = set(cls.model_fields)
         data: dict[str, Any] = {}
         for key, value in overrides.items():
-            name = key.replace("-", "_")
+            name = snake(key)
             if name not in known:
                 raise ValueError(
-                    f"unknown parameter {key!r}; known: {', '.join(sorted(cls.argo_name(k) for k in known))}"
+                    f"unknown parameter {key!r}; known: {', '.join(sorted(kebab(k) for k in known))}"
                 )
             data[name] = value
         return cls.model_validate(data)
@@ -142,9 +163,9 @@ class TrainingParameters(StrictModel):
         for name in type(self).model_fields:
             v = getattr(self, name)
             if isinstance(v, bool):  # Argo `when` compares strings: true/false, as in YAML
-                out[self.argo_name(name)] = "true" if v else "false"
+                out[kebab(name)] = "true" if v else "false"
             else:
-                out[self.argo_name(name)] = v.value if isinstance(v, enum.Enum) else str(v)
+                out[kebab(name)] = v.value if isinstance(v, enum.Enum) else str(v)
         return out
 
 

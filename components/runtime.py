@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ValidationError
 
-from pipectl.components.contracts import ExitCode, StoreSettings
+from pipectl.components.contracts import OUTPUTS_DIR, ExitCode, StoreSettings, kebab
 from pipectl.components.errors import PipectlError
 
 log = logging.getLogger("pipectl.step")
@@ -169,7 +169,7 @@ def ensure_bucket(s3: Any, bucket: str) -> None:
 
 
 def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    return "--" + kebab(name)
 
 
 def build_parser(model: type[BaseModel], prog: str) -> argparse.ArgumentParser:
@@ -179,7 +179,7 @@ def build_parser(model: type[BaseModel], prog: str) -> argparse.ArgumentParser:
         parser.add_argument(_flag(name), dest=name, default=None, help=field.description)
     parser.add_argument(
         "--outputs-dir",
-        default="/tmp/outputs",
+        default=OUTPUTS_DIR,
         help="Folder for output parameters, one file per field (Argo reads them via valueFrom.path).",
     )
     return parser
@@ -193,7 +193,7 @@ def write_outputs(output: BaseModel, outputs_dir: Path) -> None:
         text = value if isinstance(value, str) else json.dumps(value)
         if value is None:
             text = ""
-        (outputs_dir / name.replace("_", "-")).write_text(text)
+        (outputs_dir / kebab(name)).write_text(text)
     (outputs_dir / "output.json").write_text(json.dumps(data, indent=2, sort_keys=True))
 
 

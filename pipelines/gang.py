@@ -22,9 +22,10 @@ from typing import Callable
 
 import yaml
 
+from pipectl.components.contracts import OUTPUTS_DIR, lane_object_name
+
 STORE_CONFIGMAP = "pipectl-store"
 STORE_SECRET = "pipectl-s3-credentials"
-OUTPUTS_DIR = "/tmp/outputs"
 MASTER_PORT = 29500
 P = "{{inputs.parameters.%s}}"
 JOB_NAME = "{{workflow.name}}-train-{{retries}}"
@@ -96,7 +97,7 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
         "spec": {
             "restartPolicy": "Never",
             "serviceAccountName": cfg.service_account,
-            "priorityClassName": "pipectl-" + P % "lane",
+            "priorityClassName": lane_object_name(P % "lane"),
             "tolerations": [{"key": cfg.lane_taint_key, "operator": "Equal", "value": P % "lane", "effect": "NoSchedule"}],
             "containers": [
                 {
@@ -136,8 +137,8 @@ def volcano_job(cfg: GangConfig) -> str:
         "spec": {
             "schedulerName": "volcano",
             "minAvailable": _int(P % "workers"),
-            "queue": "pipectl-" + P % "lane",
-            "priorityClassName": "pipectl-" + P % "lane",
+            "queue": lane_object_name(P % "lane"),
+            "priorityClassName": lane_object_name(P % "lane"),
             "maxRetry": cfg.max_restarts,
             "policies": VOLCANO_POLICIES,
             "plugins": {"svc": [], "env": []},
@@ -165,8 +166,8 @@ def pytorch_job(cfg: GangConfig) -> str:
                 "backoffLimit": 0,
                 "schedulingPolicy": {
                     "minAvailable": _int(P % "workers"),
-                    "queue": "pipectl-" + P % "lane",
-                    "priorityClass": "pipectl-" + P % "lane",
+                    "queue": lane_object_name(P % "lane"),
+                    "priorityClass": lane_object_name(P % "lane"),
                 },
             },
             "pytorchReplicaSpecs": {

@@ -149,7 +149,7 @@ def _gang_pods(job: dict) -> list[tuple[Any, dict]]:
 
 def check_policy(obj: dict, source: str) -> list[Finding]:
     """pipectl's rules for WorkflowTemplates (see the module doc)."""
-    from pipectl.components.contracts import Lane
+    from pipectl.components.contracts import Lane, lane_object_name
 
     if obj.get("kind") not in ("WorkflowTemplate", "Workflow"):
         return []
@@ -183,7 +183,7 @@ def check_policy(obj: dict, source: str) -> list[Finding]:
         if min_available != gang:
             findings.append(Finding(at, f"minAvailable {min_available!r} must equal the gang size {gang} (all pods or none)"))
         queue = job["spec"].get("queue", job["spec"].get("runPolicy", {}).get("schedulingPolicy", {}).get("queue"))
-        if queue not in {f"pipectl-{lane_.value}" for lane_ in Lane}:
+        if queue not in {lane_object_name(lane_.value) for lane_ in Lane}:
             findings.append(Finding(at, f"queue {queue!r} is not a lane's queue"))
         for _, pod in pods:
             for c in pod.get("containers", []):
@@ -195,7 +195,7 @@ def check_policy(obj: dict, source: str) -> list[Finding]:
                 findings += _image_findings(c.get("image", ""), at)
                 findings += _env_findings(c.get("env") or [], at)
             pc = pod.get("priorityClassName")
-            if pc is not None and pc not in {f"pipectl-{lane_.value}" for lane_ in Lane}:
+            if pc is not None and pc not in {lane_object_name(lane_.value) for lane_ in Lane}:
                 findings.append(Finding(at, f"priorityClassName {pc!r} is not a lane's PriorityClass"))
     return findings
 

@@ -36,7 +36,8 @@ from typing import Any, Callable
 
 import yaml
 
-CONTAINER_OUTPUTS_DIR = "/tmp/outputs"
+from pipectl.components.contracts import OUTPUTS_DIR as CONTAINER_OUTPUTS_DIR
+
 _TAG = re.compile(r"\{\{\s*([^{}]+?)\s*\}\}")
 _K8S_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from hera.workflows.models import Backoff, RetryAffinity, RetryNodeAntiAffinity, RetryStrategy, Toleration
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pipectl.components.contracts import ExitCode, Lane
+from pipectl.components.contracts import ExitCode, Lane, lane_object_name
 
 LANE_TAINT_KEY = "pipectl.io/lane"
 
@@ -43,11 +43,11 @@ class LaneSpec(BaseModel):
 
     @property
     def priority_class(self) -> str:
-        return f"pipectl-{self.lane.value}"
+        return lane_object_name(self.lane.value)
 
     @property
     def queue(self) -> str:
-        return f"pipectl-{self.lane.value}"
+        return lane_object_name(self.lane.value)
 
 
 LANES: dict[Lane, LaneSpec] = {

@@ -51,9 +51,12 @@ from pipectl.components.contracts import (
     TrainingParameters,
     WarmInput,
     WarmOutput,
+    OUTPUTS_DIR,
+    kebab,
+    lane_object_name,
 )
 
-from pipectl.pipelines.gang import LAUNCHERS, OUTPUTS_DIR, STORE_CONFIGMAP, STORE_SECRET, GangConfig
+from pipectl.pipelines.gang import LAUNCHERS, STORE_CONFIGMAP, STORE_SECRET, GangConfig
 from pipectl.pipelines.policy import LANE_TAINT_KEY, SEMAPHORE_CONFIGMAP, RetryPolicy, lane_toleration_for, step_metrics
 
 TEMPLATE_NAME = "training-v1"
@@ -76,10 +79,6 @@ class CompileConfig(BaseModel):
     def gang(self) -> GangConfig:
         return GangConfig(image=self.train_image, service_account=self.service_account, shm_gib=self.shm_gib, lane_taint_key=LANE_TAINT_KEY,
                           max_restarts=self.retry.infra_limit)
-
-
-def kebab(name: str) -> str:
-    return name.replace("_", "-")
 
 
 def _input_params(names: list[str]) -> list[Parameter]:
@@ -128,7 +127,7 @@ def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type
         env_from=_store_env(),
         retry_strategy=cfg.retry.build(),
         timeout=f"{cfg.retry.attempt_timeout_s}s",
-        priority_class_name="pipectl-{{workflow.parameters.lane}}",
+        priority_class_name=lane_object_name("{{workflow.parameters.lane}}"),
         tolerations=[lane_toleration_for("{{workflow.parameters.lane}}")],
         metrics=step_metrics(name, container=True),
     )
