@@ -125,7 +125,7 @@ class TrainingParameters(StrictModel):
     @field_validator("model_name")
     @classmethod
     def _model_name(cls, v: str) -> str:
-        if not _MODEL_NAME.match(v):
+        if not _MODEL_NAME.fullmatch(v):  # fullmatch: `$` alone lets a trailing newline through (C15)
             raise ValueError("model name must be 1-100 of letters, digits, '.', '_', '-', starting alphanumeric")
         return v
 
@@ -168,6 +168,10 @@ class TrainingParameters(StrictModel):
                 out[kebab(name)] = v.value if isinstance(v, enum.Enum) else str(v)
         return out
 
+
+
+class ValidateOutput(StrictModel):
+    """Output of the ``validate`` step: nothing but its exit code (0: every parameter is valid)."""
 
 class StoreSettings(BaseSettings):
     """Where steps find the object store and tracking server; read from ``PIPECTL_*`` env vars.

@@ -219,6 +219,21 @@ def classify_exception(exc: BaseException) -> ExitCode:
     return ExitCode.FAILED
 
 
+def describe_validation_error(e: ValidationError) -> str:
+    """One line per invalid field, named as the parameter/flag (kebab-case), with the value given
+    (repr, cut at 60 characters: a hostile value stays readable and on one line)::
+
+        parameter model-name: Value error, model name must be ... (got 'x\\n  securityContext: ...')
+    """
+    lines = []
+    for err in e.errors():
+        name = kebab(str(err["loc"][0])) if err.get("loc") else "(input)"
+        got = repr(err.get("input"))
+        got = got if len(got) <= 60 else got[:57] + "..."
+        lines.append(f"parameter {name}: {err['msg']} (got {got})")
+    return "\n".join(lines)
+
+
 def step_main(
     input_model: type[I],
     run: Callable[[I, StoreSettings], O],
@@ -235,7 +250,7 @@ def step_main(
     try:
         inp = input_model.model_validate(raw)
     except ValidationError as e:
-        print(f"error: invalid input for {prog}:\n{e}", file=sys.stderr)
+        print(f"error: invalid input for {prog}:\n{describe_validation_error(e)}", file=sys.stderr)
         return ExitCode.FAILED
     settings = StoreSettings()
     try:

@@ -49,6 +49,7 @@ from pipectl.components.contracts import (
     StageInput,
     StageOutput,
     TrainingParameters,
+    ValidateOutput,
     WarmInput,
     WarmOutput,
     OUTPUTS_DIR,
@@ -107,13 +108,16 @@ def _store_env() -> list[EnvFromSource]:
     ]
 
 
-def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type[BaseModel], output: type[BaseModel], fixed: dict[str, str] | None = None) -> Container:
+def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type[BaseModel], output: type[BaseModel],
+          fixed: dict[str, str] | None = None, every_field: bool = False) -> Container:
     """A container template running ``python -m pipectl.components.<module>``.
 
-    Inputs are the contract's fields minus ``fixed`` (compile-time values baked into args).
+    Inputs are the contract's required fields (every field with ``every_field``) minus ``fixed``
+    (compile-time values baked into args).
     """
     fixed = fixed or {}
-    names = [n for n in contract.model_fields if n not in fixed and contract.model_fields[n].is_required()]
+    names = [n for n in contract.model_fields
+             if n not in fixed and (every_field or contract.model_fields[n].is_required())]
     args = _cli_args(names)
     for n, v in fixed.items():
         args += [f"--{kebab(n)}", v]
@@ -123,7 +127,7 @@ def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type
         command=["python", "-m", f"pipectl.components.{module}"],
         args=args + ["--outputs-dir", OUTPUTS_DIR],
         inputs=_input_params(names),
-        outputs=_outputs(output),
+        outputs=_outputs(output) or None,
         env_from=_store_env(),
         retry_strategy=cfg.retry.build(),
         timeout=f"{cfg.retry.attempt_timeout_s}s",
@@ -218,6 +222,10 @@ def _wf(name: str) -> str:
 def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
     """The ``training-v1`` WorkflowTemplate for ``cfg`` (defaults when None)."""
     cfg = cfg or CompileConfig()
+    # C15: every workflow parameter parsed by the CLI's own contract inside the cluster, first;
+    # its log tail (the parameter named) becomes the step's message in Argo and the UI.
+    validate = _step(cfg, "validate", cfg.light_image, "validate", TrainingParameters, ValidateOutput, every_field=True)
+    validate.termination_message_policy = "FallbackToLogsOnError"
     run_uri = f"s3://{cfg.bucket}/runs/{{{{workflow.name}}}}"
     stage = _step(cfg, "stage", cfg.light_image, "stage", StageInput, StageOutput, fixed={"bucket": cfg.bucket})
     preprocess = _step(cfg, "preprocess", cfg.train_image, "preprocess", PreprocessInput, PreprocessOutput)
@@ -234,7 +242,8 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
     dag = DAG(
         name="training",
         tasks=[
-            Task(name="stage", template=stage, arguments=task_args({"source_uri": _wf("dataset_uri")})),
+            Task(name="validate", template=validate, arguments=task_args({n: _wf(n) for n in TrainingParameters.model_fields})),
+            Task(name="stage", template=stage, dependencies=["validate"], arguments=task_args({"source_uri": _wf("dataset_uri")})),
             # optional: load the staged dataset into Alluxio (skipped unless warm-cache=true;
             # a skipped task satisfies its dependants' `dependencies`)
             Task(
@@ -317,5 +326,5 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
             labels={"pipectl.io/lane": "{{workflow.parameters.lane}}"},
         ),
         arguments=_workflow_parameters(),
-        templates=[dag, stage, warm, preprocess, train, evaluate, register],
+        templates=[dag, validate, stage, warm, preprocess, train, evaluate, register],
     )

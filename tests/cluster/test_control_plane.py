@@ -473,7 +473,7 @@ def test_training_pipeline_reaches_succeeded_under_submit_wait(project_applied, 
     assert wf["status"]["phase"] == "Succeeded"
     # one pod per step, first attempt ("stage(0)": the attempt under the step's retry node)
     nodes = {n["displayName"].removesuffix("(0)"): n for n in wf["status"]["nodes"].values() if n["type"] == "Pod"}
-    assert set(nodes) == {"stage", "preprocess", "train", "evaluate", "register"}, set(nodes)
+    assert set(nodes) == {"validate", "stage", "preprocess", "train", "evaluate", "register"}, set(nodes)
     # outputs flowed between steps through the controller's substitution
     pre = nodes["preprocess"]["inputs"]["parameters"]
     assert {p["name"]: p["value"] for p in pre}["manifest-uri"] == TRAINING_STEP_OUTPUTS["stage"]["manifest-uri"]

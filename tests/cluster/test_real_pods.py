@@ -456,9 +456,34 @@ def test_step_exit_1_is_not_retried(services, project, core):
     assert len(attempts) == 1, "a code failure (exit 1) must not be retried"
     assert attempts[0]["phase"] == "Failed" and attempts[0]["outputs"]["exitCode"] == "1"
     pods = core.list_namespaced_pod(NS, label_selector=f"workflows.argoproj.io/workflow={result['name']}").items
-    assert len(pods) == 1, [p.metadata.name for p in pods]  # nothing after stage ran
+    steps = sorted(p.metadata.annotations.get("workflows.argoproj.io/node-name", "").split(".")[-1] for p in pods)
+    assert steps == ["stage(0)", "validate(0)"], steps  # nothing after stage ran
     jobs = _custom(c).list_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs")["items"]
     assert not [j for j in jobs if j["metadata"]["name"].startswith(result["name"])]
+
+
+def test_C15_hostile_parameter_from_the_api_fails_in_validate_before_any_job(services, project, core):
+    """C15 on real pods: a Workflow created through the API (as the Argo UI and `kubectl create` do,
+    bypassing pipectl's own checks) from the installed WorkflowTemplate, with a model-name that
+    breaks out of the gang manifest's quoting to add a privileged securityContext. The validate
+    step (its own container, the light image) refuses it: the workflow is Failed, the validate
+    node's message names the parameter, no other step ran and no gang job exists."""
+    c = project
+    hostile = "x'\n          securityContext:\n            privileged: true\n          args:\n          - '"
+    wf = _custom(c).create_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", {
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+        "metadata": {"generateName": "c15-"},
+        "spec": {"workflowTemplateRef": {"name": "training-v1"},
+                 "arguments": {"parameters": [{"name": "model-name", "value": hostile}]}}})
+    name = wf["metadata"]["name"]
+    wf = _wait_workflow(c, name, 600)
+    nodes = [n for n in wf["status"]["nodes"].values() if n["type"] == "Pod"]
+    print("C15:", wf["status"]["phase"], [(n["displayName"], n["phase"], n.get("message")) for n in nodes])
+    assert wf["status"]["phase"] == "Failed"
+    assert [n["displayName"] for n in nodes] == ["validate(0)"], nodes  # one attempt: not retried
+    assert "parameter model-name:" in nodes[0].get("message", ""), nodes[0]
+    jobs = _custom(c).list_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs")["items"]
+    assert not [j for j in jobs if j["metadata"]["name"].startswith(name)]
 
 
 def test_stage_killed_mid_copy_is_retried_and_the_bucket_is_identical(services, project, core):

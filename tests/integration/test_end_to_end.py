@@ -15,7 +15,7 @@ from pipectl.components.contracts import TrainingParameters
 pytestmark = pytest.mark.integration
 
 PIPECTL = str(Path(sys.executable).parent / "pipectl")
-STEPS = ["stage", "warm", "preprocess", "train", "evaluate", "register"]
+STEPS = ["validate", "stage", "warm", "preprocess", "train", "evaluate", "register"]
 
 
 def _run(args, timeout=600):

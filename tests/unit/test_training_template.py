@@ -30,12 +30,12 @@ def _job(wt, **params):
     return yaml.safe_load(substitute(_templates(wt)["train"]["resource"]["manifest"], values, where="test"))
 
 
-def test_dag_order_is_stage_warm_preprocess_train_evaluate_register(wt):
+def test_dag_order_is_validate_stage_warm_preprocess_train_evaluate_register(wt):
     dag = _templates(wt)["training"]["dag"]["tasks"]
-    assert [t["name"] for t in dag] == ["stage", "warm", "preprocess", "train", "evaluate", "register"]
-    assert [t.get("dependencies") for t in dag] == [None, ["stage"], ["stage", "warm"], ["preprocess"], ["train"], ["evaluate"]]
+    assert [t["name"] for t in dag] == ["validate", "stage", "warm", "preprocess", "train", "evaluate", "register"]
+    assert [t.get("dependencies") for t in dag] == [None, ["validate"], ["stage"], ["stage", "warm"], ["preprocess"], ["train"], ["evaluate"]]
     # warm runs only when asked; a skipped task still satisfies preprocess's dependencies (Argo)
-    assert dag[1]["when"] == "{{workflow.parameters.warm-cache}} == true"
+    assert dag[2]["when"] == "{{workflow.parameters.warm-cache}} == true"
     params = {p["name"]: p for p in wt["spec"]["arguments"]["parameters"]}
     assert params["warm-cache"]["enum"] == ["false", "true"] and params["warm-cache"]["value"] == "false"
 

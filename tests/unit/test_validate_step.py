@@ -1,0 +1,98 @@
+"""C15: no parameter value submitted outside the CLI (Argo UI, Argo Server API, kubectl create) can
+change a manifest's shape — the first step, ``validate``, parses every workflow parameter with the
+CLI's contract inside the cluster and fails the workflow, naming the parameter, before any step
+that uses them runs.
+
+Each payload is shown to be a real attack first (substituted as Argo does, as text, into the train
+step's manifest it changes the gang job's structure), then to be stopped by the validate step's
+own entrypoint, called with the very argv the compiled template gives its container.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+import yaml
+
+from pipectl.components.contracts import TrainingParameters, kebab
+from pipectl.components.runtime import step_main
+from pipectl.components.validate.core import run
+from pipectl.pipelines.local import substitute
+from pipectl.pipelines.training import build_training
+
+WT = build_training().to_dict()
+TEMPLATES = {t["name"]: t for t in WT["spec"]["templates"]}
+DEFAULTS = TrainingParameters().as_arguments()
+
+# Payloads per kind of parameter that reaches the gang manifest: free string, integer (substituted
+# unquoted), float, enum. STRUCTURAL ones add fields to the raw substitution; the others are merely
+# invalid (the second model-name is the `$`-matches-before-a-newline case of the old regex).
+STRUCTURAL = [
+    # quoted in the manifest ('{{...}}' inside the container's command): break out of the quotes
+    ("model-name", "x'\n          securityContext:\n            privileged: true\n          args:\n          - '"),
+    ("checkpoint-every-steps", "5'\n          securityContext: {privileged: true}\n          args:\n          - '"),
+    ("learning-rate", "0.01'\n          volumeMounts: [{name: host, mountPath: /host}]\n          args:\n          - '"),
+    # unquoted (integers, the lane inside names): a newline and a key at the right indentation
+    ("workers", "1\n  extra: 1"),
+    ("lane", "standard\n  hostPID: true"),
+]
+INVALID = [("model-name", "digits-cnn\n"), ("seed", "1 #"), ("epochs", "1e3"), ("lane", "Urgent")]
+
+
+def _paths(obj, prefix: str = "") -> set[str]:
+    """Every key path of a YAML document (list items collapse to []): its shape, not its values."""
+    if isinstance(obj, dict):
+        return {p for k, v in obj.items() for p in {f"{prefix}.{k}"} | _paths(v, f"{prefix}.{k}")}
+    if isinstance(obj, list):
+        return {p for v in obj for p in _paths(v, prefix + "[]")}
+    return set()
+
+
+def _train_job(params: dict[str, str]) -> dict | list | str | None:
+    values = {f"inputs.parameters.{k}": v for k, v in {**DEFAULTS, **params}.items()}
+    values.update({"inputs.parameters.shards-uri": "s3://b/s/", "inputs.parameters.run-uri": "s3://b/r",
+                   "workflow.name": "training-abcde", "retries": "0"})
+    try:
+        return yaml.safe_load(substitute(TEMPLATES["train"]["resource"]["manifest"], values, where="test"))
+    except yaml.YAMLError as e:
+        return f"YAML error: {e}"
+
+
+def _validate(params: dict[str, str]) -> tuple[int, str]:
+    """Run the validate step's entrypoint with the argv its template renders for ``params``."""
+    values = {f"inputs.parameters.{k}": v for k, v in {**DEFAULTS, **params}.items()}
+    argv = [substitute(a, values, where="test") for a in TEMPLATES["validate"]["container"]["args"]]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = step_main(TrainingParameters, run, argv=argv, prog="pipectl.components.validate")
+    return int(code), err.getvalue()
+
+
+def test_validate_runs_first_and_checks_every_parameter():
+    dag = TEMPLATES["training"]["dag"]["tasks"]
+    assert dag[0]["name"] == "validate" and "dependencies" not in dag[0]
+    assert all("validate" in t.get("dependencies", []) for t in dag if t["name"] == "stage")
+    flags = TEMPLATES["validate"]["container"]["args"][::2]
+    assert flags[:-1] == [f"--{kebab(n)}" for n in TrainingParameters.model_fields]
+    assert TEMPLATES["validate"]["container"]["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_defaults_pass():
+    assert _validate({}) == (0, "")
+
+
+@pytest.mark.parametrize("name,value", STRUCTURAL, ids=[n for n, _ in STRUCTURAL])
+def test_C15_hostile_value_changes_the_raw_manifest_and_validate_stops_it(name, value):
+    hostile = _train_job({name: value})
+    assert isinstance(hostile, str) or _paths(hostile) - _paths(_train_job({})), "payload should change the shape"
+    code, err = _validate({name: value})
+    assert code == 1, err
+    assert f"parameter {name}:" in err and repr(value)[:40] in err, err  # named, value shown on one line
+
+
+@pytest.mark.parametrize("name,value", INVALID, ids=[f"{n}={v!r}" for n, v in INVALID])
+def test_C15_invalid_value_is_refused_naming_the_parameter(name, value):
+    code, err = _validate({name: value})
+    assert code == 1 and f"parameter {name}:" in err, err
