@@ -101,6 +101,14 @@ class TrainingParameters(StrictModel):
         2, ge=1, le=64, description="torchrun processes per pod (one per GPU on GPU nodes)."
     )
     gpus_per_worker: int = Field(0, ge=0, le=16, description="GPUs requested per training pod; 0 trains on CPU with gloo.")
+    cpu_per_worker: float = Field(
+        2.0, gt=0, le=512, multiple_of=0.001,
+        description="CPU cores per training pod, requested and limited alike: with memory-gib-per-worker the gang's "
+        "pods are Guaranteed QoS, the last the kubelet evicts under node pressure (field case C07).",
+    )
+    memory_gib_per_worker: int = Field(
+        8, ge=1, le=4096, description="Memory per training pod in GiB, requested and limited alike (Guaranteed QoS, C07)."
+    )
     lane: Lane = Field(Lane.standard, description="Priority lane: urgent, standard or batch.")
     model_name: str = Field("digits-cnn", description="Registered model name in the MLflow Model Registry.")
     promotion_metric: PromotionMetric = Field(
@@ -121,6 +129,16 @@ class TrainingParameters(StrictModel):
         "needs PIPECTL_ALLUXIO_JOB_MASTER_URL in the store settings; preprocess/train then read "
         "through Alluxio's S3 proxy when PIPECTL_ALLUXIO_PROXY_URL is set).",
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain_text(cls, v: Any) -> Any:
+        # Argo substitutes values as text into manifests and commands (C15): no value may carry a
+        # control character (newline, tab, CR...) or surrounding whitespace, which pydantic would
+        # otherwise strip from numbers while the raw text still reaches the manifest.
+        if isinstance(v, str) and (v != v.strip() or any(ord(c) < 32 or ord(c) == 127 for c in v)):
+            raise ValueError(f"must be plain text: no control characters or surrounding whitespace (got {v!r})")
+        return v
 
     @field_validator("model_name")
     @classmethod

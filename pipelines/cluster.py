@@ -176,6 +176,10 @@ def controller_config(cfg: CompileConfig) -> list[dict]:
             "workflowDefaults": yaml.safe_dump(defaults, sort_keys=True),
             "metricsConfig": yaml.safe_dump({"enabled": True, "path": "/metrics", "port": 9090}, sort_keys=True),
             "namespaceParallelism": "50",
+            # Argo's executor containers (init, wait, and the main container of resource pods such
+            # as the train step) get no resources unless configured (workflowpod.go:
+            # Config.GetExecutor().Resources): without requests a resource pod is BestEffort (C07).
+            "executor": yaml.safe_dump({"resources": {"requests": {"cpu": "10m", "memory": "64Mi"}}}),
             # Argo UI: a link from every workflow to its MLflow run (the train step tags the run
             # with pipectl.workflow=<workflow name>).
             "links": yaml.safe_dump([{

@@ -110,7 +110,13 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
                         {"secretRef": {"name": STORE_SECRET, "optional": True}},
                     ],
                     "ports": [{"name": "pytorchjob-port", "containerPort": MASTER_PORT}],
-                    "resources": {"limits": {"nvidia.com/gpu": _int(P % "gpus-per-worker")}},
+                    # requests = limits: Guaranteed QoS, never BestEffort (the kubelet's first eviction
+                    # victims under node pressure, field case C07); values checked by `validate`
+                    "resources": {
+                        "requests": {"cpu": P % "cpu-per-worker", "memory": P % "memory-gib-per-worker" + "Gi"},
+                        "limits": {"cpu": P % "cpu-per-worker", "memory": P % "memory-gib-per-worker" + "Gi",
+                                   "nvidia.com/gpu": _int(P % "gpus-per-worker")},
+                    },
                     "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
                 }
             ],

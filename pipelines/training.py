@@ -20,6 +20,7 @@ from hera.workflows import (
     Container,
     Parameter,
     Resource,
+    Resources,
     Task,
     WorkflowTemplate,
 )
@@ -74,6 +75,8 @@ class CompileConfig(BaseModel):
     train_image: str = Field("pipectl/step-train:0.1.0", description="Image with DALI and torch: preprocess, train.")
     service_account: str = Field("pipectl-workflow", description="ServiceAccount of workflow pods.")
     shm_gib: int = Field(2, ge=1, le=256, description="Size of the in-memory /dev/shm of training pods (C06).")
+    step_cpu: float = Field(0.25, gt=0, le=64, description="CPU cores each step pod requests (no limit: it may burst), so no pod is BestEffort (C07).")
+    step_memory_gib: float = Field(1, gt=0, le=1024, description="Memory each step pod requests in GiB (no limit).")
     launcher: Literal["volcano", "pytorchjob"] = Field("volcano", description="Gang job kind the train step creates.")
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Retries by failure class; backoff from scale_up_s.")
 
@@ -129,6 +132,7 @@ def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type
         inputs=_input_params(names),
         outputs=_outputs(output) or None,
         env_from=_store_env(),
+        resources=Resources(cpu_request=cfg.step_cpu, memory_request=f"{cfg.step_memory_gib:g}Gi"),
         retry_strategy=cfg.retry.build(),
         timeout=f"{cfg.retry.attempt_timeout_s}s",
         priority_class_name=lane_object_name("{{workflow.parameters.lane}}"),
@@ -153,6 +157,8 @@ TRAIN_INPUTS = [
     "workers",
     "processes_per_worker",
     "gpus_per_worker",
+    "cpu_per_worker",
+    "memory_gib_per_worker",
     "lane",
 ]
 

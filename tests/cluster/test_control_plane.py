@@ -498,7 +498,8 @@ def _lane_gang(name: str, lane: str, workers: int, gpus: int, run_duration: str)
     text = volcano_job(CompileConfig().gang())
     values = {"{{workflow.name}}-train-{{retries}}": name, "{{workflow.name}}": name, "{{inputs.parameters.lane}}": lane,
               "{{inputs.parameters.workers}}": str(workers), "{{inputs.parameters.gpus-per-worker}}": str(gpus),
-              "{{inputs.parameters.processes-per-worker}}": str(gpus)}
+              "{{inputs.parameters.processes-per-worker}}": str(gpus), "{{inputs.parameters.cpu-per-worker}}": "2.0",
+              "{{inputs.parameters.memory-gib-per-worker}}": "8"}
     for tag, value in values.items():
         text = text.replace(tag, value)
     job = yaml.safe_load(text)

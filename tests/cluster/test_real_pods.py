@@ -42,6 +42,8 @@ NS = "pipectl"
 KIND_ORDER = {"Namespace": 0, "PriorityClass": 1, "ServiceAccount": 2, "Role": 3,
               "RoleBinding": 4, "ConfigMap": 5, "Queue": 6, "WorkflowTemplate": 7}
 BASE_IMAGE_REPO = "pipectl/debian-base"
+# A 2-pod gang that fits the one 2-core node beside a step pod (Guaranteed: requests = limits).
+ONE_NODE_GANG = ("-p", "cpu-per-worker=0.6", "-p", "memory-gib-per-worker=3")
 
 
 def _require_or_skip(what: str) -> None:
@@ -261,7 +263,7 @@ def test_training_pipeline_on_real_pods(services, project, core):
     c = project
     _apply_templates_for_one_node(c)
     t0 = time.monotonic()
-    sub = _pipectl(c, "submit", "training", "--wait", "-p", "workers=2", "-p", "processes-per-worker=1",
+    sub = _pipectl(c, "submit", "training", "--wait", "-p", "workers=2", "-p", "processes-per-worker=1", *ONE_NODE_GANG,
                    "-p", "epochs=3", "--output", "json")
     wall = time.monotonic() - t0
     print(sub.stdout[-5000:], sub.stderr[-5000:])
@@ -355,7 +357,7 @@ def _lose_a_gang_pod_mid_training(services, c, core) -> str:
     s3 = services["ceph"].s3_client()
     _apply_templates_for_one_node(c)
     every = 10
-    sub = _pipectl(c, "submit", "training", "-p", "workers=2", "-p", "processes-per-worker=1", "-p", "epochs=40",
+    sub = _pipectl(c, "submit", "training", "-p", "workers=2", "-p", "processes-per-worker=1", *ONE_NODE_GANG, "-p", "epochs=40",
                    "-p", f"checkpoint-every-steps={every}", "--output", "json", timeout_s=120)
     assert sub.returncode == 0, sub.stderr
     name = json.loads(sub.stdout.strip().splitlines()[-1])["name"]

@@ -153,3 +153,34 @@ def test_gang_restarts_whole_for_infrastructure_and_ends_for_code(wt, event, exi
     job = _job(wt)
     assert _volcano_action(job, event, exit_code) == action
     assert job["spec"]["maxRetry"] == CompileConfig().retry.infra_limit
+
+
+def _pods(job: dict) -> list[dict]:
+    if job["kind"] == "Job":
+        return [t["template"] for t in job["spec"]["tasks"]]
+    return [r["template"] for r in job["spec"]["pytorchReplicaSpecs"].values()]
+
+
+def test_C07_gang_pods_are_guaranteed_qos_never_best_effort(wt, wt_pytorchjob):
+    """Every gang pod requests CPU and memory, equal to its limits (Guaranteed QoS: the kubelet
+    evicts BestEffort first, then Burstable), from typed parameters; GPUs stay limits."""
+    for tmpl, launcher in ((wt, "volcano"), (wt_pytorchjob, "pytorchjob")):
+        for params, (cpu, mem) in (({}, ("2.0", "8Gi")), ({"cpu-per-worker": "0.5", "memory-gib-per-worker": "3"}, ("0.5", "3Gi"))):
+            for pod in _pods(_job(tmpl, workers="2", **params)):
+                res = pod["spec"]["containers"][0]["resources"]
+                assert res["requests"] == {"cpu": cpu, "memory": mem}, (launcher, res)
+                assert {k: res["limits"][k] for k in ("cpu", "memory")} == res["requests"], (launcher, res)
+                assert res["limits"]["nvidia.com/gpu"] == 0
+
+
+def test_C07_step_and_executor_containers_request_cpu_and_memory(wt):
+    """No pod the pipeline creates is BestEffort: step containers request CPU and memory, and the
+    controller configuration gives Argo's executor containers (init, wait, resource pods) requests."""
+    from pipectl.pipelines.cluster import controller_config
+    from pipectl.pipelines.training import CompileConfig
+
+    for t in wt["spec"]["templates"]:
+        if "container" in t:
+            assert set(t["container"]["resources"]["requests"]) == {"cpu", "memory"}, t["name"]
+    cm = controller_config(CompileConfig())[0]
+    assert set(yaml.safe_load(cm["data"]["executor"])["resources"]["requests"]) == {"cpu", "memory"}

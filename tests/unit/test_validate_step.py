@@ -38,7 +38,8 @@ STRUCTURAL = [
     ("workers", "1\n  extra: 1"),
     ("lane", "standard\n  hostPID: true"),
 ]
-INVALID = [("model-name", "digits-cnn\n"), ("seed", "1 #"), ("epochs", "1e3"), ("lane", "Urgent")]
+INVALID = [("model-name", "digits-cnn\n"), ("seed", "1 #"), ("epochs", "1e3"), ("lane", "Urgent"),
+           ("cpu-per-worker", " 2"), ("dataset-uri", "s3://b/p\tx"), ("memory-gib-per-worker", "8Gi")]
 
 
 def _paths(obj, prefix: str = "") -> set[str]:
