@@ -32,30 +32,46 @@ def namespace(cfg: CompileConfig) -> list[dict]:
     return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cfg.namespace, "labels": {"app.kubernetes.io/part-of": "pipectl"}}}]
 
 
-def rbac(cfg: CompileConfig) -> list[dict]:
-    """Least privilege for workflow pods: the executor reports results through
-    WorkflowTaskResults (Argo >= 3.4 emissary executor), and the train step's resource template
-    creates, watches and deletes exactly one kind of gang job. Nothing else."""
-    job_verbs = ["create", "get", "list", "watch", "delete", "patch"]
+def _task_results_rule() -> dict:
+    """What Argo's executor (emissary, Argo >= 3.4) needs in every workflow pod: report the step's
+    outputs as WorkflowTaskResults. A new dict each call (shared lists become YAML aliases)."""
+    return {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]}
+
+
+def _role_for(name: str, rules: list[dict], cfg: CompileConfig) -> list[dict]:
+    """A ServiceAccount, a Role with ``rules`` and the RoleBinding between them, all named ``name``."""
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(cfg.service_account, cfg)},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": _meta(cfg.service_account, cfg),
-            "rules": [
-                {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},
-                {"apiGroups": ["batch.volcano.sh"], "resources": ["jobs"], "verbs": job_verbs},
-                {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": job_verbs},
-            ],
-        },
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(name, cfg)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(name, cfg), "rules": rules},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
-            "metadata": _meta(cfg.service_account, cfg),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": cfg.service_account},
-            "subjects": [{"kind": "ServiceAccount", "name": cfg.service_account, "namespace": cfg.namespace}],
+            "metadata": _meta(name, cfg),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": cfg.namespace}],
         },
+    ]
+
+
+def rbac(cfg: CompileConfig) -> list[dict]:
+    """Least privilege, one ServiceAccount per kind of pod (issue 13), namespaced Roles only, no
+    wildcards:
+
+    - ``service_account`` (every step pod): the executor's WorkflowTaskResults, nothing else;
+    - ``launcher_service_account`` (the train step's resource pod, argoexec running ``kubectl apply
+      --server-side`` then polling the job with GET): that plus create/get/patch on the ONE gang
+      job kind of ``cfg.launcher`` (server-side apply that creates needs create and patch);
+    - ``training_service_account`` (the gang's pods): no Role, and its token is not mounted.
+    """
+    from pipectl.pipelines.gang import LAUNCHERS
+
+    launcher = LAUNCHERS[cfg.launcher]
+    job_rule = {"apiGroups": [launcher.api_group], "resources": [launcher.resource], "verbs": ["create", "get", "patch"]}
+    return [
+        *_role_for(cfg.service_account, [_task_results_rule()], cfg),
+        *_role_for(cfg.launcher_service_account, [_task_results_rule(), job_rule], cfg),
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(cfg.training_service_account, cfg),
+         "automountServiceAccountToken": False},
     ]
 
 

@@ -38,6 +38,7 @@ class GangConfig:
 
     image: str
     service_account: str
+    """ServiceAccount of the gang's pods (no Role; its token is not mounted)."""
     shm_gib: int
     lane_taint_key: str
     max_restarts: int = 6
@@ -97,6 +98,8 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
         "spec": {
             "restartPolicy": "Never",
             "serviceAccountName": cfg.service_account,
+            # training code never calls the Kubernetes API: no token in the pods (issue 13)
+            "automountServiceAccountToken": False,
             "priorityClassName": lane_object_name(P % "lane"),
             "tolerations": [{"key": cfg.lane_taint_key, "operator": "Equal", "value": P % "lane", "effect": "NoSchedule"}],
             "containers": [
@@ -187,16 +190,23 @@ def pytorch_job(cfg: GangConfig) -> str:
 
 @dataclass(frozen=True)
 class Launcher:
+    """One kind of gang job: its manifest, Argo's success/failure conditions on it, and the API
+    group/resource the train step's ServiceAccount may create, get and patch (and nothing else)."""
+
     manifest: Callable[[GangConfig], str]
     success_condition: str
     failure_condition: str
+    api_group: str
+    resource: str
 
 
 LAUNCHERS: dict[str, Launcher] = {
     # Volcano Job phases: Pending, Aborting, Aborted, Running, Restarting, Completing, Completed,
     # Terminating, Terminated, Failed. Only the terminal ones appear in a condition (C02).
-    "volcano": Launcher(volcano_job, "status.state.phase == Completed", "status.state.phase in (Failed, Aborted, Terminated)"),
+    "volcano": Launcher(volcano_job, "status.state.phase == Completed", "status.state.phase in (Failed, Aborted, Terminated)",
+                        "batch.volcano.sh", "jobs"),
     # PyTorchJob: picking a condition by type out of status.conditions[] is not expressible (C02);
     # the master's replica counters are.
-    "pytorchjob": Launcher(pytorch_job, "status.replicaStatuses.Master.succeeded > 0", "status.replicaStatuses.Master.failed > 0"),
+    "pytorchjob": Launcher(pytorch_job, "status.replicaStatuses.Master.succeeded > 0", "status.replicaStatuses.Master.failed > 0",
+                           "kubeflow.org", "pytorchjobs"),
 }

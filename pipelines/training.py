@@ -73,7 +73,9 @@ class CompileConfig(BaseModel):
     namespace: str = Field("pipectl", description="Namespace of the WorkflowTemplate and its workflows.")
     light_image: str = Field("pipectl/step-light:0.1.0", description="Image for stage, evaluate, register.")
     train_image: str = Field("pipectl/step-train:0.1.0", description="Image with DALI and torch: preprocess, train.")
-    service_account: str = Field("pipectl-workflow", description="ServiceAccount of workflow pods.")
+    service_account: str = Field("pipectl-workflow", description="ServiceAccount of step pods: Argo's executor reports results (WorkflowTaskResults), nothing more.")
+    launcher_service_account: str = Field("pipectl-launcher", description="ServiceAccount of the train step's resource pod: creates, gets and patches the gang job kind in use.")
+    training_service_account: str = Field("pipectl-training", description="ServiceAccount of the gang's pods: no Role, token not mounted.")
     shm_gib: int = Field(2, ge=1, le=256, description="Size of the in-memory /dev/shm of training pods (C06).")
     step_cpu: float = Field(0.25, gt=0, le=64, description="CPU cores each step pod requests (no limit: it may burst), so no pod is BestEffort (C07).")
     step_memory_gib: float = Field(1, gt=0, le=1024, description="Memory each step pod requests in GiB (no limit).")
@@ -81,7 +83,7 @@ class CompileConfig(BaseModel):
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Retries by failure class; backoff from scale_up_s.")
 
     def gang(self) -> GangConfig:
-        return GangConfig(image=self.train_image, service_account=self.service_account, shm_gib=self.shm_gib, lane_taint_key=LANE_TAINT_KEY,
+        return GangConfig(image=self.train_image, service_account=self.training_service_account, shm_gib=self.shm_gib, lane_taint_key=LANE_TAINT_KEY,
                           max_restarts=self.retry.infra_limit)
 
 
@@ -188,6 +190,7 @@ def _train_template(cfg: CompileConfig) -> Resource:
         name="train",
         action="apply",
         flags=list(TRAIN_APPLY_FLAGS),
+        service_account_name=cfg.launcher_service_account,
         set_owner_reference=True,
         archive_location=ArtifactLocation(archive_logs=False),
         manifest=launcher.manifest(cfg.gang()),

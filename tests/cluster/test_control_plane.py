@@ -765,7 +765,7 @@ def test_C16_gang_job_write_resent_after_a_lost_response_attaches_to_the_job(pro
     assert train["resource"]["action"] == "apply"
     flags = train["resource"]["flags"]
     core = client.CoreV1Api(k8s_api)
-    sa = wt["spec"]["serviceAccountName"]
+    sa = train["serviceAccountName"]  # the train step's own account (pipectl-launcher)
     token = core.create_namespaced_service_account_token(sa, "pipectl", client.AuthenticationV1TokenRequest(
         spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
     custom = _custom(k8s_api)
@@ -819,6 +819,44 @@ def test_C16_gang_job_write_resent_after_a_lost_response_attaches_to_the_job(pro
                 custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs", n)
             except client.ApiException:
                 pass
+
+
+def test_least_privilege_auth_can_i_list_per_service_account(project_applied, test_cluster, capsys):
+    """Issue 13: what each of the pipeline's ServiceAccounts may do in its namespace, as the API
+    server's own authorizer answers (`kubectl auth can-i --list --as=...`, kubectl v1.34.4): step
+    pods only report results, the train step's account also creates/gets/patches the one gang job
+    kind, the training pods' account nothing. The tables are printed (README shows them)."""
+    from pipectl.pipelines.cluster import rbac
+    from pipectl.pipelines.training import CompileConfig
+    from tests.cluster.cluster import binary
+
+    cfg = CompileConfig()
+    always = {"selfsubjectreviews.authentication.k8s.io": "[create]",
+              "selfsubjectaccessreviews.authorization.k8s.io": "[create]",
+              "selfsubjectrulesreviews.authorization.k8s.io": "[create]"}
+    expected = {
+        cfg.service_account: {"workflowtaskresults.argoproj.io": "[create patch]"},
+        cfg.launcher_service_account: {"workflowtaskresults.argoproj.io": "[create patch]",
+                                       "jobs.batch.volcano.sh": "[create get patch]"},
+        cfg.training_service_account: {},
+    }
+    assert {o["metadata"]["name"] for o in rbac(cfg) if o["kind"] == "ServiceAccount"} == set(expected)
+    tables = {}
+    for sa, want in expected.items():
+        r = subprocess.run([str(binary("kubectl")), "--kubeconfig", str(test_cluster.kubeconfig), "auth", "can-i", "--list",
+                            "-n", "pipectl", f"--as=system:serviceaccount:pipectl:{sa}"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        tables[sa] = r.stdout
+        rows = {}
+        for line in r.stdout.splitlines()[1:]:
+            cols = line.split()
+            if cols and not cols[0].startswith("["):  # resource rows (non-resource URLs start with "[")
+                rows[cols[0]] = line[line.rindex("["):].strip()  # verbs, e.g. "[create get patch]"
+        assert rows == {**always, **want}, (sa, r.stdout)  # exactly these: no other resource, no "*"
+    with capsys.disabled():
+        for sa, table in tables.items():
+            print(f"\n$ kubectl auth can-i --list -n pipectl --as=system:serviceaccount:pipectl:{sa}\n{table}")
 
 
 PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator@v0.80.1"

@@ -341,7 +341,7 @@ def test_gang_pod_lost_mid_training_restarts_the_gang_from_its_checkpoint(servic
         writes = px.writes()
     job = f"{name}-train-0"
     gang_writes = [(m, up, ans) for m, path, up, ans in writes if f"/jobs/{job}" in path or path.split("?")[0].endswith("/jobs")]
-    audit = [a for a in _gang_job_writes(c, job) if a[2] == "system:serviceaccount:pipectl:pipectl-workflow"]
+    audit = [a for a in _gang_job_writes(c, job) if a[2] == "system:serviceaccount:pipectl:pipectl-launcher"]
     print("gang job writes through the proxy:", gang_writes, "audit:", audit)
     assert gang_writes[:2] == [("PATCH", 201, 500), ("PATCH", 200, 200)], gang_writes
     assert [a[:2] for a in audit] == [("patch", 201), ("patch", 200)], audit  # created once, re-applied once

@@ -184,3 +184,26 @@ def test_C07_step_and_executor_containers_request_cpu_and_memory(wt):
             assert set(t["container"]["resources"]["requests"]) == {"cpu", "memory"}, t["name"]
     cm = controller_config(CompileConfig())[0]
     assert set(yaml.safe_load(cm["data"]["executor"])["resources"]["requests"]) == {"cpu", "memory"}
+
+
+def test_service_accounts_least_privilege(wt, wt_pytorchjob):
+    """Issue 13: step pods, the train step's resource pod and the gang's pods each run as their own
+    ServiceAccount; the launcher's Role names only the gang job kind in use; no wildcard; the gang's
+    pods mount no token."""
+    from pipectl.pipelines.cluster import rbac
+    from pipectl.pipelines.training import CompileConfig
+
+    for tmpl, launcher, kind in ((wt, "volcano", ("batch.volcano.sh", "jobs")), (wt_pytorchjob, "pytorchjob", ("kubeflow.org", "pytorchjobs"))):
+        cfg = CompileConfig(launcher=launcher)
+        objs = rbac(cfg)
+        roles = {o["metadata"]["name"]: o["rules"] for o in objs if o["kind"] == "Role"}
+        assert roles[cfg.service_account] == [{"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]}]
+        assert roles[cfg.launcher_service_account][1] == {"apiGroups": [kind[0]], "resources": [kind[1]], "verbs": ["create", "get", "patch"]}
+        assert cfg.training_service_account not in roles
+        assert "*" not in yaml.safe_dump(roles)
+        train = _templates(tmpl)["train"]
+        assert train["serviceAccountName"] == cfg.launcher_service_account
+        assert tmpl["spec"]["serviceAccountName"] == cfg.service_account
+        for pod in _pods(_job(tmpl, workers="2")):
+            assert pod["spec"]["serviceAccountName"] == cfg.training_service_account
+            assert pod["spec"]["automountServiceAccountToken"] is False
