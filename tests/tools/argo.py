@@ -61,6 +61,16 @@ class ArgoExpr:
             raise ValueError(answer["error"])
         return answer["state"]
 
+    def substitute(self, template: dict, params: dict[str, str]) -> dict:
+        """``template`` (a Workflow template, as JSON) with ``params`` (``inputs.parameters.x`` ->
+        value) substituted by the controller's own code (util/template.Replace)."""
+        self.proc.stdin.write(json.dumps({"template": template, "params": params}) + "\n")
+        self.proc.stdin.flush()
+        answer = json.loads(self.proc.stdout.readline())
+        if answer.get("error"):
+            raise ValueError(answer["error"])
+        return answer["template"]
+
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(timeout=10)

@@ -21,6 +21,7 @@ from pipectl.components.runtime import step_main
 from pipectl.components.validate.core import run
 from pipectl.pipelines.local import substitute
 from pipectl.pipelines.training import build_training
+from tests.tools.argo import ArgoExpr
 
 WT = build_training().to_dict()
 TEMPLATES = {t["name"]: t for t in WT["spec"]["templates"]}
@@ -97,3 +98,38 @@ def test_C15_hostile_value_changes_the_raw_manifest_and_validate_stops_it(name, 
 def test_C15_invalid_value_is_refused_naming_the_parameter(name, value):
     code, err = _validate({name: value})
     assert code == 1 and f"parameter {name}:" in err, err
+
+
+@pytest.fixture(scope="module")
+def argo():
+    evaluator = ArgoExpr()
+    yield evaluator
+    evaluator.close()
+
+
+@pytest.mark.parametrize("name,value", STRUCTURAL, ids=[n for n, _ in STRUCTURAL])
+def test_C15_with_argos_own_substitution_the_payload_reshapes_the_job_and_validate_refuses_it(argo, name, value):
+    """The same payloads through the workflow controller's own substitution code (argo-workflows
+    v4 util/template.Replace over the template's JSON, as operator.go does), not a re-implementation:
+    the gang job Argo would create has a different shape, and the validate container, given the
+    argv Argo substitutes into it, exits 1 naming the parameter."""
+    def params(values):
+        p = {f"inputs.parameters.{k}": v for k, v in {**DEFAULTS, **values}.items()}
+        p.update({"inputs.parameters.shards-uri": "s3://b/s/", "inputs.parameters.run-uri": "s3://b/r",
+                  "workflow.name": "training-abcde", "retries": "0"})
+        return p
+
+    def job(values):
+        manifest = argo.substitute(TEMPLATES["train"], params(values))["resource"]["manifest"]
+        try:
+            return yaml.safe_load(manifest)
+        except yaml.YAMLError as e:
+            return f"YAML error: {e}"
+
+    hostile = job({name: value})
+    assert isinstance(hostile, str) or _paths(hostile) - _paths(job({})), hostile
+    argv = argo.substitute(TEMPLATES["validate"], params({name: value}))["container"]["args"]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = step_main(TrainingParameters, run, argv=argv, prog="pipectl.components.validate")
+    assert code == 1 and f"parameter {name}:" in err.getvalue(), err.getvalue()

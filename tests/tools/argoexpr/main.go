@@ -5,10 +5,15 @@
 // It also evaluates resource-template success/failure conditions as argoexec does
 // (workflow/executor/resource.go: labels.Parse + gjson lookups, failure checked first).
 //
-// stdin: one JSON object per line, either
+// And it substitutes parameters into a template as the controller does (util/template.Replace on
+// the template's JSON, values escaped as JSON strings), for the parameter-injection tests (C15).
+//
+// stdin: one JSON object per line, one of
 //   {"expression": "...", "scope": {"retries": "1", "lastRetry.exitCode": "1", ...}}
 //   {"success": "...", "failure": "...", "object": {...}}
-// stdout: one JSON object per line {"result": true|false, "state": "succeeded|failed|waiting", "error": "..."}
+//   {"template": {...}, "params": {"inputs.parameters.model-name": "...", ...}}
+// stdout: one JSON object per line {"result": true|false, "state": "succeeded|failed|waiting",
+//   "template": {...}, "error": "..."}
 package main
 
 import (
@@ -18,6 +23,8 @@ import (
 
 	"github.com/argoproj/argo-workflows/v4/util/expr/argoexpr"
 	"github.com/argoproj/argo-workflows/v4/util/expr/env"
+	"github.com/argoproj/argo-workflows/v4/util/logging"
+	"github.com/argoproj/argo-workflows/v4/util/template"
 	"github.com/tidwall/gjson"
 	"k8s.io/apimachinery/pkg/labels"
 )
@@ -74,11 +81,14 @@ type request struct {
 	Success    string            `json:"success"`
 	Failure    string            `json:"failure"`
 	Object     json.RawMessage   `json:"object"`
+	Template   json.RawMessage   `json:"template"`
+	Params     map[string]string `json:"params"`
 }
 
 type response struct {
 	Result bool   `json:"result"`
-	State  string `json:"state,omitempty"`
+	State    string          `json:"state,omitempty"`
+	Template json.RawMessage `json:"template,omitempty"`
 	Error  string `json:"error,omitempty"`
 }
 
@@ -90,6 +100,17 @@ func main() {
 		var req request
 		if err := json.Unmarshal(in.Bytes(), &req); err != nil {
 			_ = out.Encode(response{Error: err.Error()})
+			continue
+		}
+		if req.Template != nil {
+			replaced, err := template.Replace(logging.InitLoggerInContext(), string(req.Template), req.Params, true)
+			resp := response{}
+			if err != nil {
+				resp.Error = err.Error()
+			} else {
+				resp.Template = json.RawMessage(replaced)
+			}
+			_ = out.Encode(resp)
 			continue
 		}
 		if req.Object != nil {
