@@ -13,7 +13,7 @@ from hera.workflows import CronWorkflow
 from hera.workflows.models import WorkflowTemplateRef
 
 from pipectl.pipelines.gang import STORE_CONFIGMAP, STORE_SECRET
-from pipectl.pipelines.policy import LANES, SEMAPHORE_CONFIGMAP
+from pipectl.pipelines.policy import LANES, POD_SECURITY_LABELS, SEMAPHORE_CONFIGMAP, restricted_container_security_context
 from pipectl.pipelines.training import TEMPLATE_NAME, CompileConfig, build_training
 
 ARTIFACT_BUCKET = "pipectl-artifacts"
@@ -29,7 +29,7 @@ def _meta(name: str, cfg: CompileConfig, **extra: Any) -> dict[str, Any]:
 
 
 def namespace(cfg: CompileConfig) -> list[dict]:
-    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cfg.namespace, "labels": {"app.kubernetes.io/part-of": "pipectl"}}}]
+    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cfg.namespace, "labels": {"app.kubernetes.io/part-of": "pipectl", **POD_SECURITY_LABELS}}}]
 
 
 def _task_results_rule() -> dict:
@@ -195,7 +195,9 @@ def controller_config(cfg: CompileConfig) -> list[dict]:
             # Argo's executor containers (init, wait, and the main container of resource pods such
             # as the train step) get no resources unless configured (workflowpod.go:
             # Config.GetExecutor().Resources): without requests a resource pod is BestEffort (C07).
-            "executor": yaml.safe_dump({"resources": {"requests": {"cpu": "10m", "memory": "64Mi"}}}),
+            # and restricted container fields (issue 13; the pod-level ones come from the workflow)
+            "executor": yaml.safe_dump({"resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
+                                        "securityContext": restricted_container_security_context(read_only_root=False)}),
             # Argo UI: a link from every workflow to its MLflow run (the train step tags the run
             # with pipectl.workflow=<workflow name>).
             "links": yaml.safe_dump([{

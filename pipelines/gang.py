@@ -23,6 +23,7 @@ from typing import Callable
 import yaml
 
 from pipectl.components.contracts import OUTPUTS_DIR, lane_object_name
+from pipectl.pipelines.policy import TMP_VOLUME, restricted_container_security_context, restricted_pod_security_context
 
 STORE_CONFIGMAP = "pipectl-store"
 STORE_SECRET = "pipectl-s3-credentials"
@@ -100,6 +101,7 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
             "serviceAccountName": cfg.service_account,
             # training code never calls the Kubernetes API: no token in the pods (issue 13)
             "automountServiceAccountToken": False,
+            "securityContext": restricted_pod_security_context(),
             "priorityClassName": lane_object_name(P % "lane"),
             "tolerations": [{"key": cfg.lane_taint_key, "operator": "Equal", "value": P % "lane", "effect": "NoSchedule"}],
             "containers": [
@@ -120,10 +122,11 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
                         "limits": {"cpu": P % "cpu-per-worker", "memory": P % "memory-gib-per-worker" + "Gi",
                                    "nvidia.com/gpu": _int(P % "gpus-per-worker")},
                     },
-                    "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                    "securityContext": restricted_container_security_context(),
+                    "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": TMP_VOLUME["name"], "mountPath": "/tmp"}],
                 }
             ],
-            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{cfg.shm_gib}Gi"}}],
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{cfg.shm_gib}Gi"}}, dict(TMP_VOLUME)],
         },
     }
 

@@ -33,6 +33,8 @@ from hera.workflows.models import (
     Synchronization,
     EmptyDirVolumeSource,
     EnvFromSource,
+    PodSecurityContext,
+    SecurityContext,
     SecretEnvSource,
     ValueFrom,
     Volume,
@@ -59,7 +61,16 @@ from pipectl.components.contracts import (
 )
 
 from pipectl.pipelines.gang import LAUNCHERS, STORE_CONFIGMAP, STORE_SECRET, GangConfig
-from pipectl.pipelines.policy import LANE_TAINT_KEY, SEMAPHORE_CONFIGMAP, RetryPolicy, lane_toleration_for, step_metrics
+from pipectl.pipelines.policy import (
+    LANE_TAINT_KEY,
+    SEMAPHORE_CONFIGMAP,
+    TMP_VOLUME,
+    RetryPolicy,
+    lane_toleration_for,
+    restricted_container_security_context,
+    restricted_pod_security_context,
+    step_metrics,
+)
 
 TEMPLATE_NAME = "training-v1"
 
@@ -135,6 +146,9 @@ def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type
         outputs=_outputs(output) or None,
         env_from=_store_env(),
         resources=Resources(cpu_request=cfg.step_cpu, memory_request=f"{cfg.step_memory_gib:g}Gi"),
+        security_context=SecurityContext.model_validate(restricted_container_security_context()),
+        volume_mounts=[VolumeMount(name=TMP_VOLUME["name"], mount_path="/tmp")],
+        volumes=[Volume.model_validate(TMP_VOLUME)],
         retry_strategy=cfg.retry.build(),
         timeout=f"{cfg.retry.attempt_timeout_s}s",
         priority_class_name=lane_object_name("{{workflow.parameters.lane}}"),
@@ -238,8 +252,8 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
     run_uri = f"s3://{cfg.bucket}/runs/{{{{workflow.name}}}}"
     stage = _step(cfg, "stage", cfg.light_image, "stage", StageInput, StageOutput, fixed={"bucket": cfg.bucket})
     preprocess = _step(cfg, "preprocess", cfg.train_image, "preprocess", PreprocessInput, PreprocessOutput)
-    preprocess.volume_mounts = [VolumeMount(name="dshm", mount_path="/dev/shm")]
-    preprocess.volumes = [Volume(name="dshm", empty_dir=EmptyDirVolumeSource(medium="Memory", size_limit=f"{cfg.shm_gib}Gi"))]
+    preprocess.volume_mounts += [VolumeMount(name="dshm", mount_path="/dev/shm")]
+    preprocess.volumes += [Volume(name="dshm", empty_dir=EmptyDirVolumeSource(medium="Memory", size_limit=f"{cfg.shm_gib}Gi"))]
     warm = _step(cfg, "warm", cfg.light_image, "stage.warm", WarmInput, WarmOutput)
     train = _train_template(cfg)
     evaluate = _step(cfg, "evaluate", cfg.light_image, "evaluate", EvaluateInput, EvaluateOutput)
@@ -322,6 +336,8 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
         namespace=cfg.namespace,
         entrypoint="training",
         service_account_name=cfg.service_account,
+        # every pod of the workflow, resource pods and Argo's own containers included (issue 13)
+        security_context=PodSecurityContext.model_validate(restricted_pod_security_context()),
         labels={"app.kubernetes.io/part-of": "pipectl"},
         annotations={
             "workflows.argoproj.io/title": "Training pipeline",

@@ -991,11 +991,17 @@ class TestCluster:
                 if e.status != 409:
                     raise
         mport = self.ports["argo-metrics"]
+        from pipectl.pipelines.cluster import controller_config
+        from pipectl.pipelines.training import CompileConfig
+
         core.create_namespaced_config_map("argo", {
             "metadata": {"name": "workflow-controller-configmap", "namespace": "argo"},
             "data": {
                 "metricsConfig": f"enabled: true\nport: {mport}\n",
                 "telemetryConfig": f"enabled: false\nport: {mport}\n",
+                # the product's executor settings (requests; restricted securityContext: the
+                # pipectl namespace enforces the restricted Pod Security Standard)
+                "executor": controller_config(CompileConfig())[0]["data"]["executor"],
             },
         })
 

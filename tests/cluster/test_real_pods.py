@@ -171,13 +171,18 @@ def test_argo_step_with_the_real_executor(services, project, core):
     """argoexec (init, wait, emissary) from the argo-workflows module runs a container step,
     reports its output parameter to the controller through the API server and archives its log
     in the artifact repository (Ceph RGW, set up by ``services``)."""
+    from pipectl.pipelines.policy import restricted_container_security_context, restricted_pod_security_context
+
     c = project
+    # the namespace enforces the restricted Pod Security Standard: comply as the product's pods do
     wf = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
           "metadata": {"generateName": "one-step-", "namespace": NS},
-          "spec": {"entrypoint": "main", "serviceAccountName": "pipectl-workflow", "templates": [{
+          "spec": {"entrypoint": "main", "serviceAccountName": "pipectl-workflow",
+                   "securityContext": restricted_pod_security_context(), "templates": [{
               "name": "main",
               "container": {"image": _base_image(), "command": ["sh", "-c",
-                            "echo step runs; mkdir -p /tmp/o; echo 42 > /tmp/o/answer"]},
+                            "echo step runs; mkdir -p /tmp/o; echo 42 > /tmp/o/answer"],
+                            "securityContext": restricted_container_security_context(read_only_root=False)},
               "outputs": {"parameters": [{"name": "answer", "valueFrom": {"path": "/tmp/o/answer"}}]}}]}}
     t0 = time.monotonic()
     created = _custom(c).create_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", wf)

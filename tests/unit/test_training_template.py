@@ -104,10 +104,10 @@ def test_C04_torchrun_counts_processes_not_pods(wt, wt_pytorchjob):
 def test_C06_training_and_preprocess_pods_mount_memory_backed_shm(wt):
     pod = _job(wt)["spec"]["tasks"][0]["template"]["spec"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
-    assert pod["volumes"][0]["emptyDir"]["medium"] == "Memory"
+    assert {v["name"]: v for v in pod["volumes"]}["dshm"]["emptyDir"]["medium"] == "Memory"
     pre = _templates(wt)["preprocess"]
-    assert pre["container"]["volumeMounts"][0]["mountPath"] == "/dev/shm"
-    assert pre["volumes"][0]["emptyDir"]["medium"] == "Memory"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in pre["container"]["volumeMounts"]
+    assert {v["name"]: v for v in pre["volumes"]}["dshm"]["emptyDir"]["medium"] == "Memory"
 
 
 def test_gang_job_is_owned_labelled_and_not_evictable_by_the_autoscaler(wt):
@@ -207,3 +207,35 @@ def test_service_accounts_least_privilege(wt, wt_pytorchjob):
         for pod in _pods(_job(tmpl, workers="2")):
             assert pod["spec"]["serviceAccountName"] == cfg.training_service_account
             assert pod["spec"]["automountServiceAccountToken"] is False
+
+
+def test_every_pod_meets_the_restricted_pod_security_standard(wt, wt_pytorchjob):
+    """Issue 13: the fields the "restricted" Pod Security Standard checks, for step pods (workflow
+    securityContext + each container), the gang's pods (both launchers), Argo's executor containers
+    (controller configuration), and the namespace enforcing it. The API server's PodSecurity
+    admission checks the same on the test clusters (the whole pipeline runs under enforcement)."""
+    from pipectl.pipelines.cluster import controller_config, namespace
+    from pipectl.pipelines.training import CompileConfig
+
+    def restricted_container(sc):
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"], sc
+        assert sc.get("privileged") in (None, False)
+
+    pod_sc = wt["spec"]["securityContext"]
+    assert pod_sc["runAsNonRoot"] is True and pod_sc["seccompProfile"]["type"] == "RuntimeDefault"
+    for t in wt["spec"]["templates"]:
+        if "container" in t:
+            restricted_container(t["container"]["securityContext"])
+            assert t["container"]["securityContext"]["readOnlyRootFilesystem"] is True
+            assert {"name": "tmp", "mountPath": "/tmp"} in t["container"]["volumeMounts"]
+    for tmpl in (wt, wt_pytorchjob):
+        for pod in _pods(_job(tmpl, workers="2")):
+            spec = pod["spec"]
+            assert spec["securityContext"]["runAsNonRoot"] is True
+            assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+            assert not {"hostNetwork", "hostPID", "hostIPC"} & set(spec)
+            for c in spec["containers"]:
+                restricted_container(c["securityContext"])
+            assert all(set(v) - {"name"} <= {"emptyDir", "configMap", "secret", "projected"} for v in spec["volumes"])
+    restricted_container(yaml.safe_load(controller_config(CompileConfig())[0]["data"]["executor"])["securityContext"])
+    assert namespace(CompileConfig())[0]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
