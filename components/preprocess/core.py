@@ -52,14 +52,23 @@ def is_corrupt(data: bytes) -> str | None:
     """A reason string when ``data`` is not a decodable JPEG/PNG, else None.
 
     Cheap checks before DALI (which fails a whole batch on one bad image): format markers
-    (JPEG SOI ``FFD8`` and EOI ``FFD9``; the PNG signature) and PIL's ``verify()`` of the
-    header and structure. Does not decode pixels.
+    (JPEG SOI ``FFD8``; an EOI ``FFD9`` after the last start-of-scan ``FFDA``; the PNG signature)
+    and PIL's ``verify()`` of the header and structure. Does not decode pixels.
+
+    Bytes after the end-of-image marker are not corruption: decoders (libjpeg, PIL, DALI/nvJPEG)
+    stop at EOI, and real files carry such tails — a CR LF from a text-mode copy (field case C13),
+    zero padding, vendor trailers, a second image (MPO). A truncated JPEG lacks the EOI after its
+    last scan; entropy-coded data cannot contain ``FFDA``/``FFD9`` (0xFF is byte-stuffed, ITU T.81
+    B.1.1.5), so ``rfind`` finds real markers.
     """
     from PIL import Image
 
     if data[:2] == b"\xff\xd8":
-        if data.rstrip(b"\x00")[-2:] != b"\xff\xd9":
-            return "truncated JPEG (no end-of-image marker)"
+        last_scan = data.rfind(b"\xff\xda")
+        if last_scan < 0:
+            return "truncated JPEG (no start-of-scan marker: no image data)"
+        if data.rfind(b"\xff\xd9") < last_scan:
+            return "truncated JPEG (no end-of-image marker after the last scan)"
     elif not data.startswith(b"\x89PNG\r\n\x1a\n"):
         return "neither a JPEG nor a PNG"
     try:

@@ -46,6 +46,31 @@ def test_corrupt_detection(tmp_path):
     assert is_corrupt(b"\xff\xd8" + b"\x00" * 50 + b"\xff\xd9") is not None
 
 
+def test_C13_bytes_after_the_end_of_image_marker_are_not_corruption():
+    """C13: a text-mode copy's CR LF after EOI, and the same kind found elsewhere (a LF, zero
+    padding, a vendor trailer, a second image appended as MPO files do; a PNG with bytes after
+    IEND): decoders accept them, so they are not corrupt. A JPEG cut before its EOI (baseline or
+    progressive) still is."""
+    import io
+
+    from PIL import Image
+
+    def encode(fmt, **kw):
+        buf = io.BytesIO()
+        Image.new("RGB", (64, 64), (10, 200, 30)).save(buf, fmt, **kw)
+        return buf.getvalue()
+
+    jpeg, progressive, png = encode("JPEG"), encode("JPEG", progressive=True), encode("PNG")
+    for tail in (b"\r\n", b"\n", b"\x00" * 512, b"SAMSUNG trailer " * 20, jpeg):
+        for img in (jpeg, progressive):
+            assert is_corrupt(img + tail) is None, tail[:16]
+            Image.open(io.BytesIO(img + tail)).load()  # and PIL does decode it
+    assert is_corrupt(png + b"\r\n") is None
+    for img in (jpeg, progressive):
+        assert "truncated" in is_corrupt(img[:-2])
+    assert "truncated" in is_corrupt(progressive[: len(progressive) * 2 // 3])
+
+
 def test_dataset_digest_ignores_order_and_sees_content():
     a = ManifestEntry(key="0/a.jpg", size=1, sha256="0" * 64, label="0")
     b = ManifestEntry(key="1/b.jpg", size=1, sha256="1" * 64, label="1")
