@@ -7,8 +7,9 @@ Both targets hold the same layout under a root::
 
 and give the same guarantees, through the :class:`Target` interface that ``core.py`` drives:
 
-- verification of every write: S3 compares the store's ETag with the content md5 (single PUT)
-  or HEADs size + ``sha256`` metadata (multipart); the file system target re-reads the written
+- verification of every write: S3 sends a single PUT with ``Content-MD5`` (the store checks the
+  body) and compares the ETag with the content md5; where the ETag is no MD5 (multipart; SSE-KMS,
+  SSE-C and some gateways, field case C14) a HEAD of size + ``sha256`` metadata decides; the file system target re-reads the written
   temporary file from the mount and compares its sha256 with the source's before it renames it.
 - nothing partial under the final prefix: one S3 PUT / CompleteMultipartUpload is atomic; on a
   file system each file is written to ``<root>/.pipectl-tmp/<run>/``, fsynced, verified, then
@@ -27,6 +28,7 @@ itself: on Kubernetes a CephFS reaches a pod as a ceph-csi PersistentVolumeClaim
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -142,10 +144,13 @@ class S3Target:
             return False
         if have.etag == md5:
             return True  # a single PUT's ETag is the content md5
-        return "-" in have.etag and _verified_head(object_exists(self.s3, self.bucket, key), entry)
+        # multipart ETags ("<md5 of part md5s>-<parts>"), and ETags that are no MD5 at all (SSE-KMS,
+        # SSE-C, some gateways: field case C14): the size and the sha256 recorded at upload decide
+        return _verified_head(object_exists(self.s3, self.bucket, key), entry)
 
     def put(self, key: str, src: Any, entry: ManifestEntry, md5: str) -> int:
         from boto3.s3.transfer import TransferConfig
+        from botocore.exceptions import ClientError
 
         s3, bucket = self.s3, self.bucket
         if src.s3_location is None and entry.size < self.part_size:
@@ -154,14 +159,26 @@ class S3Target:
                 body = stream.read()
             finally:
                 stream.close()
-            resp = s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata=_metadata(entry))
+            changed = StepError(
+                f"verification failed for s3://{bucket}/{key}: the bytes differ from the content md5",
+                "the source changed during staging or the write was altered on the way; rerun",
+                transient=True,
+            )
+            if len(body) != entry.size:
+                raise changed
+            # Content-MD5: the store itself checks the body (S3 API; RGW too) whatever its ETag is
+            try:
+                resp = s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata=_metadata(entry),
+                                     ContentMD5=base64.b64encode(bytes.fromhex(md5)).decode())
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("BadDigest", "InvalidDigest"):
+                    raise changed from e
+                raise
             retries = resp.get("ResponseMetadata", {}).get("RetryAttempts", 0)
-            if resp.get("ETag", "").strip('"') != md5 or len(body) != entry.size:
-                raise StepError(
-                    f"verification failed for s3://{bucket}/{key}: the store's ETag differs from the content md5",
-                    "the source changed during staging or the store altered the write; rerun",
-                    transient=True,
-                )
+            # An ETag that is no MD5 (SSE-KMS/SSE-C, some gateways: C14) verifies nothing; the store
+            # accepted the Content-MD5, and a HEAD confirms size and the recorded sha256.
+            if resp.get("ETag", "").strip('"') != md5 and not _verified_head(object_exists(s3, bucket, key), entry):
+                raise changed
             return retries
 
         config = TransferConfig(multipart_threshold=self.part_size, multipart_chunksize=self.part_size,

@@ -213,3 +213,54 @@ def test_many_small_files_go_through_worker_processes_which_die_with_stage(ceph_
     prefix = out["dataset_uri"].split("/", 3)[3]
     md5 = {p.relative_to(src).as_posix(): hashlib.md5(p.read_bytes()).hexdigest() for p in src.rglob("*.jpg")}
     assert _etags(s3, ceph_settings.bucket, prefix + "data/") == md5
+
+
+@pytest.mark.parametrize("store", ["moto", "ceph-rgw"])
+def test_C14_etags_that_are_no_md5_verify_by_size_and_sha256_and_resume(store, settings, ceph_settings, dataset_500):
+    """C14: a store whose ETags are not the content MD5 (S3 with SSE-KMS or SSE-C, some gateways) —
+    here a real S3 server behind a proxy that answers every ETag (headers and listings) with an
+    opaque value. Right: staging completes verified by size and the recorded sha256 (the store
+    checked each PUT's Content-MD5), and a second run copies nothing; a bucket staged with MD5
+    ETags is recognised through the opaque gateway too (the same kind, seen from the resume side)."""
+    base = settings if store == "moto" else ceph_settings
+    with FaultyProxy(base.s3_endpoint, rate=0.0, opaque_etags=True) as proxy:
+        opaque = base.model_copy(update={"s3_endpoint": proxy.url})
+        first = stage(StageInput(source_uri=str(dataset_500), bucket=base.bucket), s3_client(opaque))
+        again = stage(StageInput(source_uri=str(dataset_500), bucket=base.bucket), s3_client(opaque))
+        s3o = s3_client(opaque)
+        etag = s3o.head_object(Bucket=base.bucket, Key=first.manifest_uri.split("/", 3)[3])["ETag"].strip('"')
+    assert first.copied == 500 and again.copied == 0, (first, again)
+    direct = s3_client(base)
+    prefix = first.dataset_uri.split("/", 3)[3]
+    manifest = DatasetManifest.model_validate(read_json(direct, first.manifest_uri))
+    assert _contents(direct, base.bucket, prefix + "data/") == {e.key: e.sha256 for e in manifest.entries}
+    body = direct.get_object(Bucket=base.bucket, Key=first.manifest_uri.split("/", 3)[3])["Body"].read()
+    assert etag != hashlib.md5(body).hexdigest()  # the proxy did hide the MD5s
+
+    # staged directly (MD5 ETags), then resumed through the opaque gateway after losing its manifest
+    direct.delete_object(Bucket=base.bucket, Key=first.manifest_uri.split("/", 3)[3])
+    with FaultyProxy(base.s3_endpoint, rate=0.0, opaque_etags=True) as proxy:
+        resumed = stage(StageInput(source_uri=str(dataset_500), bucket=base.bucket),
+                        s3_client(base.model_copy(update={"s3_endpoint": proxy.url})))
+    assert resumed.copied == 0 and resumed.skipped == 500, resumed
+
+
+def test_C14_a_body_that_does_not_match_its_md5_is_refused_by_the_store(ceph_settings, tmp_path):
+    """The other half of C14's rule: with ETags no longer proving the content, the store checks
+    each PUT's Content-MD5 — a body whose MD5 is not the one stage computed (the file changed after
+    it was hashed) is refused by Ceph RGW and reported as a transient verification failure."""
+    from pipectl.components.contracts import ManifestEntry
+    from pipectl.components.runtime import StepError, ensure_bucket
+    from pipectl.components.stage.core import SourceFile
+    from pipectl.components.stage.targets import S3Target
+
+    s3 = s3_client(ceph_settings)
+    ensure_bucket(s3, ceph_settings.bucket)
+    f = tmp_path / "a.jpg"
+    f.write_bytes(b"now different bytes")
+    entry = ManifestEntry(key="0/a.jpg", size=f.stat().st_size, sha256="0" * 64, label="0")
+    src = SourceFile(key="0/a.jpg", label="0", size=entry.size, open=lambda: f.open("rb"))
+    with pytest.raises(StepError, match="differ") as e:
+        S3Target(s3, ceph_settings.bucket).put("c14/0/a.jpg", src, entry, hashlib.md5(b"the bytes hashed").hexdigest())
+    assert e.value.transient
+    assert s3.list_objects_v2(Bucket=ceph_settings.bucket, Prefix="c14/").get("KeyCount", 0) == 0

@@ -7,9 +7,11 @@ Used to show that `stage` survives the faults a loaded Ceph RGW or a flaky netwo
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import http.server
 import random
+import re
 import socket
 import struct
 import threading
@@ -20,13 +22,24 @@ SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code
              b"<Message>Please reduce your request rate.</Message></Error>")
 
 
+def _opaque(etag: bytes) -> bytes:
+    """A stable ETag that is no MD5 of the content (the quoting kept as given)."""
+    inner = etag.replace(b"&quot;", b"").strip(b'"')
+    opaque = hashlib.sha256(b"kms:" + inner).hexdigest()[:32].encode()
+    return etag.replace(inner, opaque)
+
+
 class FaultyProxy:
     """``with FaultyProxy(upstream, rate=0.1) as p: p.url`` -> counts in ``p.faults``/``p.requests``."""
 
-    def __init__(self, upstream: str, rate: float, seed: int = 1, delay_s: float = 0.0) -> None:
+    def __init__(self, upstream: str, rate: float, seed: int = 1, delay_s: float = 0.0, opaque_etags: bool = False) -> None:
+        """``opaque_etags``: replace every ETag the store answers (headers and listings) by a
+        stable value that is no MD5 of the content, as S3 does for SSE-KMS/SSE-C objects and some
+        gateways always do (field case C14)."""
         self.upstream = urlparse(upstream)
         self.rate = rate
         self.delay_s = delay_s
+        self.opaque_etags = opaque_etags
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.requests = 0
@@ -69,11 +82,17 @@ class FaultyProxy:
                 conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
+                if proxy.opaque_etags:
+                    data = re.sub(rb"<ETag>(.*?)</ETag>", lambda m: b"<ETag>" + _opaque(m.group(1)) + b"</ETag>", data)
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
+                    if k.lower() == "etag" and proxy.opaque_etags:
+                        v = _opaque(v.encode()).decode()
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                # a HEAD's Content-Length is the object's size, not the (empty) body's
+                head_length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", head_length or str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
