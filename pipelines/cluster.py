@@ -13,7 +13,13 @@ from hera.workflows import CronWorkflow
 from hera.workflows.models import WorkflowTemplateRef
 
 from pipectl.pipelines.gang import STORE_CONFIGMAP, STORE_SECRET
-from pipectl.pipelines.policy import LANES, POD_SECURITY_LABELS, SEMAPHORE_CONFIGMAP, restricted_container_security_context
+from pipectl.pipelines.policy import (
+    LANES,
+    POD_SECURITY_LABELS,
+    SEMAPHORE_CONFIGMAP,
+    exported,
+    restricted_container_security_context,
+)
 from pipectl.pipelines.training import TEMPLATE_NAME, CompileConfig, build_training
 
 ARTIFACT_BUCKET = "pipectl-artifacts"
@@ -248,9 +254,11 @@ def grafana_dashboard(cfg: CompileConfig) -> list[dict]:
         "uid": "pipectl",
         "schemaVersion": 39,
         "panels": [
-            panel(0, "Step duration (s)", "max by (step) (pipectl_step_duration_seconds)"),
-            panel(1, "Failed attempts by class (1h): Error = infrastructure, exit 75 = transient, other = code",
-                  'sum by (status, exit_code) (increase(pipectl_step_attempts{status!="Succeeded"}[1h]))'),
+            panel(0, "Step duration (s)", f"max by (step) ({exported('pipectl_step_duration_seconds')})"),
+            panel(1, "Attempts that did not succeed, by class (1h): infrastructure (Error: pod lost), failed",
+                  f'sum by (step, class) (increase({exported("pipectl_step_attempts")}{{class!="succeeded"}}[1h]))'),
+            panel(4, "Failed attempts by exit code (1h): 75 = declared transient, other = code",
+                  f'sum by (step, exit_code) (increase({exported("pipectl_step_failures_by_exit_code")}[1h]))'),
             panel(2, "Pods waiting per lane (Pending, by PriorityClass)",
                   'sum by (priority_class) (kube_pod_status_phase{phase="Pending", namespace="%s"} '
                   '* on (namespace, pod) group_left (priority_class) kube_pod_info{priority_class=~"pipectl-.*"})' % cfg.namespace),

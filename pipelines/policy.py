@@ -183,21 +183,42 @@ class RetryPolicy(BaseModel):
         )
 
 
+ARGO_CUSTOM_METRIC_PREFIX = "argo_workflows_"
+"""Argo >= 3.6 exports a template's custom metrics with this prefix (field case C12): queries must
+name ``argo_workflows_pipectl_step_attempts``, not the metric's own name."""
+
+
+def exported(metric: str) -> str:
+    """The name under which the controller's /metrics serves custom metric ``metric``."""
+    return ARGO_CUSTOM_METRIC_PREFIX + metric
+
+
 def step_metrics(step: str, *, container: bool) -> list:
     """Argo template-level Prometheus metrics behind the Grafana dashboard (argo/monitoring/).
 
-    ``pipectl_step_attempts`` counts every attempt by step, final phase and (for containers) exit
-    code, so retries can be split by class in PromQL: status Error = infrastructure, exit 75 =
-    declared transient, other exit codes = code. ``pipectl_step_duration_seconds``: last duration.
-    Variables ``{{status}}``, ``{{exitCode}}``, ``{{duration}}``: Argo docs, "Custom metrics".
+    ``pipectl_step_attempts`` counts EVERY attempt by step, lane, final phase and failure class
+    (``succeeded``; ``infrastructure`` for status Error: pod deleted, node lost, eviction;
+    ``failed`` otherwise). It names only variables every attempt has: the controller substitutes a
+    metric's labels all at once and drops the metric when one is missing (operator.go
+    computeMetrics, ``template.Replace(..., false)``), and an attempt whose pod was deleted has no
+    ``{{exitCode}}`` (field case C11: such attempts vanished from the dashboard). Exit codes go to
+    ``pipectl_step_failures_by_exit_code`` (containers, Failed attempts: 75 = declared transient,
+    others = code). ``pipectl_step_duration_seconds``: last duration. Variables: Argo docs,
+    "Custom metrics".
     """
     from hera.workflows import Counter, Gauge, Label
 
-    labels = [Label(key="step", value=step), Label(key="status", value="{{status}}"), Label(key="lane", value="{{workflow.parameters.lane}}")]
+    failure_class = "{{=status == 'Succeeded' ? 'succeeded' : (status == 'Error' ? 'infrastructure' : 'failed')}}"
+    labels = [Label(key="step", value=step), Label(key="status", value="{{status}}"),
+              Label(key="lane", value="{{workflow.parameters.lane}}"), Label(key="class", value=failure_class)]
+    exit_codes = []
     if container:
-        labels.append(Label(key="exit_code", value="{{exitCode}}"))
+        exit_codes = [Counter(name="pipectl_step_failures_by_exit_code", help="Failed attempts of a pipectl step by exit code",
+                              labels=[Label(key="step", value=step), Label(key="exit_code", value="{{exitCode}}")],
+                              when="{{status}} == Failed", value="1")]
     return [
         Counter(name="pipectl_step_attempts", help="Attempts of a pipectl step by outcome", labels=labels, value="1"),
+        *exit_codes,
         Gauge(name="pipectl_step_duration_seconds", help="Duration of the last attempt of a pipectl step",
               labels=[Label(key="step", value=step)], realtime=False, value="{{duration}}"),
     ]

@@ -61,10 +61,11 @@ class ArgoExpr:
             raise ValueError(answer["error"])
         return answer["state"]
 
-    def substitute(self, template: dict, params: dict[str, str]) -> dict:
+    def substitute(self, template: dict, params: dict[str, str], strict: bool = False) -> dict:
         """``template`` (a Workflow template, as JSON) with ``params`` (``inputs.parameters.x`` ->
-        value) substituted by the controller's own code (util/template.Replace)."""
-        self.proc.stdin.write(json.dumps({"template": template, "params": params}) + "\n")
+        value) substituted by the controller's own code (util/template.Replace); ``strict``: an
+        unresolved tag raises ValueError, as when the controller computes a custom metric."""
+        self.proc.stdin.write(json.dumps({"template": template, "params": params, "strict": strict}) + "\n")
         self.proc.stdin.flush()
         answer = json.loads(self.proc.stdout.readline())
         if answer.get("error"):

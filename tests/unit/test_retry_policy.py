@@ -79,3 +79,46 @@ def test_lanes_urgent_preempts_batch_never_does():
     assert urgent.argo_priority > standard.argo_priority > batch.argo_priority
     assert urgent.tolerates_reserved and not batch.tolerates_reserved
     assert batch.queue_reclaimable and not urgent.queue_reclaimable
+
+
+def test_C11_an_attempt_without_exit_code_is_still_counted_by_class(argo):
+    """C11: the controller substitutes a metric's labels with Argo's own code, strictly (an
+    unresolved variable drops the metric: operator.go computeMetrics). An attempt whose pod was
+    deleted has status Error and no exitCode: it must still give one attempts sample, class
+    "infrastructure"; the exit-code counter is only for Failed attempts."""
+    from pipectl.pipelines.training import build_training
+
+    wt = build_training().to_dict()
+    train = next(t for t in wt["spec"]["templates"] if t["name"] == "stage")
+    metrics = {m["name"]: m for m in train["metrics"]["prometheus"]}
+    scope = {"workflow.parameters.lane": "urgent", "duration": "12.5"}
+    cases = [({"status": "Error"}, "infrastructure"),  # pod deleted / node lost: no exit code
+             ({"status": "Failed", "exitCode": "1"}, "failed"),
+             ({"status": "Failed", "exitCode": "75"}, "failed"),
+             ({"status": "Succeeded", "exitCode": "0"}, "succeeded")]
+    for attempt, cls in cases:
+        m = argo.substitute(metrics["pipectl_step_attempts"], {**scope, **attempt}, strict=True)
+        assert {l["key"]: l["value"] for l in m["labels"]} == {"step": "stage", "status": attempt["status"], "lane": "urgent", "class": cls}
+        if "exitCode" in attempt:
+            e = argo.substitute(metrics["pipectl_step_failures_by_exit_code"], {**scope, **attempt}, strict=True)
+            assert e["when"] == f"{attempt['status']} == Failed"
+            assert {l["key"]: l["value"] for l in e["labels"]}["exit_code"] == attempt["exitCode"]
+    # the old label set: the attempt vanished (what C11 saw)
+    with pytest.raises(ValueError, match="exitCode"):
+        argo.substitute({"labels": [{"key": "exit_code", "value": "{{exitCode}}"}]}, {**scope, "status": "Error"}, strict=True)
+
+
+def test_C12_dashboards_and_alerts_query_the_names_the_controller_exports():
+    """C12: Argo >= 3.6 serves custom metrics as argo_workflows_<name>; every panel and rule that
+    names a pipectl metric uses the exported name."""
+    import json
+    import re
+
+    from pipectl.pipelines.cluster import grafana_dashboard, prometheus_rules
+    from pipectl.pipelines.training import CompileConfig, build_training
+
+    names = {m["name"] for t in build_training().to_dict()["spec"]["templates"] for m in (t.get("metrics") or {}).get("prometheus", [])}
+    exprs = [p["targets"][0]["expr"] for p in json.loads(grafana_dashboard(CompileConfig())[0]["data"]["pipectl.json"])["panels"]]
+    exprs += [r["expr"] for g in prometheus_rules(CompileConfig())[0]["spec"]["groups"] for r in g["rules"]]
+    used = {n for e in exprs for n in re.findall(r"\b(?:argo_workflows_)?pipectl_step_[a-z_]+", e)}
+    assert used and all(n.startswith("argo_workflows_") and n.removeprefix("argo_workflows_") in names for n in used), used

@@ -11,7 +11,8 @@
 // stdin: one JSON object per line, one of
 //   {"expression": "...", "scope": {"retries": "1", "lastRetry.exitCode": "1", ...}}
 //   {"success": "...", "failure": "...", "object": {...}}
-//   {"template": {...}, "params": {"inputs.parameters.model-name": "...", ...}}
+//   {"template": {...}, "params": {"inputs.parameters.model-name": "...", ...}, "strict": false}
+//     (strict: unresolved tags are errors, as for metrics: operator.go computeMetrics)
 // stdout: one JSON object per line {"result": true|false, "state": "succeeded|failed|waiting",
 //   "template": {...}, "error": "..."}
 package main
@@ -83,6 +84,7 @@ type request struct {
 	Object     json.RawMessage   `json:"object"`
 	Template   json.RawMessage   `json:"template"`
 	Params     map[string]string `json:"params"`
+	Strict     bool              `json:"strict"`
 }
 
 type response struct {
@@ -103,7 +105,7 @@ func main() {
 			continue
 		}
 		if req.Template != nil {
-			replaced, err := template.Replace(logging.InitLoggerInContext(), string(req.Template), req.Params, true)
+			replaced, err := template.Replace(logging.InitLoggerInContext(), string(req.Template), req.Params, !req.Strict)
 			resp := response{}
 			if err != nil {
 				resp.Error = err.Error()
