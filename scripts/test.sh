@@ -25,8 +25,8 @@ T0=$SECONDS
 rc_all=0
 
 log() { printf '[test %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-record() {  # record NAME START_S RC
-  printf '%s\t%d\t%d\t%d\n' "$1" "$(($2 - T0))" "$((SECONDS - $2))" "$3" >>"$LOGS/phases.tsv"
+record() {  # record NAME START_S RC [END_S]
+  printf '%s\t%d\t%d\t%d\n' "$1" "$(($2 - T0))" "$((${4:-$SECONDS} - $2))" "$3" >>"$LOGS/phases.tsv"
   [[ $3 -eq 0 ]] || rc_all=1
 }
 run_phase() {  # run_phase NAME CMD...: in the foreground, output to the terminal
@@ -62,7 +62,9 @@ bg() {  # bg NAME CMD...
   shift
   log "phase $p (background; log $LOGS/$p.log): $*"
   start[$p]=$SECONDS
-  "$@" >"$LOGS/$p.log" 2>&1 &
+  rm -f "$LOGS/$p.end"
+  # the subshell's SECONDS goes on counting: its end time is the phase's, not when it is reaped
+  ( "$@"; rc=$?; echo "$SECONDS" >"$LOGS/$p.end"; exit "$rc" ) >"$LOGS/$p.log" 2>&1 &
   pid[$p]=$!
 }
 prepared=0
@@ -70,7 +72,7 @@ reap() {  # reap NAME: wait for it, record it, show its tail (all of the end whe
   local p=$1 rc
   wait "${pid[$p]}"
   rc=$?
-  record "$p" "${start[$p]}" "$rc"
+  record "$p" "${start[$p]}" "$rc" "$(cat "$LOGS/$p.end" 2>/dev/null || echo "$SECONDS")"
   if [[ $rc -ne 0 ]]; then
     prepared=1
     log "phase $p FAILED (exit $rc); last lines of $LOGS/$p.log:"
