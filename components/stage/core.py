@@ -81,17 +81,39 @@ def _check_layout(keys: list[str], where: str) -> None:
 
 
 def scan_local(root: Path) -> list[SourceFile]:
-    """List the images under ``root`` (ImageFolder layout). Raises :class:`DatasetError`."""
+    """List the images under ``root`` (ImageFolder layout). Raises :class:`DatasetError`.
+
+    Symlinks are followed only while they stay inside ``root`` (resolved): one that leads out of
+    the dataset folder is refused (issue 13: a dataset must not be able to copy other files of the
+    machine or pod — credentials, a ServiceAccount token — into the bucket), and a folder reached
+    twice (a link cycle) is walked once.
+    """
     if not root.exists():
         raise DatasetError(f"dataset path {root} does not exist", "check the path, or run: pipectl data example DIR")
     if not root.is_dir():
         raise DatasetError(f"dataset path {root} is not a folder", "pass the folder that holds one subfolder per label")
+    real_root = root.resolve()
+
+    def inside(p: Path) -> Path:
+        real = p.resolve()
+        if real != real_root and real_root not in real.parents:
+            raise DatasetError(f"dataset {root}: {p.relative_to(root)} is a symlink to {real}, outside the dataset folder",
+                               "copy the files into the dataset folder (links may point only inside it)")
+        return real
+
     files = []
+    seen: set[Path] = set()
     for folder, dirs, names in os.walk(root, followlinks=True):  # a symlinked label folder counts
+        real_folder = inside(Path(folder))
+        if real_folder in seen:  # reached again through a link: a cycle or a duplicate
+            dirs[:] = []
+            continue
+        seen.add(real_folder)
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # hidden folders are not classes
         for name in names:
             p = Path(folder) / name
             if p.suffix.lower() in IMAGE_SUFFIXES and not name.startswith(".") and p.is_file():
+                inside(p)
                 files.append(p)
     files.sort()
     keys = [p.relative_to(root).as_posix() for p in files]

@@ -57,10 +57,35 @@ def test_dataset_error_exits_2_at_the_cli_and_1_in_a_step():
 
 
 def test_symlinked_label_folders_are_followed_and_hidden_folders_ignored(tmp_path):
-    real = tmp_path / "elsewhere" / "dog"
-    _jpeg(real / "b.jpg")
     ds = tmp_path / "ds"
+    real = ds / ".store" / "dog"  # a link inside the dataset folder
+    _jpeg(real / "b.jpg")
     _jpeg(ds / "cat" / "a.jpg")
     (ds / "dog").symlink_to(real, target_is_directory=True)
     _jpeg(ds / ".thumbs" / "t.jpg")
+    assert [f.key for f in scan_local(ds)] == ["cat/a.jpg", "dog/b.jpg"]
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_symlinks_out_of_the_dataset_folder_are_refused(tmp_path, kind):
+    """Issue 13: a link to a file or folder outside the dataset (here a stand-in for a pod's
+    ServiceAccount token) is refused naming it; nothing is listed, so nothing is copied."""
+    secret = tmp_path / "outside" / "token.jpg"
+    _jpeg(secret)
+    ds = tmp_path / "ds"
+    _jpeg(ds / "cat" / "a.jpg")
+    if kind == "file":
+        (ds / "cat" / "b.jpg").symlink_to(secret)
+    else:
+        (ds / "dog").symlink_to(secret.parent, target_is_directory=True)
+    with pytest.raises(DatasetError, match="outside the dataset folder") as e:
+        scan_local(ds)
+    assert e.value.cli_exit == 2
+
+
+def test_a_symlink_cycle_is_walked_once(tmp_path):
+    ds = tmp_path / "ds"
+    _jpeg(ds / "cat" / "a.jpg")
+    _jpeg(ds / "dog" / "b.jpg")
+    (ds / "cat" / "again").symlink_to(ds / "cat", target_is_directory=True)
     assert [f.key for f in scan_local(ds)] == ["cat/a.jpg", "dog/b.jpg"]
