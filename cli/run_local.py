@@ -7,6 +7,7 @@ import signal
 from typing import Any
 
 from pipectl.components.contracts import RunSettings, TrainingParameters
+from pipectl.components.errors import redact_credentials
 
 
 _CAUSE = re.compile(r"^(error|hint): |^[A-Za-z_.]+(Error|Exception): ")
@@ -34,7 +35,7 @@ def run_local(parameters: TrainingParameters, options: dict[str, Any], launcher:
 
     def on_services(urls: dict[str, str]) -> None:
         # Validation is over: from here on there is progress to show.
-        console.print("[dim]services: " + ", ".join(f"{k} {v}" for k, v in urls.items()) + "[/]", soft_wrap=True)
+        console.print("[dim]services: " + redact_credentials(", ".join(f"{k} {v}" for k, v in urls.items())) + "[/]", soft_wrap=True)
         progress.start()
 
     def on_sigterm(signum: int, frame: Any) -> None:

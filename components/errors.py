@@ -6,6 +6,16 @@ step's ``step_main`` (its :class:`~pipectl.components.runtime.StepError` subclas
 
 from __future__ import annotations
 
+import re
+
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@\s:]*):(?P<secret>[^/@\s]*)@")
+
+
+def redact_credentials(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@host`` URL in it replaced by
+    ``***`` (RFC 3986 userinfo; issue 13: an MLflow URI with a password is never printed)."""
+    return _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
+
 
 class PipectlError(Exception):
     """``cli_exit``: 1 operation failed, 2 usage/validation, 3 unreachable/unauthorised (DESIGN.md)."""
@@ -13,6 +23,7 @@ class PipectlError(Exception):
     cli_exit: int = 1
 
     def __init__(self, headline: str, hint: str = "", *, cli_exit: int | None = None) -> None:
+        headline, hint = redact_credentials(headline), redact_credentials(hint)  # printed: never a password
         super().__init__(headline)
         self.headline = headline
         self.hint = hint
