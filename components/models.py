@@ -1,7 +1,7 @@
 """Model architectures the steps train and evaluate.
 
-Kept outside any one step: a pickled MLflow model refers to its class by import path, and
-both ``train`` (which logs it) and ``evaluate`` (which loads the champion) must resolve it.
+Kept outside any one step: ``train`` logs a model, ``evaluate`` rebuilds it (candidate and
+champion) from its weights alone.
 """
 
 from __future__ import annotations
@@ -40,6 +40,48 @@ class SmallCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.flatten(self.features(x), 1))
+
+
+WEIGHTS_ARTIFACT = "weights"
+"""Artifact folder of a training run holding ``state_dict.pt`` (tensors only) and ``model.json``
+(the architecture's constructor arguments): what evaluate loads, never a pickle."""
+
+
+def log_weights(model: SmallCNN, channels: int) -> None:
+    """Log ``model``'s weights and constructor arguments to the active MLflow run (WEIGHTS_ARTIFACT)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    import mlflow
+
+    with tempfile.TemporaryDirectory() as d:
+        torch.save(model.state_dict(), Path(d) / "state_dict.pt")
+        (Path(d) / "model.json").write_text(json.dumps({"architecture": "SmallCNN", "num_classes": model.num_classes,
+                                                        "channels": channels}))
+        mlflow.log_artifacts(d, artifact_path=WEIGHTS_ARTIFACT)
+
+
+def load_weights(run_id: str, tracking_uri: str | None = None) -> SmallCNN:
+    """The model a training run logged with :func:`log_weights`, rebuilt from its constructor
+    arguments and a tensors-only ``torch.load(weights_only=True)``: a model file in the registry
+    cannot run code in the pipeline (issue 13; pickled MLflow models can). Raises ValueError for an
+    unknown architecture, MLflow/torch errors for a missing or malformed artifact."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    import mlflow.artifacts
+
+    with tempfile.TemporaryDirectory() as d:
+        local = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=WEIGHTS_ARTIFACT, dst_path=d,
+                                                         tracking_uri=tracking_uri))
+        spec = json.loads((local / "model.json").read_text())
+        if spec.get("architecture") != "SmallCNN":
+            raise ValueError(f"run {run_id}: unknown architecture {spec.get('architecture')!r}")
+        model = SmallCNN(num_classes=int(spec["num_classes"]), channels=int(spec["channels"]))
+        model.load_state_dict(torch.load(local / "state_dict.pt", map_location="cpu", weights_only=True))
+    return model.eval()
 
 
 def classification_metrics(logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict[str, float]:

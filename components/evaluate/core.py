@@ -19,7 +19,7 @@ from pipectl.components.contracts import (
     StoreSettings,
     TrainOutput,
 )
-from pipectl.components.models import classification_metrics, predict
+from pipectl.components.models import classification_metrics, load_weights, predict
 from pipectl.components.runtime import read_json, s3_client, write_json
 from pipectl.components.shards import load_split
 
@@ -49,14 +49,20 @@ def champion_version(client: Any, model_name: str) -> str | None:
         raise
 
 
+def champion_run_id(client: Any, model_name: str) -> str:
+    """The training run behind the version holding the ``champion`` alias: the version's run_id,
+    or (MLflow 3 registers ``models:/m-...`` URIs without one) its logged model's source run."""
+    mv = client.get_model_version_by_alias(model_name, CHAMPION_ALIAS)
+    return mv.run_id or client.get_logged_model(mv.model_id).source_run_id
+
+
 def evaluate(inp: EvaluateInput, s3: Any, client: Any) -> EvaluateOutput:
     """Score candidate and champion on the validation split; log to the candidate's MLflow run."""
-    import mlflow.pytorch
 
     train = TrainOutput.model_validate(read_json(s3, inp.train_output_uri))
     images, labels, index = load_split(s3, inp.shards_uri, "validation")
     x, y = torch.from_numpy(images), torch.from_numpy(labels)
-    candidate = mlflow.pytorch.load_model(train.model_uri, map_location="cpu")
+    candidate = load_weights(train.mlflow_run_id)
     metrics = classification_metrics(predict(candidate, x), y, len(index.labels))
     metric = metrics[inp.promotion_metric.value]
 
@@ -64,7 +70,7 @@ def evaluate(inp: EvaluateInput, s3: Any, client: Any) -> EvaluateOutput:
     champ_metric: float | None = None
     if champ_version is not None:
         try:
-            champion = mlflow.pytorch.load_model(f"models:/{inp.model_name}@{CHAMPION_ALIAS}", map_location="cpu")
+            champion = load_weights(champion_run_id(client, inp.model_name))
             champ_metric = classification_metrics(predict(champion, x), y, len(index.labels))[inp.promotion_metric.value]
         except Exception as e:  # an incompatible or unloadable champion cannot block a good candidate
             log.warning("champion version %s could not be scored on this split (%s); threshold only", champ_version, e)

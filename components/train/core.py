@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
 from pipectl.components.contracts import StoreSettings, TrainInput, TrainOutput
-from pipectl.components.models import SmallCNN, classification_metrics, predict
+from pipectl.components.models import SmallCNN, classification_metrics, log_weights, predict
 from pipectl.components.runtime import StepError, available_cpus, join_uri, object_exists, parse_s3_uri, read_json, s3_client, write_json
 from pipectl.components.shards import load_split
 
@@ -213,6 +213,7 @@ def train(inp: TrainInput, settings: StoreSettings, s3: Any, *, reader: Any = No
             serialization_format="pickle",
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
         )
+        log_weights(model, channels=index.channels)  # what evaluate loads: tensors only, no pickle
         out.mlflow_run_id = run.info.run_id
         out.model_uri = model_info.model_uri
         write_json(s3, output_uri, out.model_dump(mode="json"))

@@ -90,3 +90,49 @@ def test_keep_registers_without_moving_the_alias(client):
     first = register(_inp(name, "wf-1"), _candidate(0.97), client)
     kept = register(_inp(name, "wf-2"), _candidate(0.90, Decision.keep, champion=first.version), client)
     assert (kept.version, kept.alias, kept.champion_version) == ("2", None, "1")
+
+
+class _Payload:
+    """What a hostile model file carries: unpickling it runs code (here: creates a file)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_model_files_are_not_code_evaluate_loads_weights_only(client, tmp_path):
+    """Issue 13: evaluate rebuilds candidate and champion from tensors (``weights_only=True``) and
+    constructor arguments, never from a pickle: weights a run logged load back equal; a weights file
+    replaced by a pickle with a payload is refused and its code does not run; the champion is
+    found through its model version's run (the alias the registry holds)."""
+    import mlflow
+    import torch
+
+    from pipectl.components.evaluate.core import champion_run_id
+    from pipectl.components.models import WEIGHTS_ARTIFACT, SmallCNN, load_weights, log_weights
+
+    mlflow.set_experiment("weights-tests")
+    model = SmallCNN(num_classes=10, channels=3, width=32)
+    with mlflow.start_run() as good:
+        log_weights(model, channels=3)
+        info = mlflow.pytorch.log_model(model, name="model", serialization_format="pickle", pip_requirements=["torch"])
+    loaded = load_weights(good.info.run_id)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+
+    name = f"weights-{uuid.uuid4().hex[:8]}"
+    mv = mlflow.register_model(info.model_uri, name)  # as the register step does
+    client.set_registered_model_alias(name, "champion", mv.version)
+    assert champion_run_id(client, name) == good.info.run_id
+
+    marker = tmp_path / "payload-ran"
+    with mlflow.start_run() as bad:
+        d = tmp_path / "w"
+        d.mkdir()
+        torch.save({"features.0.weight": _Payload(str(marker))}, d / "state_dict.pt")
+        (d / "model.json").write_text('{"architecture": "SmallCNN", "num_classes": 10, "channels": 3}')
+        mlflow.log_artifacts(str(d), artifact_path=WEIGHTS_ARTIFACT)
+    with pytest.raises(Exception, match="(?i)weights_only|unpickl|global"):
+        load_weights(bad.info.run_id)
+    assert not marker.exists(), "the model file ran code"
