@@ -137,7 +137,7 @@ class TrainingParameters(StrictModel):
         # control character (newline, tab, CR...) or surrounding whitespace, which pydantic would
         # otherwise strip from numbers while the raw text still reaches the manifest.
         if isinstance(v, str) and (v != v.strip() or any(ord(c) < 32 or ord(c) == 127 for c in v)):
-            raise ValueError(f"must be plain text: no control characters or surrounding whitespace (got {v!r})")
+            raise ValueError("must be plain text: no control characters or surrounding whitespace")
         return v
 
     @field_validator("model_name")
