@@ -45,32 +45,26 @@ class ArgoExpr:
             "lastRetry.duration": str(duration_s),
             "lastRetry.message": message,
         }
-        self.proc.stdin.write(json.dumps({"expression": expression, "scope": scope}) + "\n")
-        self.proc.stdin.flush()
-        answer = json.loads(self.proc.stdout.readline())
-        if answer.get("error"):
-            raise ValueError(answer["error"])
-        return bool(answer["result"])
+        return bool(self._ask({"expression": expression, "scope": scope})["result"])
 
     def resource_state(self, success: str, failure: str, obj: dict) -> str:
         """"succeeded", "failed" or "waiting": argoexec's verdict on ``obj`` for the conditions."""
-        self.proc.stdin.write(json.dumps({"success": success, "failure": failure, "object": obj}) + "\n")
-        self.proc.stdin.flush()
-        answer = json.loads(self.proc.stdout.readline())
-        if answer.get("error"):
-            raise ValueError(answer["error"])
-        return answer["state"]
+        return self._ask({"success": success, "failure": failure, "object": obj})["state"]
 
     def substitute(self, template: dict, params: dict[str, str], strict: bool = False) -> dict:
         """``template`` (a Workflow template, as JSON) with ``params`` (``inputs.parameters.x`` ->
         value) substituted by the controller's own code (util/template.Replace); ``strict``: an
         unresolved tag raises ValueError, as when the controller computes a custom metric."""
-        self.proc.stdin.write(json.dumps({"template": template, "params": params, "strict": strict}) + "\n")
+        return self._ask({"template": template, "params": params, "strict": strict})["template"]
+
+    def _ask(self, request: dict) -> dict:
+        """One request line to the helper, its answer; ValueError with Argo's error if it has one."""
+        self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         answer = json.loads(self.proc.stdout.readline())
         if answer.get("error"):
             raise ValueError(answer["error"])
-        return answer["template"]
+        return answer
 
     def close(self) -> None:
         self.proc.stdin.close()
