@@ -1,7 +1,9 @@
 """Cluster commands: submit, templates apply, cron, list, status, logs, retry.
 
-Parse, call :mod:`pipectl.pipelines.kube`, print. Objects are validated (typed parameters, then
-schema) before anything is sent; ``--dry-run`` prints exactly the object that would be sent.
+Parse, call :mod:`pipectl.pipelines.backends.kube`, print. Objects come from the compile layer
+(:mod:`pipectl.pipelines.workflows`, :mod:`pipectl.pipelines.training`) and are validated (typed
+parameters, then schema) before anything is sent; ``--dry-run`` prints exactly the object that
+would be sent.
 """
 
 from __future__ import annotations
@@ -12,27 +14,23 @@ from typing import Any
 
 import click
 
-from pipectl.cli.errors import fail
+from pipectl.cli.common import (
+    cluster_options,
+    compile_config,
+    console,
+    fail,
+    lane_option,
+    output_option,
+    parameter_option,
+    training_parameters,
+)
+from pipectl.components.names import LANE_LABEL
 
-
-def _common(fn: Any) -> Any:
-    fn = click.option("--namespace", "-n", default="pipectl", show_default=True, envvar="PIPECTL_NAMESPACE")(fn)
-    fn = click.option("--context", default=None, help="kubeconfig context (default: current).")(fn)
-    return fn
-
-
-def _output(fn: Any) -> Any:
-    return click.option("--output", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)(fn)
-
-
-def _console() -> Any:
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False)
+PIPELINES = ("training",)
 
 
 def _cluster(namespace: str, context: str | None) -> Any:
-    from pipectl.pipelines.kube import ArgoCluster
+    from pipectl.pipelines.backends.kube import ArgoCluster
 
     return ArgoCluster(namespace, context)
 
@@ -51,182 +49,189 @@ def _print_objects(objects: list[dict]) -> None:
     click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
 
 
-def register(main: click.Group) -> None:
-    @main.command()
-    @click.argument("pipeline", type=click.Choice(["training"]))
-    @click.option("-p", "--parameter", "params", multiple=True, metavar="KEY=VALUE")
-    @click.option("--lane", type=click.Choice(["urgent", "standard", "batch"]), default=None, help="Priority lane (same as -p lane=...).")
-    @click.option("--dry-run", is_flag=True, help="Print the Workflow that would be created; send nothing.")
-    @click.option("--wait", is_flag=True, help="Follow the workflow; exit 1 unless it Succeeded.")
-    @_common
-    @_output
-    def submit(pipeline: str, params: tuple[str, ...], lane: str | None, dry_run: bool, wait: bool, namespace: str, context: str | None, output_format: str) -> None:
-        """Submit PIPELINE: a Workflow referencing its WorkflowTemplate, with validated parameters."""
-        from pipectl.cli.main import _parameters
-        from pipectl.pipelines.kube import workflow_for
-        from pipectl.pipelines.training import TEMPLATE_NAME
+@click.command()
+@click.argument("pipeline", type=click.Choice(PIPELINES))
+@parameter_option
+@lane_option
+@click.option("--dry-run", is_flag=True, help="Print the Workflow that would be created; send nothing.")
+@click.option("--wait", is_flag=True, help="Follow the workflow; exit 1 unless it Succeeded.")
+@cluster_options
+@output_option
+def submit(pipeline: str, params: tuple[str, ...], lane: str | None, dry_run: bool, wait: bool, namespace: str, context: str | None, output_format: str) -> None:
+    """Submit PIPELINE: a Workflow referencing its WorkflowTemplate, with validated parameters."""
+    from pipectl.components.names import TEMPLATE_NAME
+    from pipectl.pipelines.workflows import workflow_for
 
-        parameters = _parameters(params + ((f"lane={lane}",) if lane else ()))
-        wf = workflow_for(TEMPLATE_NAME, namespace, parameters)
-        _check([wf])
-        if dry_run:
-            _print_objects([wf])
-            return
+    parameters = training_parameters(params + ((f"lane={lane}",) if lane else ()))
+    wf = workflow_for(TEMPLATE_NAME, namespace, parameters)
+    _check([wf])
+    if dry_run:
+        _print_objects([wf])
+        return
+    cluster = _cluster(namespace, context)
+    created = cluster.create_workflow(wf)
+    name = created["metadata"]["name"]
+    console().print(f"submitted workflow {name} (lane {parameters.lane.value}, priority {wf['spec']['priority']})")
+    if not wait:
+        click.echo(json.dumps({"name": name}) if output_format == "json" else name)
+        return
+    final = _follow(cluster, name)
+    phase = final.get("status", {}).get("phase")
+    if output_format == "json":
+        click.echo(json.dumps({"name": name, "phase": phase, "message": final.get("status", {}).get("message")}))
+    else:
+        click.echo(f"{name} {phase}")
+    if phase != "Succeeded":
+        sys.exit(1)
+
+
+@click.group()
+def templates() -> None:
+    """WorkflowTemplates on the cluster."""
+
+
+@templates.command("apply")
+@click.option("--dry-run", is_flag=True)
+@cluster_options
+def templates_apply(dry_run: bool, namespace: str, context: str | None) -> None:
+    """Create or update every pipeline's WorkflowTemplate (linted first)."""
+    from pipectl.pipelines.training import build_training
+
+    _apply([build_training(compile_config(namespace=namespace)).to_dict()], dry_run, namespace, context)
+
+
+@click.group()
+def cron() -> None:
+    """Scheduled retraining (CronWorkflows)."""
+
+
+@cron.command("apply")
+@click.option("--dry-run", is_flag=True)
+@cluster_options
+def cron_apply(dry_run: bool, namespace: str, context: str | None) -> None:
+    """Create or update the `retrain` CronWorkflow."""
+    from pipectl.pipelines.manifests import retrain_cron
+
+    _apply([retrain_cron(compile_config(namespace=namespace)).to_dict()], dry_run, namespace, context)
+
+
+@cron.command("list")
+@cluster_options
+@output_option
+def cron_list(namespace: str, context: str | None, output_format: str) -> None:
+    rows = [
+        {"name": c["metadata"]["name"], "schedules": c["spec"].get("schedules"), "timezone": c["spec"].get("timezone"),
+         "suspended": bool(c["spec"].get("suspend")), "last": c.get("status", {}).get("lastScheduledTime")}
+        for c in _cluster(namespace, context).list("cronworkflows")
+    ]
+    _rows(rows, output_format)
+
+
+def _suspend(name: str, namespace: str, context: str | None, value: bool) -> None:
+    _cluster(namespace, context).patch("cronworkflows", name, {"spec": {"suspend": value}})
+    console().print(f"{'suspended' if value else 'resumed'} CronWorkflow {name}")
+
+
+@cron.command("suspend")
+@click.argument("name")
+@cluster_options
+def cron_suspend(name: str, namespace: str, context: str | None) -> None:
+    _suspend(name, namespace, context, True)
+
+
+@cron.command("resume")
+@click.argument("name")
+@cluster_options
+def cron_resume(name: str, namespace: str, context: str | None) -> None:
+    _suspend(name, namespace, context, False)
+
+
+@cron.command("trigger")
+@click.argument("name")
+@cluster_options
+def cron_trigger(name: str, namespace: str, context: str | None) -> None:
+    """Run the CronWorkflow NAME now: exactly one Workflow from its workflowSpec."""
+    from pipectl.pipelines.workflows import cron_trigger_workflow
+
+    cluster = _cluster(namespace, context)
+    wf = cluster.create_workflow(cron_trigger_workflow(cluster.get("cronworkflows", name)))
+    click.echo(wf["metadata"]["name"])
+
+
+@click.command("list")
+@cluster_options
+@output_option
+def list_(namespace: str, context: str | None, output_format: str) -> None:
+    """Workflows of pipectl in the namespace, newest first."""
+    from pipectl.components.names import PART_OF
+
+    items = _cluster(namespace, context).list("workflows", ",".join(f"{k}={v}" for k, v in PART_OF.items()))
+    items.sort(key=lambda w: w["metadata"].get("creationTimestamp", ""), reverse=True)
+    _rows([{"name": w["metadata"]["name"], "phase": w.get("status", {}).get("phase", "Pending"),
+            "lane": w["metadata"].get("labels", {}).get(LANE_LABEL), "started": w.get("status", {}).get("startedAt")}
+           for w in items], output_format)
+
+
+@click.command()
+@click.argument("name")
+@cluster_options
+@output_option
+def status(name: str, namespace: str, context: str | None, output_format: str) -> None:
+    """Phase of workflow NAME and of each of its steps."""
+    wf = _cluster(namespace, context).get("workflows", name)
+    nodes = sorted((wf.get("status", {}).get("nodes") or {}).values(), key=lambda n: n.get("startedAt") or "")
+    _rows([{"step": n.get("displayName"), "type": n.get("type"), "phase": n.get("phase"), "message": n.get("message", "")}
+           for n in nodes if n.get("type") in ("Pod", "Retry", "DAG")], output_format)
+    phase = wf.get("status", {}).get("phase")
+    console().print(f"workflow {name}: {phase}")
+    if phase in ("Failed", "Error"):
+        sys.exit(1)
+
+
+@click.command()
+@click.argument("name")
+@cluster_options
+def logs(name: str, namespace: str, context: str | None) -> None:
+    """Logs of every pod of workflow NAME (steps and gang pods)."""
+    for pod, text in _cluster(namespace, context).logs(name):
+        click.echo(f"==> {pod} <==")
+        click.echo(text, nl=not text.endswith("\n"))
+
+
+@click.command()
+@click.argument("name")
+@click.option("--resubmit", is_flag=True, help="Always create a new Workflow, even when ARGO_SERVER is set.")
+@cluster_options
+def retry(name: str, resubmit: bool, namespace: str, context: str | None) -> None:
+    """Retry workflow NAME.
+
+    With ARGO_SERVER set (as for the `argo` CLI; ARGO_SECURE, ARGO_TOKEN) the workflow is
+    retried IN PLACE through the Argo Server: only failed steps run again, succeeded steps
+    keep their outputs, and training resumes from its checkpoints (they are per workflow).
+    Without it (or with --resubmit), a new Workflow with the same template and arguments is
+    created: training starts fresh; stage and register are idempotent.
+    """
+    from pipectl.pipelines.backends.kube import ArgoServer
+
+    server = None if resubmit else ArgoServer.from_env()
+    if server is not None:
         cluster = _cluster(namespace, context)
-        created = cluster.create_workflow(wf)
-        name = created["metadata"]["name"]
-        _console().print(f"submitted workflow {name} (lane {parameters.lane.value}, priority {wf['spec']['priority']})")
-        if not wait:
-            click.echo(json.dumps({"name": name}) if output_format == "json" else name)
-            return
-        final = _follow(cluster, name)
-        phase = final.get("status", {}).get("phase")
-        if output_format == "json":
-            click.echo(json.dumps({"name": name, "phase": phase, "message": final.get("status", {}).get("message")}))
-        else:
-            click.echo(f"{name} {phase}")
-        if phase != "Succeeded":
-            sys.exit(1)
+        phase = cluster.get("workflows", name).get("status", {}).get("phase")
+        if phase not in ("Failed", "Error"):
+            fail(f"workflow {name} is {phase or 'not started'}: only a Failed or Error workflow can be retried in place",
+                 "wait for it to end, or use --resubmit for a new run", code=2)
+        for job in cluster.delete_failed_gang_jobs(name):
+            console().print(f"deleted the failed attempt's gang job {job} (its name is reused by the retry)")
+        server.retry(namespace, name)
+        console().print(f"retrying {name} in place (Argo Server {server.base})")
+        click.echo(name)
+        return
+    cluster = _cluster(namespace, context)
+    from pipectl.pipelines.workflows import resubmit_workflow
 
-    @main.group()
-    def templates() -> None:
-        """WorkflowTemplates on the cluster."""
-
-    @templates.command("apply")
-    @click.option("--dry-run", is_flag=True)
-    @_common
-    def templates_apply(dry_run: bool, namespace: str, context: str | None) -> None:
-        """Create or update every pipeline's WorkflowTemplate (linted first)."""
-        from pipectl.pipelines.training import CompileConfig, build_training
-
-        _apply([build_training(CompileConfig(namespace=namespace)).to_dict()], dry_run, namespace, context)
-
-    @main.group()
-    def cron() -> None:
-        """Scheduled retraining (CronWorkflows)."""
-
-    @cron.command("apply")
-    @click.option("--dry-run", is_flag=True)
-    @_common
-    def cron_apply(dry_run: bool, namespace: str, context: str | None) -> None:
-        """Create or update the `retrain` CronWorkflow."""
-        from pipectl.pipelines.cluster import retrain_cron
-        from pipectl.pipelines.training import CompileConfig
-
-        _apply([retrain_cron(CompileConfig(namespace=namespace)).to_dict()], dry_run, namespace, context)
-
-    @cron.command("list")
-    @_common
-    @_output
-    def cron_list(namespace: str, context: str | None, output_format: str) -> None:
-        rows = [
-            {"name": c["metadata"]["name"], "schedules": c["spec"].get("schedules"), "timezone": c["spec"].get("timezone"),
-             "suspended": bool(c["spec"].get("suspend")), "last": c.get("status", {}).get("lastScheduledTime")}
-            for c in _cluster(namespace, context).list("cronworkflows")
-        ]
-        _rows(rows, output_format)
-
-    def _suspend(name: str, namespace: str, context: str | None, value: bool) -> None:
-        _cluster(namespace, context).patch("cronworkflows", name, {"spec": {"suspend": value}})
-        _console().print(f"{'suspended' if value else 'resumed'} CronWorkflow {name}")
-
-    @cron.command("suspend")
-    @click.argument("name")
-    @_common
-    def cron_suspend(name: str, namespace: str, context: str | None) -> None:
-        _suspend(name, namespace, context, True)
-
-    @cron.command("resume")
-    @click.argument("name")
-    @_common
-    def cron_resume(name: str, namespace: str, context: str | None) -> None:
-        _suspend(name, namespace, context, False)
-
-    @cron.command("trigger")
-    @click.argument("name")
-    @_common
-    def cron_trigger(name: str, namespace: str, context: str | None) -> None:
-        """Run the CronWorkflow NAME now: exactly one Workflow from its workflowSpec."""
-        from pipectl.pipelines.kube import cron_trigger_workflow
-
-        cluster = _cluster(namespace, context)
-        wf = cluster.create_workflow(cron_trigger_workflow(cluster.get("cronworkflows", name)))
-        click.echo(wf["metadata"]["name"])
-
-    @main.command("list")
-    @_common
-    @_output
-    def list_(namespace: str, context: str | None, output_format: str) -> None:
-        """Workflows of pipectl in the namespace, newest first."""
-        items = _cluster(namespace, context).list("workflows", "app.kubernetes.io/part-of=pipectl")
-        items.sort(key=lambda w: w["metadata"].get("creationTimestamp", ""), reverse=True)
-        _rows([{"name": w["metadata"]["name"], "phase": w.get("status", {}).get("phase", "Pending"),
-                "lane": w["metadata"].get("labels", {}).get("pipectl.io/lane"), "started": w.get("status", {}).get("startedAt")}
-               for w in items], output_format)
-
-    @main.command()
-    @click.argument("name")
-    @_common
-    @_output
-    def status(name: str, namespace: str, context: str | None, output_format: str) -> None:
-        """Phase of workflow NAME and of each of its steps."""
-        wf = _cluster(namespace, context).get("workflows", name)
-        nodes = sorted((wf.get("status", {}).get("nodes") or {}).values(), key=lambda n: n.get("startedAt") or "")
-        _rows([{"step": n.get("displayName"), "type": n.get("type"), "phase": n.get("phase"), "message": n.get("message", "")}
-               for n in nodes if n.get("type") in ("Pod", "Retry", "DAG")], output_format)
-        phase = wf.get("status", {}).get("phase")
-        _console().print(f"workflow {name}: {phase}")
-        if phase in ("Failed", "Error"):
-            sys.exit(1)
-
-    @main.command()
-    @click.argument("name")
-    @_common
-    def logs(name: str, namespace: str, context: str | None) -> None:
-        """Logs of every pod of workflow NAME (steps and gang pods)."""
-        for pod, text in _cluster(namespace, context).logs(name):
-            click.echo(f"==> {pod} <==")
-            click.echo(text, nl=not text.endswith("\n"))
-
-    @main.command()
-    @click.argument("name")
-    @click.option("--resubmit", is_flag=True, help="Always create a new Workflow, even when ARGO_SERVER is set.")
-    @_common
-    def retry(name: str, resubmit: bool, namespace: str, context: str | None) -> None:
-        """Retry workflow NAME.
-
-        With ARGO_SERVER set (as for the `argo` CLI; ARGO_SECURE, ARGO_TOKEN) the workflow is
-        retried IN PLACE through the Argo Server: only failed steps run again, succeeded steps
-        keep their outputs, and training resumes from its checkpoints (they are per workflow).
-        Without it (or with --resubmit), a new Workflow with the same template and arguments is
-        created: training starts fresh; stage and register are idempotent.
-        """
-        from pipectl.pipelines.kube import ArgoServer
-
-        server = None if resubmit else ArgoServer.from_env()
-        if server is not None:
-            cluster = _cluster(namespace, context)
-            phase = cluster.get("workflows", name).get("status", {}).get("phase")
-            if phase not in ("Failed", "Error"):
-                fail(f"workflow {name} is {phase or 'not started'}: only a Failed or Error workflow can be retried in place",
-                     "wait for it to end, or use --resubmit for a new run", code=2)
-            for job in cluster.delete_failed_gang_jobs(name):
-                _console().print(f"deleted the failed attempt's gang job {job} (its name is reused by the retry)")
-            server.retry(namespace, name)
-            _console().print(f"retrying {name} in place (Argo Server {server.base})")
-            click.echo(name)
-            return
-        cluster = _cluster(namespace, context)
-        old = cluster.get("workflows", name)
-        wf = {
-            "apiVersion": old["apiVersion"], "kind": "Workflow",
-            "metadata": {"generateName": old["metadata"].get("generateName") or f"{name}-", "namespace": namespace,
-                         "labels": {**old["metadata"].get("labels", {}), "pipectl.io/retry-of": name}},
-            "spec": {k: v for k, v in old["spec"].items() if k in ("workflowTemplateRef", "arguments", "priority")},
-        }
-        new_name = cluster.create_workflow(wf)["metadata"]["name"]
-        _console().print(f"resubmitted {name} as {new_name} (a new Workflow; set ARGO_SERVER to retry in place)")
-        click.echo(new_name)
+    new_name = cluster.create_workflow(resubmit_workflow(cluster.get("workflows", name), namespace))["metadata"]["name"]
+    console().print(f"resubmitted {name} as {new_name} (a new Workflow; set ARGO_SERVER to retry in place)")
+    click.echo(new_name)
 
 
 def _apply(objs: list[dict], dry_run: bool, namespace: str, context: str | None) -> None:
@@ -238,7 +243,7 @@ def _apply(objs: list[dict], dry_run: bool, namespace: str, context: str | None)
     cluster = _cluster(namespace, context)
     for o in objs:
         cluster.apply(o)
-        _console().print(f"applied {o['kind']} {o['metadata']['name']}")
+        console().print(f"applied {o['kind']} {o['metadata']['name']}")
 
 
 def _rows(rows: list[dict], output_format: str) -> None:
@@ -249,7 +254,7 @@ def _rows(rows: list[dict], output_format: str) -> None:
     from rich.table import Table
 
     if not rows:
-        _console().print("nothing found")
+        console().print("nothing found")
         return
     table = Table(*rows[0].keys())
     for r in rows:
@@ -259,7 +264,7 @@ def _rows(rows: list[dict], output_format: str) -> None:
 
 def _follow(cluster: Any, name: str) -> dict:
     """Live per-step progress on stderr until the workflow ends."""
-    console = _console()
+    console = console()
     shown: dict[str, str] = {}
 
     def on_change(wf: dict) -> None:

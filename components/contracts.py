@@ -13,31 +13,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
-# ---------------------------------------------------------------- names (written once, derived everywhere)
-
-OUTPUTS_DIR = "/tmp/outputs"
-"""Folder in a step's container for its output parameters, one file per field (kebab name); Argo
-reads them with ``valueFrom.path``, the local backend maps it to a per-task folder."""
-
-LANE_OBJECT_PREFIX = "pipectl-"
-"""Prefix of a lane's PriorityClass and Volcano Queue names (``pipectl-urgent``)."""
-
-
-def kebab(name: str) -> str:
-    """``image_size`` -> ``image-size``: Argo parameter names and CLI flags are kebab-case."""
-    return name.replace("_", "-")
-
-
-def snake(name: str) -> str:
-    """``image-size`` -> ``image_size``: pydantic field names are snake_case."""
-    return name.replace("-", "_")
-
-
-def lane_object_name(lane: str) -> str:
-    """The PriorityClass and Volcano Queue of ``lane`` (a Lane value or an Argo tag such as
-    ``{{inputs.parameters.lane}}``): ``pipectl-<lane>``."""
-    return LANE_OBJECT_PREFIX + lane
+from pipectl.components.names import (  # noqa: F401 - names the steps use, re-exported
+    LANE_OBJECT_PREFIX,
+    OUTPUTS_DIR,
+    Lane,
+    kebab,
+    lane_object_name,
+    snake,
+)
 
 
 class ExitCode(enum.IntEnum):
@@ -49,14 +32,6 @@ class ExitCode(enum.IntEnum):
     OK = 0
     FAILED = 1
     TEMPFAIL = 75
-
-
-class Lane(str, enum.Enum):
-    """Priority lanes. ``urgent`` may preempt ``batch``; ``batch`` never preempts."""
-
-    urgent = "urgent"
-    standard = "standard"
-    batch = "batch"
 
 
 class PromotionMetric(str, enum.Enum):
@@ -81,6 +56,30 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
 
 
+class GangShape(StrictModel):
+    """The training gang's shape: what a launcher's job manifest takes besides :class:`TrainInput`
+    (the train step's inputs are these fields and TrainInput's). Field definitions are written
+    here once; :class:`TrainingParameters` takes them as they are."""
+
+    workers: int = Field(1, ge=1, le=1024, description="Pods in the training gang (nodes).")
+    processes_per_worker: int = Field(
+        2, ge=1, le=64, description="torchrun processes per pod (one per GPU on GPU nodes)."
+    )
+    gpus_per_worker: int = Field(0, ge=0, le=16, description="GPUs requested per training pod; 0 trains on CPU with gloo.")
+    cpu_per_worker: float = Field(
+        2.0, gt=0, le=512, multiple_of=0.001,
+        description="CPU cores per training pod, requested and limited alike: with memory-gib-per-worker the gang's "
+        "pods are Guaranteed QoS, the last the kubelet evicts under node pressure (field case C07).",
+    )
+    memory_gib_per_worker: int = Field(
+        8, ge=1, le=4096, description="Memory per training pod in GiB, requested and limited alike (Guaranteed QoS, C07)."
+    )
+    lane: Lane = Field(Lane.standard, description="Priority lane: urgent, standard or batch.")
+
+
+_GANG = GangShape.model_fields
+
+
 class TrainingParameters(StrictModel):
     """Parameters of the ``training`` pipeline; each becomes a WorkflowTemplate argument.
 
@@ -96,20 +95,12 @@ class TrainingParameters(StrictModel):
     epochs: int = Field(15, ge=1, le=1000, description="Passes over the training split.")
     batch_size: int = Field(32, ge=1, le=65536, description="Samples per optimiser step, per process.")
     learning_rate: float = Field(0.002, gt=0, le=10, description="Adam learning rate.")
-    workers: int = Field(1, ge=1, le=1024, description="Pods in the training gang (nodes).")
-    processes_per_worker: int = Field(
-        2, ge=1, le=64, description="torchrun processes per pod (one per GPU on GPU nodes)."
-    )
-    gpus_per_worker: int = Field(0, ge=0, le=16, description="GPUs requested per training pod; 0 trains on CPU with gloo.")
-    cpu_per_worker: float = Field(
-        2.0, gt=0, le=512, multiple_of=0.001,
-        description="CPU cores per training pod, requested and limited alike: with memory-gib-per-worker the gang's "
-        "pods are Guaranteed QoS, the last the kubelet evicts under node pressure (field case C07).",
-    )
-    memory_gib_per_worker: int = Field(
-        8, ge=1, le=4096, description="Memory per training pod in GiB, requested and limited alike (Guaranteed QoS, C07)."
-    )
-    lane: Lane = Field(Lane.standard, description="Priority lane: urgent, standard or batch.")
+    workers: int = _GANG["workers"]
+    processes_per_worker: int = _GANG["processes_per_worker"]
+    gpus_per_worker: int = _GANG["gpus_per_worker"]
+    cpu_per_worker: float = _GANG["cpu_per_worker"]
+    memory_gib_per_worker: int = _GANG["memory_gib_per_worker"]
+    lane: Lane = _GANG["lane"]
     model_name: str = Field("digits-cnn", description="Registered model name in the MLflow Model Registry.")
     promotion_metric: PromotionMetric = Field(
         PromotionMetric.accuracy, description="Held-out metric compared with the champion."

@@ -119,7 +119,7 @@ def _gang_objects(wt: dict) -> Iterator[tuple[int, str, dict, str]]:
     workflow parameter defaults and each lane of the lane enum."""
     import yaml
 
-    from pipectl.pipelines.local import LocalBackendError, substitute
+    from pipectl.pipelines.substitution import TemplateError, substitute
 
     params = {p["name"]: p for p in wt["spec"].get("arguments", {}).get("parameters", [])}
     lanes = params.get("lane", {}).get("enum") or [params.get("lane", {}).get("value", "standard")]
@@ -135,21 +135,14 @@ def _gang_objects(wt: dict) -> Iterator[tuple[int, str, dict, str]]:
             values["inputs.parameters.lane"] = lane
             try:
                 yield i, lane, yaml.safe_load(substitute(res["manifest"], values, where=f"templates[{i}]")), ""
-            except (LocalBackendError, yaml.YAMLError) as e:
+            except (TemplateError, yaml.YAMLError) as e:
                 yield i, lane, {}, f"manifest does not render: {e}"
-
-
-def _gang_pods(job: dict) -> list[tuple[Any, dict]]:
-    if job.get("kind") == "Job":
-        return [(t.get("replicas"), t["template"]["spec"]) for t in job["spec"].get("tasks", [])]
-    if job.get("kind") == "PyTorchJob":
-        return [(s.get("replicas"), s["template"]["spec"]) for s in job["spec"].get("pytorchReplicaSpecs", {}).values()]
-    return []
 
 
 def check_policy(obj: dict, source: str) -> list[Finding]:
     """pipectl's rules for WorkflowTemplates (see the module doc)."""
-    from pipectl.components.contracts import Lane, lane_object_name
+    from pipectl.components.names import LANE_OBJECT_NAMES
+    from pipectl.pipelines.launchers import launcher_for
 
     if obj.get("kind") not in ("WorkflowTemplate", "Workflow"):
         return []
@@ -171,21 +164,21 @@ def check_policy(obj: dict, source: str) -> list[Finding]:
             findings.append(Finding(at, error))
             continue
         findings += [Finding(f"{at} {f.where.split(' ', 2)[-1]}", f.message) for f in validate_schema(job, source) if "no schema" not in f.message]
-        pods = _gang_pods(job)
-        if not pods:
+        launcher = launcher_for(job)
+        if launcher is None:
             continue
-        replicas = [r for r, _ in pods]
+        groups = launcher.replica_groups(job)
+        replicas = [g.replicas for g in groups]
         if not all(isinstance(r, int) for r in replicas):
             findings.append(Finding(at, f"replicas must be integers after substitution, got {replicas!r}"))
             continue
         gang = sum(replicas)
-        min_available = job["spec"].get("minAvailable", job["spec"].get("runPolicy", {}).get("schedulingPolicy", {}).get("minAvailable"))
+        min_available, queue = launcher.gang_fields(job)
         if min_available != gang:
             findings.append(Finding(at, f"minAvailable {min_available!r} must equal the gang size {gang} (all pods or none)"))
-        queue = job["spec"].get("queue", job["spec"].get("runPolicy", {}).get("schedulingPolicy", {}).get("queue"))
-        if queue not in {lane_object_name(lane_.value) for lane_ in Lane}:
+        if queue not in LANE_OBJECT_NAMES:
             findings.append(Finding(at, f"queue {queue!r} is not a lane's queue"))
-        for _, pod in pods:
+        for pod in (g.pod_spec for g in groups):
             for c in pod.get("containers", []):
                 gpus = (c.get("resources", {}).get("limits") or {}).get("nvidia.com/gpu")
                 if gpus is not None and not isinstance(gpus, int):
@@ -195,7 +188,7 @@ def check_policy(obj: dict, source: str) -> list[Finding]:
                 findings += _image_findings(c.get("image", ""), at)
                 findings += _env_findings(c.get("env") or [], at)
             pc = pod.get("priorityClassName")
-            if pc is not None and pc not in {lane_object_name(lane_.value) for lane_ in Lane}:
+            if pc is not None and pc not in LANE_OBJECT_NAMES:
                 findings.append(Finding(at, f"priorityClassName {pc!r} is not a lane's PriorityClass"))
     return findings
 

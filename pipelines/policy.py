@@ -1,7 +1,7 @@
 """Cluster policy as typed tables: priority lanes and autoscaler-aware retries.
 
 Pure: no I/O. :mod:`pipectl.pipelines.training` renders these into templates, and
-:mod:`pipectl.pipelines.cluster` into the cluster manifests under ``argo/``.
+:mod:`pipectl.pipelines.manifests` into the cluster manifests under ``argo/``.
 """
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from __future__ import annotations
 from hera.workflows.models import Backoff, RetryAffinity, RetryNodeAntiAffinity, RetryStrategy, Toleration
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pipectl.components.contracts import ExitCode, Lane, lane_object_name
-
-LANE_TAINT_KEY = "pipectl.io/lane"
+from pipectl.components.contracts import ExitCode
+from pipectl.components.names import LANE_TAINT_KEY, SEMAPHORE_CONFIGMAP, Lane, lane_object_name  # noqa: F401
 
 
 class LaneSpec(BaseModel):
@@ -64,8 +63,6 @@ LANES: dict[Lane, LaneSpec] = {
         queue_weight=1, queue_reclaimable=True, argo_priority=0, concurrency=16, tolerates_reserved=False,
     ),
 }
-
-SEMAPHORE_CONFIGMAP = "pipectl-lanes"
 
 
 def lane_toleration_for(lane_expr: str) -> Toleration:
@@ -222,40 +219,3 @@ def step_metrics(step: str, *, container: bool) -> list:
         Gauge(name="pipectl_step_duration_seconds", help="Duration of the last attempt of a pipectl step",
               labels=[Label(key="step", value=step)], realtime=False, value="{{duration}}"),
     ]
-
-
-# -- pod security: the Kubernetes "restricted" Pod Security Standard (issue 13) -------------------
-# https://kubernetes.io/docs/concepts/security/pod-security-standards/#restricted : non-root,
-# no privilege escalation, every capability dropped, a RuntimeDefault seccomp profile. Written
-# once here; step pods, the gang's pods and Argo's executor containers take them from here.
-
-RUN_AS_UID = 10001
-"""The step images' user (images/Dockerfile: ``USER 10001:10001``)."""
-
-POD_SECURITY_LABELS = {
-    "pod-security.kubernetes.io/enforce": "restricted",
-    "pod-security.kubernetes.io/audit": "restricted",
-    "pod-security.kubernetes.io/warn": "restricted",
-}
-"""Namespace labels: the API server's built-in PodSecurity admission refuses any other pod."""
-
-TMP_VOLUME = {"name": "tmp", "emptyDir": {}}
-"""Writable /tmp (outputs, temporary files) for containers whose root file system is read-only."""
-
-
-def restricted_pod_security_context() -> dict:
-    """Pod-level fields of "restricted" (Kubernetes API field names): non-root as RUN_AS_UID, with
-    its group owning volumes, RuntimeDefault seccomp."""
-    return {"runAsNonRoot": True, "runAsUser": RUN_AS_UID, "runAsGroup": RUN_AS_UID, "fsGroup": RUN_AS_UID,
-            "seccompProfile": {"type": "RuntimeDefault"}}
-
-
-def restricted_container_security_context(read_only_root: bool = True) -> dict:
-    """Container-level fields of "restricted" (they cannot be set for the whole pod); the root file
-    system read-only unless ``read_only_root`` is False (Argo's init/wait containers: argo-workflows
-    #10787), with TMP_VOLUME mounted at /tmp where it is."""
-    sc = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
-          "seccompProfile": {"type": "RuntimeDefault"}}
-    if read_only_root:
-        sc["readOnlyRootFilesystem"] = True
-    return sc

@@ -2,18 +2,16 @@
 
 Pure: :func:`build_training` maps a :class:`CompileConfig` to a Hera ``WorkflowTemplate``;
 nothing here does I/O. ``pipectl render`` prints it, ``pipectl submit`` sends it, and the local
-backend (:mod:`pipectl.pipelines.local`) executes the very same compiled dict.
+backend (:mod:`pipectl.pipelines.backends.runner`) executes the very same compiled dict.
 
 Each step's container arguments are generated from the component's Input contract
 (``--<field> {{inputs.parameters.<field>}}``), so the template and the component cannot drift.
 The ``train`` step is an Argo resource template that creates ONE gang job (a Volcano Job or a
-PyTorchJob: :mod:`pipectl.pipelines.gang`). Every template carries the typed retry policy and
+PyTorchJob: :mod:`pipectl.pipelines.launchers`). Every template carries the typed retry policy and
 lane settings of :mod:`pipectl.pipelines.policy`.
 """
 
 from __future__ import annotations
-
-from typing import Literal
 
 from hera.workflows import (
     DAG,
@@ -40,7 +38,7 @@ from hera.workflows.models import (
     Volume,
     VolumeMount,
 )
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipectl.components.contracts import (
     EvaluateInput,
@@ -55,24 +53,22 @@ from pipectl.components.contracts import (
     ValidateOutput,
     WarmInput,
     WarmOutput,
+)
+from pipectl.components.names import (
+    LANE_LABEL,
     OUTPUTS_DIR,
+    PART_OF,
+    SEMAPHORE_CONFIGMAP,
+    STORE_CONFIGMAP,
+    STORE_SECRET,
+    TEMPLATE_NAME,
     kebab,
     lane_object_name,
 )
-
-from pipectl.pipelines.gang import LAUNCHERS, STORE_CONFIGMAP, STORE_SECRET, GangConfig
-from pipectl.pipelines.policy import (
-    LANE_TAINT_KEY,
-    SEMAPHORE_CONFIGMAP,
-    TMP_VOLUME,
-    RetryPolicy,
-    lane_toleration_for,
-    restricted_container_security_context,
-    restricted_pod_security_context,
-    step_metrics,
-)
-
-TEMPLATE_NAME = "training-v1"
+from pipectl.pipelines.launchers import DEFAULT_LAUNCHER, LAUNCHERS, GangConfig
+from pipectl.pipelines.launchers.base import TRAIN_STEP_INPUTS
+from pipectl.pipelines.policy import RetryPolicy, lane_toleration_for, step_metrics
+from pipectl.pipelines.security import TMP_VOLUME, restricted_container_security_context, restricted_pod_security_context
 
 
 class CompileConfig(BaseModel):
@@ -90,11 +86,18 @@ class CompileConfig(BaseModel):
     shm_gib: int = Field(2, ge=1, le=256, description="Size of the in-memory /dev/shm of training pods (C06).")
     step_cpu: float = Field(0.25, gt=0, le=64, description="CPU cores each step pod requests (no limit: it may burst), so no pod is BestEffort (C07).")
     step_memory_gib: float = Field(1, gt=0, le=1024, description="Memory each step pod requests in GiB (no limit).")
-    launcher: Literal["volcano", "pytorchjob"] = Field("volcano", description="Gang job kind the train step creates.")
+    launcher: str = Field(DEFAULT_LAUNCHER, description=f"Gang job kind the train step creates: one of {', '.join(LAUNCHERS)}.")
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Retries by failure class; backoff from scale_up_s.")
 
+    @field_validator("launcher")
+    @classmethod
+    def _known_launcher(cls, v: str) -> str:
+        if v not in LAUNCHERS:
+            raise ValueError(f"unknown launcher {v!r}: one of {', '.join(LAUNCHERS)}")
+        return v
+
     def gang(self) -> GangConfig:
-        return GangConfig(image=self.train_image, service_account=self.training_service_account, shm_gib=self.shm_gib, lane_taint_key=LANE_TAINT_KEY,
+        return GangConfig(image=self.train_image, service_account=self.training_service_account, shm_gib=self.shm_gib,
                           max_restarts=self.retry.infra_limit)
 
 
@@ -161,24 +164,6 @@ def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type
 # owns the job's fields; --force-conflicts lets a re-sent apply take them over again.
 TRAIN_APPLY_FLAGS = ("--server-side", "--force-conflicts", "--field-manager=pipectl-train")
 
-TRAIN_INPUTS = [
-    "shards_uri",
-    "run_uri",
-    "model_name",
-    "epochs",
-    "batch_size",
-    "learning_rate",
-    "checkpoint_every_steps",
-    "seed",
-    "workers",
-    "processes_per_worker",
-    "gpus_per_worker",
-    "cpu_per_worker",
-    "memory_gib_per_worker",
-    "lane",
-]
-
-
 def _train_template(cfg: CompileConfig) -> Resource:
     """Resource template creating ONE gang job (Volcano Job or PyTorchJob) and waiting for it.
 
@@ -210,7 +195,7 @@ def _train_template(cfg: CompileConfig) -> Resource:
         manifest=launcher.manifest(cfg.gang()),
         success_condition=launcher.success_condition,
         failure_condition=launcher.failure_condition,
-        inputs=_input_params(TRAIN_INPUTS),
+        inputs=_input_params(list(TRAIN_STEP_INPUTS)),
         metrics=step_metrics("train", container=False),
         retry_strategy=cfg.retry.build(),
         timeout=f"{cfg.retry.attempt_timeout_s}s",
@@ -298,7 +283,7 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
                     {
                         "shards_uri": "{{tasks.preprocess.outputs.parameters.shards-uri}}",
                         "run_uri": run_uri,
-                        **{n: _wf(n) for n in TRAIN_INPUTS if n not in ("shards_uri", "run_uri")},
+                        **{n: _wf(n) for n in TRAIN_STEP_INPUTS if n not in ("shards_uri", "run_uri")},
                     }
                 ),
             ),
@@ -338,7 +323,7 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
         service_account_name=cfg.service_account,
         # every pod of the workflow, resource pods and Argo's own containers included (issue 13)
         security_context=PodSecurityContext.model_validate(restricted_pod_security_context()),
-        labels={"app.kubernetes.io/part-of": "pipectl"},
+        labels=dict(PART_OF),
         annotations={
             "workflows.argoproj.io/title": "Training pipeline",
             "workflows.argoproj.io/description": "Stage, optionally warm Alluxio, preprocess (DALI), train (DDP gang), evaluate against the champion, register in MLflow.",
@@ -348,7 +333,7 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
                 "workflows.argoproj.io/title": "training: {{workflow.parameters.model-name}} ({{workflow.parameters.lane}} lane)",
                 "workflows.argoproj.io/description": "dataset {{workflow.parameters.dataset-uri}}",
             },
-            labels={"pipectl.io/lane": "{{workflow.parameters.lane}}"},
+            labels={LANE_LABEL: "{{workflow.parameters.lane}}"},
         ),
         arguments=_workflow_parameters(),
         templates=[dag, validate, stage, warm, preprocess, train, evaluate, register],

@@ -4,7 +4,7 @@
   state folder each time, so the embedded S3 server starts empty and stage copies everything,
   and MLflow starts on a new sqlite store, as on a first ``make demo``).
 - **peer**: the same work by hand: start the same two servers (``python -m moto.server`` and
-  ``mlflow server`` with the arguments and environment :mod:`pipectl.pipelines.embedded` uses),
+  ``mlflow server`` with the arguments and environment :mod:`pipectl.pipelines.backends.services` uses),
   both at once, readiness polled every 0.05 s; then each step's exact argv as the previous
   ``pipectl run`` executed it (its ``runs/<workflow>/<task>/argv.json``), with a new workflow
   name, uid, state folder and master port, one after the other; then stop the servers.
@@ -36,7 +36,7 @@ STEPS = ("stage", "preprocess", "train", "evaluate", "register")
 
 
 def _free_port() -> int:
-    from pipectl.pipelines.local import free_port
+    from pipectl.pipelines.backends.processes import free_port
 
     return free_port()
 

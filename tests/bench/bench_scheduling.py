@@ -108,7 +108,7 @@ def _delete_and_wait(c, custom, core, group: str, plural: str, name: str, select
 def run(runs: int = RUNS) -> dict:
     from kubernetes import client
 
-    from pipectl.pipelines.kube import workflow_for
+    from pipectl.pipelines.workflows import workflow_for
     from pipectl.pipelines.training import TEMPLATE_NAME
     from pipectl.components.contracts import TrainingParameters
     from tests.cluster.cluster import TEST_OUTPUTS_CONFIGMAP, TestCluster

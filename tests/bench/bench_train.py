@@ -1,7 +1,7 @@
 """Benchmark 2, training step: DDP on CPU (gloo) with 1 and 2 processes, launched by our local
 backend vs. a bare ``torchrun`` of the same module with the same arguments.
 
-- **ours**: :class:`pipectl.pipelines.local.LocalRunner` running the compiled ``training``
+- **ours**: :class:`pipectl.pipelines.backends.runner.LocalRunner` running the compiled ``training``
   WorkflowTemplate cut down to its ``train`` task (shards given as a literal): the Volcano Job
   manifest is substituted and parsed, each pod runs ``torchrun --nnodes=1 --node-rank=0
   --nproc-per-node=N --master-addr=127.0.0.1 --master-port=<free> -m pipectl.components.train …``
@@ -58,8 +58,8 @@ class TrainBench:
 
     def __enter__(self) -> "TrainBench":
         from pipectl.components.contracts import RunSettings, TrainingParameters
-        from pipectl.pipelines.embedded import S3_ACCESS_KEY, S3_SECRET_KEY, EmbeddedServices
-        from pipectl.pipelines.local import LocalRunner
+        from pipectl.pipelines.backends.services import S3_ACCESS_KEY, S3_SECRET_KEY, EmbeddedServices
+        from pipectl.pipelines.backends.runner import LocalRunner
         from pipectl.pipelines.training import CompileConfig, build_training
 
         self.services = EmbeddedServices(self.state_dir, s3=True, mlflow=True).__enter__()
@@ -92,7 +92,7 @@ class TrainBench:
         return out["steps_this_attempt"] * batch * out["world_size"] / metrics["samples_per_s"]
 
     def ours(self, processes: int) -> None:
-        from pipectl.pipelines.local import LocalRunner
+        from pipectl.pipelines.backends.runner import LocalRunner
 
         runner = LocalRunner(self.train_only, {"epochs": str(EPOCHS), "processes-per-worker": str(processes)}, self.env,
                              self.state_dir / "runs")

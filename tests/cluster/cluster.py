@@ -991,7 +991,7 @@ class TestCluster:
                 if e.status != 409:
                     raise
         mport = self.ports["argo-metrics"]
-        from pipectl.pipelines.cluster import controller_config
+        from pipectl.pipelines.manifests import controller_config
         from pipectl.pipelines.training import CompileConfig
 
         core.create_namespaced_config_map("argo", {
@@ -1040,7 +1040,7 @@ class TestCluster:
         if self.volcano:
             conf = r / "volcano-scheduler.conf"
             # the configuration the project ships (argo/volcano/volcano-scheduler-configmap.yaml)
-            from pipectl.pipelines.cluster import volcano_scheduler_config
+            from pipectl.pipelines.manifests import volcano_scheduler_config
 
             conf.write_text(volcano_scheduler_config()[0]["data"]["volcano-scheduler.conf"])
             for c in OPTIONAL_COMPONENTS:

@@ -361,7 +361,7 @@ def test_wait_and_status_follow_a_workflow_to_its_end(test_cluster, k8s_api, tes
     """What `pipectl submit --wait` runs (ArgoCluster.wait) and `pipectl status`, on real workflows."""
     import os
 
-    from pipectl.pipelines.kube import ArgoCluster
+    from pipectl.pipelines.backends.kube import ArgoCluster
 
     os.environ["KUBECONFIG"] = str(test_cluster.kubeconfig)
     try:
@@ -490,12 +490,12 @@ def test_training_pipeline_reaches_succeeded_under_submit_wait(project_applied, 
 
 
 def _lane_gang(name: str, lane: str, workers: int, gpus: int, run_duration: str) -> dict:
-    """The train gang exactly as the training template renders it (pipelines/gang.py), with the
-    Argo tags a workflow of ``lane`` would substitute, plus how long KWOK keeps its pods running."""
-    from pipectl.pipelines.gang import volcano_job
+    """The train gang exactly as the training template renders it (pipelines/launchers/volcano.py),
+    with the Argo tags a workflow of ``lane`` would substitute, plus how long KWOK keeps its pods running."""
+    from pipectl.pipelines.launchers import LAUNCHERS
     from pipectl.pipelines.training import CompileConfig
 
-    text = volcano_job(CompileConfig().gang())
+    text = LAUNCHERS["volcano"].manifest(CompileConfig().gang())
     values = {"{{workflow.name}}-train-{{retries}}": name, "{{workflow.name}}": name, "{{inputs.parameters.lane}}": lane,
               "{{inputs.parameters.workers}}": str(workers), "{{inputs.parameters.gpus-per-worker}}": str(gpus),
               "{{inputs.parameters.processes-per-worker}}": str(gpus), "{{inputs.parameters.cpu-per-worker}}": "2.0",
@@ -826,7 +826,7 @@ def test_least_privilege_auth_can_i_list_per_service_account(project_applied, te
     server's own authorizer answers (`kubectl auth can-i --list --as=...`, kubectl v1.34.4): step
     pods only report results, the train step's account also creates/gets/patches the one gang job
     kind, the training pods' account nothing. The tables are printed (README shows them)."""
-    from pipectl.pipelines.cluster import rbac
+    from pipectl.pipelines.manifests import rbac
     from pipectl.pipelines.training import CompileConfig
     from tests.cluster.cluster import binary
 

@@ -207,7 +207,7 @@ def services(project, real_cluster, tmp_path_factory):
     pipectl-store ConfigMap, the S3 credentials Secret and Argo's artifact repository point at them."""
     from kubernetes import client
 
-    from pipectl.pipelines.embedded import start_mlflow
+    from pipectl.pipelines.backends.services import start_mlflow
     from tests.ceph.ceph import CephCluster, missing_packages
 
     if missing_packages():

@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from pipectl.cli.main import main
-from pipectl.pipelines.cluster import render_files
+from pipectl.pipelines.manifests import render_files
 
 ARGO = Path(__file__).resolve().parents[2] / "argo"
 RENDERED = render_files()

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from pipectl.components.contracts import StoreSettings
-from pipectl.pipelines.embedded import S3_ACCESS_KEY, S3_SECRET_KEY, EmbeddedServices
+from pipectl.pipelines.backends.services import S3_ACCESS_KEY, S3_SECRET_KEY, EmbeddedServices
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import pytest
 from pipectl.components.contracts import DatasetManifest, StageInput
 from pipectl.components.runtime import read_json, s3_client
 from pipectl.components.stage.core import stage
-from pipectl.pipelines.local import kill_tree
+from pipectl.pipelines.backends.processes import kill_tree
 from tests.tools.faulty_proxy import FaultyProxy
 
 pytestmark = pytest.mark.integration

@@ -3,7 +3,7 @@
 
 import pytest
 
-from pipectl.pipelines.gang import LAUNCHERS
+from pipectl.pipelines.launchers import LAUNCHERS
 from tests.tools.argo import ArgoExpr
 
 

@@ -3,12 +3,13 @@
 
 import pytest
 
-from pipectl.pipelines.local import LocalBackendError, LocalRunner, expand_k8s_vars, substitute
+from pipectl.pipelines.backends.runner import LocalBackendError, LocalRunner
+from pipectl.pipelines.substitution import TemplateError, expand_k8s_vars, substitute
 
 
 def test_substitute_and_unknown_tags():
     assert substitute("a-{{x}}-{{ y }}", {"x": "1", "y": "2"}, where="t") == "a-1-2"
-    with pytest.raises(LocalBackendError, match=r"cannot resolve \{\{z\}\}"):
+    with pytest.raises(TemplateError, match=r"cannot resolve \{\{z\}\}"):
         substitute("{{z}}", {}, where="t")
 
 
@@ -151,5 +152,5 @@ spec:
 def test_expression_tags_and_their_limits():
     assert substitute("{{=asInt(inputs.parameters.n) - 1}}", {"inputs.parameters.n": "4"}, where="t") == "3"
     assert substitute("{{=asInt(a) * 2 + 1}}", {"a": "4"}, where="t") == "9"
-    with pytest.raises(LocalBackendError, match="beyond what the local backend evaluates"):
+    with pytest.raises(TemplateError, match="beyond what the local backend evaluates"):
         substitute("{{=sprig.upper(a)}}", {"a": "x"}, where="t")

@@ -114,7 +114,7 @@ def test_C12_dashboards_and_alerts_query_the_names_the_controller_exports():
     import json
     import re
 
-    from pipectl.pipelines.cluster import grafana_dashboard, prometheus_rules
+    from pipectl.pipelines.manifests import grafana_dashboard, prometheus_rules
     from pipectl.pipelines.training import CompileConfig, build_training
 
     names = {m["name"] for t in build_training().to_dict()["spec"]["templates"] for m in (t.get("metrics") or {}).get("prometheus", [])}

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from pipectl.components.contracts import TrainingParameters
-from pipectl.pipelines.kube import workflow_for
+from pipectl.pipelines.workflows import workflow_for
 from pipectl.pipelines.lint import lint_objects
 
 PIPECTL = str(Path(sys.executable).parent / "pipectl")

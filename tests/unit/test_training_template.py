@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from pipectl.components.contracts import TrainingParameters
-from pipectl.pipelines.local import substitute
+from pipectl.pipelines.substitution import substitute
 from pipectl.pipelines.training import CompileConfig, build_training
 
 
@@ -43,13 +43,13 @@ def test_dag_order_is_validate_stage_warm_preprocess_train_evaluate_register(wt)
 @pytest.mark.parametrize(("expr", "expected"), [("false == true", False), ("true == true", True),
                                                 ("'a' != \"b\"", True), ("x != x", False)])
 def test_local_backend_evaluates_when_like_argo(expr, expected):
-    from pipectl.pipelines.local import evaluate_when
+    from pipectl.pipelines.substitution import evaluate_when
 
     assert evaluate_when(expr, "t") is expected
 
 
 def test_local_backend_refuses_a_when_it_cannot_evaluate():
-    from pipectl.pipelines.local import LocalBackendError, evaluate_when
+    from pipectl.pipelines.substitution import TemplateError as LocalBackendError, evaluate_when
 
     with pytest.raises(LocalBackendError, match="not supported locally"):
         evaluate_when("{{x}} > 3 && y", "t")
@@ -176,7 +176,7 @@ def test_C07_gang_pods_are_guaranteed_qos_never_best_effort(wt, wt_pytorchjob):
 def test_C07_step_and_executor_containers_request_cpu_and_memory(wt):
     """No pod the pipeline creates is BestEffort: step containers request CPU and memory, and the
     controller configuration gives Argo's executor containers (init, wait, resource pods) requests."""
-    from pipectl.pipelines.cluster import controller_config
+    from pipectl.pipelines.manifests import controller_config
     from pipectl.pipelines.training import CompileConfig
 
     for t in wt["spec"]["templates"]:
@@ -190,7 +190,7 @@ def test_service_accounts_least_privilege(wt, wt_pytorchjob):
     """Issue 13: step pods, the train step's resource pod and the gang's pods each run as their own
     ServiceAccount; the launcher's Role names only the gang job kind in use; no wildcard; the gang's
     pods mount no token."""
-    from pipectl.pipelines.cluster import rbac
+    from pipectl.pipelines.manifests import rbac
     from pipectl.pipelines.training import CompileConfig
 
     for tmpl, launcher, kind in ((wt, "volcano", ("batch.volcano.sh", "jobs")), (wt_pytorchjob, "pytorchjob", ("kubeflow.org", "pytorchjobs"))):
@@ -214,7 +214,7 @@ def test_every_pod_meets_the_restricted_pod_security_standard(wt, wt_pytorchjob)
     securityContext + each container), the gang's pods (both launchers), Argo's executor containers
     (controller configuration), and the namespace enforcing it. The API server's PodSecurity
     admission checks the same on the test clusters (the whole pipeline runs under enforcement)."""
-    from pipectl.pipelines.cluster import controller_config, namespace
+    from pipectl.pipelines.manifests import controller_config, namespace
     from pipectl.pipelines.training import CompileConfig
 
     def restricted_container(sc):

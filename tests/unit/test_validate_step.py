@@ -19,7 +19,7 @@ import yaml
 from pipectl.components.contracts import TrainingParameters, kebab
 from pipectl.components.runtime import step_main
 from pipectl.components.validate.core import run
-from pipectl.pipelines.local import substitute
+from pipectl.pipelines.substitution import substitute
 from pipectl.pipelines.training import build_training
 from tests.tools.argo import ArgoExpr
 

@@ -13,7 +13,9 @@ from typing import Any, Callable
 
 from pipectl.components.contracts import RunSettings, TrainingParameters
 from pipectl.components.errors import PipectlError, Unreachable, ValidationFailed
-from pipectl.pipelines.local import LocalBackendError, LocalRunner, NodeResult, RunResult
+from pipectl.pipelines.backends.runner import LocalRunner, NodeResult, RunResult
+from pipectl.pipelines.launchers import DEFAULT_LAUNCHER
+from pipectl.pipelines.substitution import TemplateError
 
 
 def _probe_tcp(url: str, what: str, hint: str, timeout_s: float = 3.0) -> None:
@@ -169,14 +171,14 @@ def run_training_locally(
     on_event: Callable[[str, str, NodeResult | None], None] | None = None,
     on_services: Callable[[dict[str, str]], None] | None = None,
     *,
-    launcher: str = "volcano",
+    launcher: str = DEFAULT_LAUNCHER,
 ) -> dict[str, Any]:
     """Run the compiled ``training`` workflow on this machine; returns :func:`summarise`'s dict.
 
     Raises :class:`ValidationFailed` (bad dataset), :class:`Unreachable` (configured endpoints
     down), :class:`PipectlError` (an embedded service failed to start).
     """
-    from pipectl.pipelines.embedded import S3_ACCESS_KEY, S3_SECRET_KEY, EmbeddedServices, ServiceStartError
+    from pipectl.pipelines.backends.services import S3_ACCESS_KEY, S3_SECRET_KEY, EmbeddedServices, ServiceStartError
     from pipectl.pipelines.training import CompileConfig, build_training
 
     if settings.s3_endpoint or settings.s3_access_key:
@@ -222,6 +224,6 @@ def run_training_locally(
             result = runner.run()
     except ServiceStartError as e:
         raise PipectlError(f"{e}", f"see {e.log_path}") from e
-    except LocalBackendError as e:
+    except TemplateError as e:
         raise ValidationFailed(f"the compiled workflow cannot run locally: {e}") from e
     return summarise(result, parameters)

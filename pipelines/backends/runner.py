@@ -6,10 +6,11 @@ with local processes standing in for pods:
 - ``container`` templates: ``command + args`` after Argo parameter substitution
   (``{{workflow.*}}``, ``{{inputs.parameters.*}}``, ``{{tasks.<t>.outputs.parameters.*}}``);
   output parameters are read from their ``valueFrom.path`` files.
-- ``resource`` templates creating a Volcano ``Job``: every pod replica of every task runs as a
-  process, with what the Volcano ``env``/``svc`` plugins would give it (``VC_TASK_INDEX``; the
-  pod DNS names resolve to 127.0.0.1). The job is Completed when every pod exits 0, Failed
-  otherwise.
+- ``resource`` templates creating a launcher's gang job (:mod:`pipectl.pipelines.launchers`):
+  every pod of every replica group runs as a process, with what the launcher's operator or plugins
+  would give it (``Launcher.local_env``: ``VC_TASK_INDEX`` for Volcano, ``RANK``/``MASTER_*`` for
+  a PyTorchJob; the job's pod DNS names resolve to 127.0.0.1). The job is Completed when every pod
+  exits 0, Failed otherwise.
 
 What a container filesystem would give a pod is mapped, and only that: the image's
 ``python``/``torchrun`` are this interpreter's; the output folder ``/tmp/outputs`` is a per-task
@@ -20,13 +21,9 @@ replaced by a free port. Anything the local backend cannot honour is an error, n
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -36,14 +33,14 @@ from typing import Any, Callable
 
 import yaml
 
-from pipectl.components.contracts import OUTPUTS_DIR as CONTAINER_OUTPUTS_DIR
+from pipectl.components.names import OUTPUTS_DIR as CONTAINER_OUTPUTS_DIR
+from pipectl.pipelines.backends.processes import free_port, spawn, stop
+from pipectl.pipelines.launchers import launcher_for
+from pipectl.pipelines.substitution import TemplateError, evaluate_when, expand_k8s_vars, substitute
 
-_TAG = re.compile(r"\{\{\s*([^{}]+?)\s*\}\}")
-_K8S_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
-
-
-class LocalBackendError(Exception):
-    """The compiled workflow uses something the local backend cannot execute, or is malformed."""
+class LocalBackendError(TemplateError):
+    """The compiled workflow uses something the local backend cannot execute, or is malformed
+    (substitution problems arrive as the base class, :class:`TemplateError`)."""
 
 
 @dataclass
@@ -71,78 +68,6 @@ class RunResult:
 
     def node(self, task: str) -> NodeResult | None:
         return next((n for n in self.nodes if n.task == task), None)
-
-
-def _eval_expression(expr: str, values: dict[str, str], where: str) -> str:
-    """Evaluate an Argo ``{{=...}}`` expression tag: integer arithmetic (+ - * //, /) over
-    ``asInt(name)``/``asFloat(name)`` and number literals. Anything else is an error here
-    (the local backend does not embed expr-lang)."""
-    import ast
-
-    def ev(node: ast.AST) -> float | int:
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            return node.value
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Div)):
-            a, b = ev(node.left), ev(node.right)
-            return {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
-                    ast.FloorDiv: lambda: a // b, ast.Div: lambda: a / b}[type(node.op)]()
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("asInt", "asFloat")
-                and len(node.args) == 1):
-            name = ast.unparse(node.args[0])
-            if name not in values:
-                raise LocalBackendError(f"{where}: cannot resolve {name} in expression {expr!r}")
-            return int(values[name]) if node.func.id == "asInt" else float(values[name])
-        raise LocalBackendError(f"{where}: expression {expr!r} is beyond what the local backend evaluates")
-
-    try:
-        tree = ast.parse(expr.strip(), mode="eval")
-    except SyntaxError as e:
-        raise LocalBackendError(f"{where}: bad expression {expr!r}: {e}") from e
-    result = ev(tree)
-    return str(int(result)) if float(result).is_integer() else str(result)
-
-
-def substitute(text: str, values: dict[str, str], *, where: str) -> str:
-    """Replace Argo ``{{name}}`` tags from ``values`` and evaluate ``{{=expr}}`` tags.
-
-    An unknown tag raises LocalBackendError.
-    """
-
-    def repl(m: re.Match[str]) -> str:
-        key = m.group(1)
-        if key.startswith("="):
-            return _eval_expression(key[1:], values, where)
-        if key not in values:
-            raise LocalBackendError(f"{where}: cannot resolve {{{{{key}}}}}")
-        return values[key]
-
-    return _TAG.sub(repl, text)
-
-
-def expand_k8s_vars(text: str, env: dict[str, str]) -> str:
-    """Kubernetes' ``$(VAR)`` expansion in command/args: defined vars expand, others stay as is."""
-    return _K8S_VAR.sub(lambda m: env.get(m.group(1), m.group(0)), text.replace("$$(", "\0")).replace("\0", "$(")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def evaluate_when(expr: str, task: str) -> bool:
-    """A task's ``when`` after substitution: ``A == B`` or ``A != B`` (strings, optionally quoted),
-    as Argo evaluates them (govaluate; Argo docs, "Conditionals"). Anything richer raises
-    LocalBackendError naming the task: the local backend does not guess."""
-    import re
-
-    m = re.fullmatch(r"\s*(.+?)\s*(==|!=)\s*(.+?)\s*", expr)
-    if not m:
-        raise LocalBackendError(f"task {task!r}: when {expr!r} is not supported locally (only A == B, A != B)")
-    a, op, b = (x.strip("'\"") for x in m.groups())
-    return (a == b) if op == "==" else (a != b)
 
 
 def _topological(tasks: list[dict]) -> list[dict]:
@@ -334,39 +259,26 @@ class LocalRunner:
         if res.get("action") not in ("create", "apply"):  # no object exists beforehand here: both create
             raise LocalBackendError(f"task {task}: resource action {res.get('action')!r} not supported locally")
         manifest = yaml.safe_load(substitute(res["manifest"], scope, where=f"task {task} manifest"))
-        kind = (manifest.get("apiVersion"), manifest.get("kind"))
+        launcher = launcher_for(manifest)
+        if launcher is None:
+            raise LocalBackendError(f"task {task}: resource {manifest.get('apiVersion')}/{manifest.get('kind')} is not a launcher's job")
         job = manifest["metadata"]["name"]
         port = str(free_port())
-        if kind == ("batch.volcano.sh/v1alpha1", "Job"):
-            # (replica group, replicas, pod spec, env the Volcano env plugin adds per index)
-            groups = [(t["name"], t.get("replicas", 1), t["template"]["spec"]) for t in manifest["spec"]["tasks"]]
-            min_available = manifest["spec"].get("minAvailable", None)
-
-            def plugin_env(group: str, index: int, rank: int) -> dict[str, str]:
-                return {"VC_TASK_INDEX": str(index), "VK_TASK_INDEX": str(index)}
-        elif kind == ("kubeflow.org/v1", "PyTorchJob"):
-            specs = manifest["spec"]["pytorchReplicaSpecs"]
-            groups = [(g, specs[g].get("replicas", 1), specs[g]["template"]["spec"]) for g in ("Master", "Worker") if g in specs]
-            min_available = manifest["spec"].get("runPolicy", {}).get("schedulingPolicy", {}).get("minAvailable")
-            total = sum(r for _, r, _ in groups if isinstance(r, int))
-
-            def plugin_env(group: str, index: int, rank: int) -> dict[str, str]:
-                # what the training operator sets: MASTER_* point at the master, RANK = pod index
-                return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(total), "RANK": str(rank)}
-        else:
-            raise LocalBackendError(f"task {task}: resource {kind[0]}/{kind[1]} not supported locally")
+        groups = launcher.replica_groups(manifest)
+        min_available, _ = launcher.gang_fields(manifest)
+        total = sum(g.replicas for g in groups if isinstance(g.replicas, int))
         pods: list[tuple[list[str], dict[str, str]]] = []
         pod_argvs: list[list[str]] = []
         rank = 0
-        for group, replicas, spec in groups:
-            if not isinstance(replicas, int):
-                raise LocalBackendError(f"task {task}: replicas must be an integer after substitution, got {replicas!r}")
-            if len(spec["containers"]) != 1:
+        for group in groups:
+            if not isinstance(group.replicas, int):
+                raise LocalBackendError(f"task {task}: replicas must be an integer after substitution, got {group.replicas!r}")
+            if len(group.pod_spec["containers"]) != 1:
                 raise LocalBackendError(f"task {task}: local pods must have exactly one container")
-            c = spec["containers"][0]
-            for index in range(replicas):
-                env = self._container_env(c, f"task {task} pod {group}-{index}")
-                env.update(plugin_env(group, index, rank))
+            c = group.pod_spec["containers"][0]
+            for index in range(group.replicas):
+                env = self._container_env(c, f"task {task} pod {group.name}-{index}")
+                env.update(launcher.local_env(group.name, index, rank, total, port))
                 rank += 1
                 for k, v in list(env.items()):
                     if re.fullmatch(rf"{re.escape(job)}-[a-z0-9-]+-\d+(\.{re.escape(job)})?(\..*)?", v):
@@ -388,7 +300,7 @@ class LocalRunner:
         phase = "Succeeded" if code == 0 else "Failed"
         return NodeResult(
             task, tmpl["name"], phase, code, time.perf_counter() - t0, log_path=log_path,
-            message=f"{kind[1]} {job}: {'Completed' if code == 0 else 'Failed'} ({len(pods)} pods)",
+            message=f"{launcher.kind} {job}: {'Completed' if code == 0 else 'Failed'} ({len(pods)} pods)",
         )
 
     # ------------------------------------------------------------------ processes
@@ -398,57 +310,23 @@ class LocalRunner:
 
         If one process fails the others are stopped (a gang cannot continue without a member).
         """
-        with open(log_path, "ab") as log:
-            running = [
-                subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-                for argv, env in procs
-            ]
-            try:
-                code = 0
-                pending = list(running)
-                while pending:
-                    for p in list(pending):
-                        rc = p.poll()
-                        if rc is None:
-                            continue
-                        pending.remove(p)
-                        if rc != 0 and code == 0:
-                            code = rc if rc > 0 else 128 - rc
-                            for other in pending:
-                                _kill_group(other)
-                    time.sleep(0.05)
-                return code
-            except BaseException:
-                for p in running:
-                    _kill_group(p)
-                raise
-
-
-def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
-    """Send ``sig`` to ``pid`` and every descendant, found before any is signalled.
-
-    A process group is not enough: torchrun starts its workers in sessions of their own, so
-    killing torchrun's group leaves them running (seen here with torch 2.15).
-    """
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for proc in procs:
+        running = [spawn(argv, log_path, env) for argv, env in procs]
         try:
-            proc.send_signal(sig)
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=10)
-
-
-def _kill_group(p: subprocess.Popen) -> None:
-    kill_tree(p.pid)
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    p.wait()
+            code = 0
+            pending = list(running)
+            while pending:
+                for p in list(pending):
+                    rc = p.poll()
+                    if rc is None:
+                        continue
+                    pending.remove(p)
+                    if rc != 0 and code == 0:
+                        code = rc if rc > 0 else 128 - rc
+                        for other in pending:
+                            stop(other)
+                time.sleep(0.05)
+            return code
+        except BaseException:
+            for p in running:
+                stop(p)
+            raise

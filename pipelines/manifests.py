@@ -12,15 +12,11 @@ from typing import Any
 from hera.workflows import CronWorkflow
 from hera.workflows.models import WorkflowTemplateRef
 
-from pipectl.pipelines.gang import STORE_CONFIGMAP, STORE_SECRET
-from pipectl.pipelines.policy import (
-    LANES,
-    POD_SECURITY_LABELS,
-    SEMAPHORE_CONFIGMAP,
-    exported,
-    restricted_container_security_context,
-)
-from pipectl.pipelines.training import TEMPLATE_NAME, CompileConfig, build_training
+from pipectl.components.names import PART_OF, SEMAPHORE_CONFIGMAP, STORE_CONFIGMAP, STORE_SECRET, TEMPLATE_NAME
+from pipectl.pipelines.launchers import LAUNCHERS
+from pipectl.pipelines.policy import LANES, exported
+from pipectl.pipelines.security import POD_SECURITY_LABELS, restricted_container_security_context
+from pipectl.pipelines.training import CompileConfig, build_training
 
 ARTIFACT_BUCKET = "pipectl-artifacts"
 CEPH_RGW_ENDPOINT = "rook-ceph-rgw-pipectl.rook-ceph.svc:80"
@@ -31,11 +27,11 @@ RETRAIN_SCHEDULE = "30 5 * * *"
 
 
 def _meta(name: str, cfg: CompileConfig, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "namespace": cfg.namespace, "labels": {"app.kubernetes.io/part-of": "pipectl"}, **extra}
+    return {"name": name, "namespace": cfg.namespace, "labels": dict(PART_OF), **extra}
 
 
 def namespace(cfg: CompileConfig) -> list[dict]:
-    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cfg.namespace, "labels": {"app.kubernetes.io/part-of": "pipectl", **POD_SECURITY_LABELS}}}]
+    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cfg.namespace, "labels": {**PART_OF, **POD_SECURITY_LABELS}}}]
 
 
 def _task_results_rule() -> dict:
@@ -69,10 +65,7 @@ def rbac(cfg: CompileConfig) -> list[dict]:
       job kind of ``cfg.launcher`` (server-side apply that creates needs create and patch);
     - ``training_service_account`` (the gang's pods): no Role, and its token is not mounted.
     """
-    from pipectl.pipelines.gang import LAUNCHERS
-
-    launcher = LAUNCHERS[cfg.launcher]
-    job_rule = {"apiGroups": [launcher.api_group], "resources": [launcher.resource], "verbs": ["create", "get", "patch"]}
+    job_rule = LAUNCHERS[cfg.launcher].rbac_rule()
     return [
         *_role_for(cfg.service_account, [_task_results_rule()], cfg),
         *_role_for(cfg.launcher_service_account, [_task_results_rule(), job_rule], cfg),
@@ -86,7 +79,7 @@ def priority_classes() -> list[dict]:
         {
             "apiVersion": "scheduling.k8s.io/v1",
             "kind": "PriorityClass",
-            "metadata": {"name": spec.priority_class, "labels": {"app.kubernetes.io/part-of": "pipectl"}},
+            "metadata": {"name": spec.priority_class, "labels": dict(PART_OF)},
             "value": spec.priority_value,
             "preemptionPolicy": spec.preemption_policy,
             # no `globalDefault: false`: the API server drops a false bool (omitempty), so
@@ -107,7 +100,7 @@ def volcano_queues() -> list[dict]:
         out.append({
             "apiVersion": "scheduling.volcano.sh/v1beta1",
             "kind": "Queue",
-            "metadata": {"name": spec.queue, "labels": {"app.kubernetes.io/part-of": "pipectl"}},
+            "metadata": {"name": spec.queue, "labels": dict(PART_OF)},
             "spec": queue,
         })
     return out
@@ -125,7 +118,7 @@ def volcano_queues() -> list[dict]:
 # - backfill places best-effort pods in the gaps.
 # gang.enablePreemptable=false: the gang plugin would otherwise refuse any victim that leaves its
 # job below minAvailable, so one running batch gang could block every urgent gang; the evicted
-# gang restarts whole (Volcano Job policy PodEvicted -> RestartJob, pipelines/gang.py) and resumes
+# gang restarts whole (Volcano Job policy PodEvicted -> RestartJob, pipelines/launchers/volcano.py) and resumes
 # from its checkpoint. drf.enablePreemptable=false: fairness by dominant share must not veto lanes.
 VOLCANO_SCHEDULER_CONF = {
     "actions": "enqueue, allocate, preempt, reclaim, backfill",
@@ -146,7 +139,7 @@ def volcano_scheduler_config() -> list[dict]:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": "volcano-scheduler-configmap", "namespace": "volcano-system",
-                     "labels": {"app.kubernetes.io/part-of": "pipectl"}},
+                     "labels": dict(PART_OF)},
         "data": {"volcano-scheduler.conf": yaml.safe_dump(VOLCANO_SCHEDULER_CONF, sort_keys=False)},
     }]
 
@@ -193,7 +186,7 @@ def controller_config(cfg: CompileConfig) -> list[dict]:
     return [{
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": "workflow-controller-configmap", "namespace": "argo", "labels": {"app.kubernetes.io/part-of": "pipectl"}},
+        "metadata": {"name": "workflow-controller-configmap", "namespace": "argo", "labels": dict(PART_OF)},
         "data": {
             "workflowDefaults": yaml.safe_dump(defaults, sort_keys=True),
             "metricsConfig": yaml.safe_dump({"enabled": True, "path": "/metrics", "port": 9090}, sort_keys=True),
@@ -266,7 +259,7 @@ def grafana_dashboard(cfg: CompileConfig) -> list[dict]:
         ],
     }
     return [{"apiVersion": "v1", "kind": "ConfigMap",
-             "metadata": _meta("pipectl-grafana-dashboard", cfg, labels={"app.kubernetes.io/part-of": "pipectl", "grafana_dashboard": "1"}),
+             "metadata": _meta("pipectl-grafana-dashboard", cfg, labels={**PART_OF, "grafana_dashboard": "1"}),
              "data": {"pipectl.json": json.dumps(dashboard, indent=2, sort_keys=True)}}]
 
 
@@ -280,7 +273,7 @@ def retrain_cron(cfg: CompileConfig) -> CronWorkflow:
     return CronWorkflow(
         name="retrain",
         namespace=cfg.namespace,
-        labels={"app.kubernetes.io/part-of": "pipectl"},
+        labels=dict(PART_OF),
         annotations={"workflows.argoproj.io/title": "Scheduled retraining",
                      "workflows.argoproj.io/description": "Retrains and registers the model daily."},
         schedules=[RETRAIN_SCHEDULE],

@@ -1,7 +1,7 @@
 """The cluster backend: Workflows, WorkflowTemplates and CronWorkflows through the Kubernetes API.
 
-Objects are built by pure functions (:func:`workflow_for`, :func:`cron_trigger_workflow`) so
-``--dry-run`` prints exactly what would be sent; :class:`ArgoCluster` does the I/O with the
+Objects are built by the compile layer (:mod:`pipectl.pipelines.workflows`), so ``--dry-run``
+prints exactly what would be sent; :class:`ArgoCluster` does the I/O with the
 official ``kubernetes`` client (kubeconfig, or in-cluster config) and maps its failures to the
 CLI's exit codes: unreachable/unauthorised -> :class:`Unreachable` (3), rejected as invalid ->
 :class:`ValidationFailed` (2), anything else -> :class:`PipectlError` (1).
@@ -13,51 +13,12 @@ import os
 import time
 from typing import Any, Callable, Iterator
 
-from pipectl.components.contracts import TrainingParameters
 from pipectl.components.errors import PipectlError, Unreachable, ValidationFailed
-from pipectl.pipelines.policy import LANES
+from pipectl.components.names import WORKFLOW_LABEL
+from pipectl.pipelines.launchers import LAUNCHERS
+from pipectl.pipelines.workflows import GROUP, VERSION
 
-GROUP, VERSION = "argoproj.io", "v1alpha1"
 TERMINAL = ("Succeeded", "Failed", "Error")
-
-
-def workflow_for(template_name: str, namespace: str, parameters: TrainingParameters) -> dict[str, Any]:
-    """The Workflow ``pipectl submit`` creates: a reference to the WorkflowTemplate with every
-    typed parameter, the lane's Argo ``spec.priority`` (orders the controller's queues) and labels."""
-    lane = LANES[parameters.lane]
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "Workflow",
-        "metadata": {
-            "generateName": template_name.rsplit("-v", 1)[0] + "-",
-            "namespace": namespace,
-            "labels": {
-                "app.kubernetes.io/part-of": "pipectl",
-                "pipectl.io/lane": parameters.lane.value,
-                "workflows.argoproj.io/workflow-template": template_name,
-            },
-        },
-        "spec": {
-            "workflowTemplateRef": {"name": template_name},
-            "priority": lane.argo_priority,
-            "arguments": {"parameters": [{"name": k, "value": v} for k, v in parameters.as_arguments().items()]},
-        },
-    }
-
-
-def cron_trigger_workflow(cron: dict[str, Any]) -> dict[str, Any]:
-    """One Workflow from a CronWorkflow's ``workflowSpec``, labelled as Argo labels cron runs."""
-    name = cron["metadata"]["name"]
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "Workflow",
-        "metadata": {
-            "generateName": f"{name}-",
-            "namespace": cron["metadata"]["namespace"],
-            "labels": {"workflows.argoproj.io/cron-workflow": name, "app.kubernetes.io/part-of": "pipectl"},
-        },
-        "spec": cron["spec"]["workflowSpec"],
-    }
 
 
 class ArgoCluster:
@@ -121,17 +82,14 @@ class ArgoCluster:
         Errors as :meth:`_call` (401/403 → :class:`Unreachable`, exit 3); a kind whose CRD is not
         installed is skipped.
         """
-        selector = f"workflows.argoproj.io/workflow={workflow}"
-        kinds = [("batch.volcano.sh", "v1alpha1", "jobs",
-                  lambda j: j.get("status", {}).get("state", {}).get("phase") in ("Failed", "Aborted", "Terminated")),
-                 ("kubeflow.org", "v1", "pytorchjobs",
-                  lambda j: any(c.get("type") == "Failed" and c.get("status") == "True" for c in j.get("status", {}).get("conditions", [])))]
+        selector = f"{WORKFLOW_LABEL}={workflow}"
         deleted = []
-        for group, version, plural, failed in kinds:
+        for launcher in LAUNCHERS.values():
+            group, version, plural = launcher.api_group, launcher.version, launcher.resource
             listed = self._call(f"list {plural}", self.api.list_namespaced_custom_object, group, version, self.namespace, plural,
                                 label_selector=selector, missing_ok=True)
             for j in (listed or {}).get("items", []):  # None: that CRD is not installed
-                if failed(j):
+                if launcher.failed(j):
                     name = j["metadata"]["name"]
                     self._call(f"delete {plural} {name}", self.api.delete_namespaced_custom_object, group, version, self.namespace, plural, name,
                                body={"propagationPolicy": "Foreground"}, missing_ok=True)
@@ -160,7 +118,7 @@ class ArgoCluster:
 
     def logs(self, workflow: str) -> Iterator[tuple[str, str]]:
         """(pod name, log text) for every pod of ``workflow`` (steps and gang pods), oldest first."""
-        pods = self._call("list pods", self.core.list_namespaced_pod, self.namespace, label_selector=f"workflows.argoproj.io/workflow={workflow}")
+        pods = self._call("list pods", self.core.list_namespaced_pod, self.namespace, label_selector=f"{WORKFLOW_LABEL}={workflow}")
         for pod in sorted(pods.items, key=lambda p: p.metadata.creation_timestamp):
             names = [c.name for c in pod.spec.containers]
             container = "main" if "main" in names else names[0]

@@ -1,0 +1,94 @@
+"""Commands of the compile layer: ``render``, ``lint``, and ``data example``. Nothing here talks
+to a cluster or starts a service."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from pipectl.cli.common import compile_config, console, fail, launcher_option
+
+RENDERABLE = ("training", "cluster")
+
+
+@click.command()
+@click.argument("what", type=click.Choice(RENDERABLE))
+@click.option("--bucket", envvar="PIPECTL_BUCKET", default=None, help="Bucket baked into the template's URIs.")
+@launcher_option
+@click.option("--write", "write_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="(cluster) write every manifest under this folder (argo/) instead of printing.")
+def render(what: str, bucket: str | None, launcher: str | None, write_dir: Path | None) -> None:
+    """Print the WorkflowTemplate of a pipeline (what submit sends and run executes), or with
+    `cluster` every manifest of argo/ (namespace, RBAC, lanes, config, alerts, templates, cron)."""
+    cfg = compile_config(bucket, launcher)
+    if what == "training":
+        from pipectl.pipelines.training import build_training
+
+        click.echo(build_training(cfg).to_yaml(), nl=False)
+        return
+    from pipectl.pipelines.manifests import render_files
+
+    files = render_files(cfg)
+    if write_dir is None:
+        click.echo("---\n".join(files[p] for p in sorted(files)), nl=False)
+        return
+    for rel, text in files.items():
+        target = write_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        console().print(f"wrote {target}")
+
+
+@click.command()
+@click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
+@click.option("--output", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def lint(paths: tuple[Path, ...], output_format: str) -> None:
+    """Validate manifests against the Argo/Volcano/Kubeflow/Kubernetes schemas and pipectl's
+    policy rules. PATHS: YAML files or folders; none = everything `pipectl render cluster` makes.
+    Exit 2 when anything is found."""
+    import yaml
+
+    from pipectl.pipelines.lint import lint_objects, load_paths
+
+    if paths:
+        objects = load_paths(list(paths))
+    else:
+        from pipectl.pipelines.manifests import render_files
+
+        objects = [(f"render:{rel}", doc) for rel, text in render_files().items() if rel != "kustomization.yaml"
+                   for doc in yaml.safe_load_all(text) if doc]
+    findings = lint_objects(objects)
+    if output_format == "json":
+        click.echo(json.dumps([{"where": f.where, "message": f.message} for f in findings], indent=2))
+    from rich.text import Text
+
+    out = console()
+    for f in findings:
+        out.print(Text("✗ ", style="red") + Text(str(f)), soft_wrap=True)
+    if findings:
+        fail(f"{len(findings)} problem(s) in {len(objects)} object(s)", "fix each field named above", code=2)
+    out.print(f"{len(objects)} object(s) valid")
+
+
+@click.group()
+def data() -> None:
+    """Example datasets that ship with pipectl."""
+
+
+@data.command("example")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--name", type=click.Choice(["digits"]), default="digits", show_default=True)
+def data_example(directory: Path, name: str) -> None:
+    """Write the example dataset NAME to DIRECTORY in ImageFolder layout (<label>/<image>.jpg)."""
+    from pipectl.components.data import write_example
+
+    if not str(directory).strip() or str(directory) in (".", ""):
+        fail("DIRECTORY is empty", "name a folder to write into, e.g. pipectl data example ./digits", code=2)
+    try:
+        n = write_example(name, directory)
+    except OSError as e:
+        fail(f"cannot write to {directory}: {e.strerror or e}", "choose a writable folder", code=2)
+    console().print(f"wrote {n} images of {name} to {directory}")
+    click.echo(str(directory))

@@ -1,0 +1,115 @@
+"""``pipectl run``: the local backend, with per-step progress (rich) on stderr and the summary at the end."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pipectl.cli.common import console, launcher_option, output_option, parameter_option, training_parameters
+from pipectl.components.errors import redact_credentials
+
+PIPELINES = ("training",)
+
+
+_CAUSE = re.compile(r"^(error|hint): |^[A-Za-z_.]+(Error|Exception): ")
+
+
+@click.command()
+@click.argument("pipeline", type=click.Choice(PIPELINES))
+@parameter_option
+@click.option("--s3-endpoint", default=None, help="S3 endpoint (Ceph RGW...). Default: start an embedded S3 server.")
+@click.option("--s3-access-key", default=None)
+@click.option("--s3-secret-key", default=None)
+@click.option("--bucket", default=None, help="Bucket for datasets, shards, checkpoints. [default: pipectl]")
+@click.option("--mlflow-uri", default=None, help="MLflow tracking URI. Default: start an embedded MLflow server.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Folder for local state. [default: .pipectl]")
+@launcher_option
+@output_option
+def run(pipeline: str, params: tuple[str, ...], output_format: str, launcher: str | None, **opts: Any) -> None:
+    """Run PIPELINE on this machine with the embedded local backend (same compiled workflow)."""
+    parameters = training_parameters(params)
+    result = _run_with_progress(parameters, {k: v for k, v in opts.items() if v is not None}, launcher, console())
+    if output_format == "json":
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+    if result["phase"] != "Succeeded":
+        sys.exit(1)
+
+
+def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str | None, console: Any) -> dict[str, Any]:
+    """Run with progress on ``console``; returns the summary dict (see pipelines.backends.local)."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from pipectl.components.contracts import RunSettings
+    from pipectl.pipelines.backends.local import run_training_locally
+
+    settings = RunSettings(**options)
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=False)
+    ids: dict[str, Any] = {}
+
+    def on_event(kind: str, task: str, node: Any) -> None:
+        if kind == "start":
+            ids[task] = progress.add_task(f"{task} …", total=1)
+        else:
+            if task not in ids:  # skipped (`when` false): never started
+                ids[task] = progress.add_task(task, total=1)
+            mark = {"Succeeded": "[green]✓[/]", "Skipped": "[dim]–[/]"}.get(node.phase, "[red]✗[/]")
+            progress.update(ids[task], description=f"{mark} {task} [dim]{node.message}[/]", completed=1)
+
+    def on_services(urls: dict[str, str]) -> None:
+        # Validation is over: from here on there is progress to show.
+        console.print("[dim]services: " + redact_credentials(", ".join(f"{k} {v}" for k, v in urls.items())) + "[/]", soft_wrap=True)
+        progress.start()
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)  # unwinds: gang processes and services are stopped on the way out
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        summary = run_training_locally(parameters, settings, on_event, on_services, **({"launcher": launcher} if launcher else {}))
+    finally:
+        progress.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+    (_print_failure if summary["phase"] != "Succeeded" else _print_summary)(summary, console)
+    return summary
+
+
+def _print_failure(summary: dict[str, Any], console: Any) -> None:
+    """The failed step, its log's tail and the likely cause (under torchrun, above its boilerplate)."""
+    failed = next(s for s in summary["steps"] if s["phase"] not in ("Succeeded", "Skipped"))
+    console.print(f"[bold red]workflow {summary['workflow']} Failed[/] at step {failed['task']} ({failed['message']})")
+    try:
+        with open(failed["log"], errors="replace") as f:
+            lines = f.readlines()
+    except OSError:
+        lines = []
+    console.print("".join(lines[-15:]).rstrip(), markup=False, style="dim")
+    causes = [line.rstrip() for line in lines if _CAUSE.search(line) and "torch.distributed.elastic" not in line]
+    if causes:  # under torchrun the real error sits above its ChildFailedError boilerplate
+        console.print("cause: " + "\n       ".join(dict.fromkeys(causes[-4:])), markup=False, style="bold")
+    console.print(f"[dim]log: {failed['log']}[/]")
+
+
+def _print_summary(summary: dict[str, Any], console: Any) -> None:
+    """Model, alias, metrics and decision of a Succeeded run, as a table."""
+    from rich.table import Table
+
+    table = Table(title=f"workflow {summary['workflow']} Succeeded", show_header=False)
+    model = summary.get("model", {})
+    table.add_row("model", f"{model.get('name')} version {model.get('version')}")
+    champion = model.get("champion_version")
+    table.add_row("alias", model.get("alias") or (f"(none; champion is version {champion})" if champion else "(none; no champion yet)"))
+    for k, v in summary.get("metrics", {}).items():
+        table.add_row(k, f"{v:.4f}")
+    table.add_row("decision", str(summary.get("decision")))
+    table.add_row("mlflow run", str(summary.get("mlflow_run_id")))
+    pre = summary.get("preprocess", {})
+    table.add_row("preprocess", f"{pre.get('images-per-s')} images/s on {pre.get('device')}, {pre.get('corrupt')} corrupt")
+    table.add_row("wall time", f"{sum(s['duration_s'] for s in summary['steps']):.1f} s in steps")
+    console.print(table)

@@ -1,0 +1,82 @@
+"""Names, written once and derived everywhere: lanes and the cluster objects named after them,
+labels, ConfigMaps/Secrets the steps read, the output folder, parameter spelling.
+
+Standard library only (the CLI imports it for its choices without loading pydantic or hera);
+shared by every layer: the compile layer (:mod:`pipectl.pipelines`), the backends, the CLI and
+the steps (:mod:`pipectl.components.contracts` re-exports what steps use).
+"""
+
+from __future__ import annotations
+
+import enum
+
+# ---------------------------------------------------------------- spelling
+
+
+def kebab(name: str) -> str:
+    """``image_size`` -> ``image-size``: Argo parameter names and CLI flags are kebab-case."""
+    return name.replace("_", "-")
+
+
+def snake(name: str) -> str:
+    """``image-size`` -> ``image_size``: pydantic field names are snake_case."""
+    return name.replace("-", "_")
+
+
+# ---------------------------------------------------------------- lanes
+
+
+class Lane(str, enum.Enum):
+    """Priority lanes. ``urgent`` may preempt ``batch``; ``batch`` never preempts. The cluster
+    objects of each lane are in the typed table ``pipectl.pipelines.policy.LANES``."""
+
+    urgent = "urgent"
+    standard = "standard"
+    batch = "batch"
+
+
+LANE_NAMES: tuple[str, ...] = tuple(lane.value for lane in Lane)
+"""``("urgent", "standard", "batch")``: the CLI's ``--lane`` choices, the parameter's enum."""
+
+LANE_OBJECT_PREFIX = "pipectl-"
+"""Prefix of a lane's PriorityClass and Volcano Queue names (``pipectl-urgent``)."""
+
+
+def lane_object_name(lane: str) -> str:
+    """The PriorityClass and Volcano Queue of ``lane`` (a Lane value or an Argo tag such as
+    ``{{inputs.parameters.lane}}``): ``pipectl-<lane>``."""
+    return LANE_OBJECT_PREFIX + lane
+
+
+LANE_OBJECT_NAMES: frozenset[str] = frozenset(lane_object_name(name) for name in LANE_NAMES)
+"""Every lane's PriorityClass / Volcano Queue name (what lint accepts)."""
+
+LANE_TAINT_KEY = "pipectl.io/lane"
+"""Taint (and toleration) key of reserved buffer nodes: ``pipectl.io/lane=<lane>:NoSchedule``."""
+
+SEMAPHORE_CONFIGMAP = "pipectl-lanes"
+"""ConfigMap of the lanes' Argo semaphores: one key per lane name, the value its concurrency."""
+
+# ---------------------------------------------------------------- objects, labels, paths
+
+TEMPLATE_NAME = "training-v1"
+"""The training WorkflowTemplate (a major version in the name: DESIGN.md "Names")."""
+
+STORE_CONFIGMAP = "pipectl-store"
+"""ConfigMap with the store settings (``PIPECTL_S3_ENDPOINT``, ``PIPECTL_BUCKET``, ``PIPECTL_MLFLOW_URI``)."""
+
+STORE_SECRET = "pipectl-s3-credentials"
+"""Secret with ``PIPECTL_S3_ACCESS_KEY`` / ``PIPECTL_S3_SECRET_KEY``."""
+
+PART_OF = {"app.kubernetes.io/part-of": "pipectl"}
+"""Label on every object pipectl creates (Kubernetes recommended labels)."""
+
+WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
+"""Argo's label naming a pod's workflow; pipectl puts it on gang jobs and their pods too."""
+
+STEP_LABEL = "pipectl.io/step"
+LANE_LABEL = "pipectl.io/lane"
+
+OUTPUTS_DIR = "/tmp/outputs"
+"""Folder in a step's container for its output parameters, one file per field (kebab name); Argo
+reads them with ``valueFrom.path``, the local backend maps it to a per-task folder."""

@@ -1,0 +1,262 @@
+"""What every launcher shares: the gang's pod, the job's name, and the :class:`Launcher` interface.
+
+Every pod of the gang runs the same ``torchrun`` line, through pipectl's wrapper that keeps the
+workers' exit code (torchrun itself exits 1 for any failure: components/train/launch.py)::
+
+    python -m pipectl.components.train.launch --nnodes=<workers> --node-rank=<pod index>
+             --nproc-per-node=<processes per worker> --master-addr=$(MASTER_ADDR)
+             --master-port=$(MASTER_PORT) -m pipectl.components.train --<TrainInput field> ...
+
+so torchrun gives each process WORLD_SIZE = workers x processes per worker and
+RANK = node_rank x processes per worker + local_rank (field case C04), and every pod agrees on
+the rank-0 pod as master. Kubernetes expands ``$(VAR)`` in commands from the container's env.
+The train arguments are :class:`TrainInput`'s fields and the gang's shape is :class:`GangShape`:
+the train step's input parameters are exactly those (:data:`TRAIN_STEP_INPUTS`).
+
+Replica counts and minAvailable are written unquoted, so after Argo's substitution the YAML
+scalars are integers (C03), whichever way the workflow was submitted.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import yaml
+
+from pipectl.components.contracts import GangShape, TrainInput
+from pipectl.components.names import (
+    LANE_TAINT_KEY,
+    OUTPUTS_DIR,
+    STEP_LABEL,
+    STORE_CONFIGMAP,
+    STORE_SECRET,
+    WORKFLOW_LABEL,
+    kebab,
+    lane_object_name,
+)
+from pipectl.pipelines.security import TMP_VOLUME, restricted_container_security_context, restricted_pod_security_context
+
+MASTER_PORT = 29500
+JOB_NAME = "{{workflow.name}}-train-{{retries}}"
+"""One job per attempt: Argo's ``{{retries}}`` is the attempt number of the train step."""
+
+TRAIN_FIXED = {"workflow_name": "{{workflow.name}}"}
+"""TrainInput fields the template fixes instead of taking them as step inputs."""
+TRAIN_ARGS: tuple[str, ...] = tuple(n for n in TrainInput.model_fields if n not in TRAIN_FIXED)
+TRAIN_STEP_INPUTS: tuple[str, ...] = TRAIN_ARGS + tuple(GangShape.model_fields)
+"""Input parameters of the train step (snake_case): TrainInput's (less the fixed ones), then GangShape's."""
+
+
+def param(name: str) -> str:
+    """``{{inputs.parameters.<kebab name>}}`` of a train-step input; KeyError for any other name."""
+    if name not in TRAIN_STEP_INPUTS:
+        raise KeyError(f"{name!r} is not an input of the train step: {TRAIN_STEP_INPUTS}")
+    return "{{inputs.parameters.%s}}" % kebab(name)
+
+
+def as_int(tag: str) -> str:
+    """A placeholder for ``tag`` that :func:`dump_manifest` writes unquoted (an integer after substitution)."""
+    return f"__INT__{tag}__"
+
+
+def dump_manifest(manifest: dict) -> str:
+    """YAML text of ``manifest`` with :func:`as_int` placeholders turned into bare ``{{...}}`` tags."""
+    text = yaml.safe_dump(manifest, sort_keys=False)
+    return re.sub(r"'?__INT__(.+?)__'?", lambda m: m.group(1), text)
+
+
+def job_labels() -> dict[str, str]:
+    return {WORKFLOW_LABEL: "{{workflow.name}}", STEP_LABEL: "train"}
+
+
+@dataclass(frozen=True)
+class GangConfig:
+    """Compile-time settings of the gang's pods."""
+
+    image: str
+    service_account: str
+    """ServiceAccount of the gang's pods (no Role; its token is not mounted)."""
+    shm_gib: int
+    max_restarts: int = 6
+    """Whole-gang restarts for infrastructure failures (Volcano ``maxRetry``): the retry policy's
+    ``infra_limit``."""
+
+
+def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
+    """Pod of the gang: torchrun, store settings from ConfigMap/Secret, GPUs, /dev/shm (C06).
+
+    ``node_rank``: what the launcher gives each pod as its index (``$(VC_TASK_INDEX)``, ``$(RANK)``).
+    """
+    command = [
+        "python", "-m", "pipectl.components.train.launch",
+        f"--nnodes={param('workers')}",
+        f"--node-rank={node_rank}",
+        f"--nproc-per-node={param('processes_per_worker')}",
+        "--master-addr=$(MASTER_ADDR)",
+        "--master-port=$(MASTER_PORT)",
+        "-m", "pipectl.components.train",
+    ]
+    for name in TRAIN_ARGS:
+        command += [f"--{kebab(name)}", param(name)]
+    for name, value in TRAIN_FIXED.items():
+        command += [f"--{kebab(name)}", value]
+    command += ["--outputs-dir", OUTPUTS_DIR]
+    cpu, memory = param("cpu_per_worker"), param("memory_gib_per_worker") + "Gi"
+    return {
+        "metadata": {
+            "labels": job_labels(),
+            "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "serviceAccountName": cfg.service_account,
+            # training code never calls the Kubernetes API: no token in the pods (issue 13)
+            "automountServiceAccountToken": False,
+            "securityContext": restricted_pod_security_context(),
+            "priorityClassName": lane_object_name(param("lane")),
+            "tolerations": [{"key": LANE_TAINT_KEY, "operator": "Equal", "value": param("lane"), "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "pytorch",
+                    "image": cfg.image,
+                    "command": command,
+                    "env": env,
+                    "envFrom": [
+                        {"configMapRef": {"name": STORE_CONFIGMAP, "optional": True}},
+                        {"secretRef": {"name": STORE_SECRET, "optional": True}},
+                    ],
+                    "ports": [{"name": "pytorchjob-port", "containerPort": MASTER_PORT}],
+                    # requests = limits: Guaranteed QoS, never BestEffort (the kubelet's first eviction
+                    # victims under node pressure, field case C07); values checked by `validate`
+                    "resources": {
+                        "requests": {"cpu": cpu, "memory": memory},
+                        "limits": {"cpu": cpu, "memory": memory, "nvidia.com/gpu": as_int(param("gpus_per_worker"))},
+                    },
+                    "securityContext": restricted_container_security_context(),
+                    "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": TMP_VOLUME["name"], "mountPath": "/tmp"}],
+                }
+            ],
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{cfg.shm_gib}Gi"}}, dict(TMP_VOLUME)],
+        },
+    }
+
+
+# ---------------------------------------------------------------- reading a job object
+
+_CONDITION = re.compile(r"^\s*([\w.\-]+)\s*(==|=|!=|>=|<=|>|<|in|notin)\s*(.+?)\s*$")
+
+
+def _lookup(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(obj, dict) or part not in obj:
+            return None
+        obj = obj[part]
+    return obj
+
+
+def condition_holds(condition: str, obj: dict) -> bool:
+    """Evaluate an Argo resource ``successCondition``/``failureCondition`` on ``obj``.
+
+    The grammar pipectl's launchers use, as Argo reads it (Argo docs, "Resource template":
+    label-selector syntax over JSON paths): comma-separated ``path op value`` terms, all of which
+    must hold; ``op`` one of ``== = != > < >= <= in notin``, ``in``/``notin`` with ``(a, b)``.
+    A missing path holds for no operator but ``!=``/``notin`` (as Argo: the job is not there yet).
+    """
+    for term in re.split(r",(?![^()]*\))", condition):
+        m = _CONDITION.match(term)
+        if not m:
+            raise ValueError(f"condition {condition!r}: cannot read {term!r}")
+        path, op, want = m.groups()
+        have = _lookup(obj, path)
+        if op in ("in", "notin"):
+            values = [v.strip() for v in want.strip("()").split(",")]
+            ok = have is not None and str(have) in values
+            if (op == "in") != ok:
+                return False
+            continue
+        if op == "!=":
+            if have is not None and str(have) == want:
+                return False
+            continue
+        if have is None:
+            return False
+        if op in ("==", "="):
+            if str(have) != want:
+                return False
+            continue
+        try:
+            a, b = float(have), float(want)
+        except (TypeError, ValueError):
+            return False
+        if not {">": a > b, "<": a < b, ">=": a >= b, "<=": a <= b}[op]:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class ReplicaGroup:
+    """One group of identical pods in a job: ``replicas`` (an int once substituted) of ``pod_spec``."""
+
+    name: str
+    replicas: Any
+    pod_spec: dict
+
+
+class Launcher(ABC):
+    """One kind of gang job. A new launcher is one subclass in a file of its own and one line in
+    :data:`pipectl.pipelines.launchers.LAUNCHERS`; the CLI's choices, ``pipectl lint``, the local
+    backend, RBAC and retry clean-up all read it from there.
+
+    Class attributes: ``name`` (the ``--launcher`` value), ``description`` (CLI help),
+    ``api_version``/``kind``/``resource`` (the job's type and plural), ``success_condition`` /
+    ``failure_condition`` (what Argo's resource template waits for; terminal states only, C02).
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    api_version: ClassVar[str]
+    kind: ClassVar[str]
+    resource: ClassVar[str]
+    success_condition: ClassVar[str]
+    failure_condition: ClassVar[str]
+
+    @property
+    def api_group(self) -> str:
+        return self.api_version.split("/")[0]
+
+    @property
+    def version(self) -> str:
+        return self.api_version.split("/")[1]
+
+    def handles(self, obj: dict) -> bool:
+        """True when ``obj`` is a job of this launcher's kind."""
+        return (obj.get("apiVersion"), obj.get("kind")) == (self.api_version, self.kind)
+
+    def failed(self, obj: dict) -> bool:
+        """The job ended failed: Argo's ``failure_condition`` holds on it (one rule, two readers)."""
+        return condition_holds(self.failure_condition, obj)
+
+    def rbac_rule(self) -> dict:
+        """What the train step's ServiceAccount may do: ``kubectl apply --server-side`` (create,
+        patch) and argoexec's polling (get) on this one kind, nothing else (issue 13)."""
+        return {"apiGroups": [self.api_group], "resources": [self.resource], "verbs": ["create", "get", "patch"]}
+
+    @abstractmethod
+    def manifest(self, cfg: GangConfig) -> str:
+        """The job as YAML text with Argo tags (the train step's ``resource.manifest``)."""
+
+    @abstractmethod
+    def replica_groups(self, job: dict) -> list[ReplicaGroup]:
+        """The job's pod groups, in rank order (rank 0 in the first group)."""
+
+    @abstractmethod
+    def gang_fields(self, job: dict) -> tuple[Any, Any]:
+        """``(minAvailable, queue)`` of the job's gang scheduling."""
+
+    @abstractmethod
+    def local_env(self, group: str, index: int, rank: int, pods: int, master_port: str) -> dict[str, str]:
+        """What the operator or its plugins give pod ``index`` of ``group`` (global ``rank`` of
+        ``pods``), for the local backend, where pods are processes on loopback."""

@@ -1,0 +1,82 @@
+"""Volcano ``batch.volcano.sh/v1alpha1`` Job: one task ``worker`` of ``workers`` pods, gang-scheduled."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipectl.components.names import lane_object_name
+from pipectl.pipelines.launchers.base import (
+    JOB_NAME,
+    MASTER_PORT,
+    GangConfig,
+    Launcher,
+    ReplicaGroup,
+    as_int,
+    dump_manifest,
+    job_labels,
+    param,
+    pod_template,
+)
+
+# Volcano Job lifecycle policies (volcano.sh docs, "Job lifecycle policies"; first match wins,
+# job_controller_util.go applyPolicies): what broke the infrastructure restarts the WHOLE gang
+# (DDP cannot continue with a replaced member; every pod resumes from the last checkpoint), what
+# broke the code ends the job at once, so Argo's failureCondition sees it and does not retry.
+VOLCANO_POLICIES = [
+    # preempted by an urgent lane (reclaim/preempt), drained, scaled down: the pod was deleted
+    {"event": "PodEvicted", "action": "RestartJob"},
+    # EX_TEMPFAIL from the step (a transient store/tracking failure: DESIGN.md exit codes)
+    {"exitCode": 75, "action": "RestartJob"},
+    # SIGTERM from the kubelet (graceful node shutdown, spot reclaim notice): the launcher's 128+15
+    {"exitCode": 143, "action": "RestartJob"},
+    # anything else that failed a pod is the code's (exit 1, OOM kill 137): fail the job now
+    {"event": "PodFailed", "action": "TerminateJob"},
+]
+
+
+class VolcanoJob(Launcher):
+    """``replicas = minAvailable = workers``: all pods bind or none. The ``svc`` plugin gives pods
+    DNS names ``<job>-worker-<i>.<job>``; the ``env`` plugin sets ``VC_TASK_INDEX`` (volcano.sh
+    docs, "Job plugins")."""
+
+    name = "volcano"
+    description = "a Volcano Job (gang: minAvailable = workers; whole-gang restart on infrastructure loss)"
+    api_version = "batch.volcano.sh/v1alpha1"
+    kind = "Job"
+    resource = "jobs"
+    # Volcano Job phases: Pending, Aborting, Aborted, Running, Restarting, Completing, Completed,
+    # Terminating, Terminated, Failed. Only the terminal ones appear in a condition (C02).
+    success_condition = "status.state.phase == Completed"
+    failure_condition = "status.state.phase in (Failed, Aborted, Terminated)"
+
+    def manifest(self, cfg: GangConfig) -> str:
+        env = [
+            {"name": "MASTER_ADDR", "value": f"{JOB_NAME}-worker-0.{JOB_NAME}"},
+            {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
+        ]
+        lane_objects = lane_object_name(param("lane"))
+        return dump_manifest({
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "metadata": {"name": JOB_NAME, "labels": job_labels()},
+            "spec": {
+                "schedulerName": "volcano",
+                "minAvailable": as_int(param("workers")),
+                "queue": lane_objects,
+                "priorityClassName": lane_objects,
+                "maxRetry": cfg.max_restarts,
+                "policies": VOLCANO_POLICIES,
+                "plugins": {"svc": [], "env": []},
+                "tasks": [{"name": "worker", "replicas": as_int(param("workers")),
+                           "template": pod_template(cfg, "$(VC_TASK_INDEX)", env)}],
+            },
+        })
+
+    def replica_groups(self, job: dict) -> list[ReplicaGroup]:
+        return [ReplicaGroup(t["name"], t.get("replicas", 1), t["template"]["spec"]) for t in job["spec"].get("tasks", [])]
+
+    def gang_fields(self, job: dict) -> tuple[Any, Any]:
+        return job["spec"].get("minAvailable"), job["spec"].get("queue")
+
+    def local_env(self, group: str, index: int, rank: int, pods: int, master_port: str) -> dict[str, str]:
+        return {"VC_TASK_INDEX": str(index), "VK_TASK_INDEX": str(index)}
