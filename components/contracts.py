@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -235,6 +235,93 @@ class RunSettings(StoreSettings):
     state_dir: Path = Field(Path(".pipectl"), description="Folder for embedded services' state and step work dirs.")
 
 
+# ---------------------------------------------------------------- store layout
+
+
+def _join(base: str, *parts: str) -> str:
+    out = base.rstrip("/")
+    for part in parts:
+        out += "/" + part.strip("/")
+    return out
+
+
+class DatasetLayout(StrictModel):
+    """A staged dataset in the store (written by stage, read by warm and preprocess)::
+
+        <root>/datasets/<digest[:20]>/data/<label>/<file>   one object per image
+        <root>/datasets/<digest[:20]>/manifest.json         written last: marks completion
+
+    ``dataset_uri`` is ``<root>/datasets/<digest[:20]>/`` (``s3://bucket/...``, ``cephfs:///...`` or a path).
+    """
+
+    dataset_uri: str
+
+    DATASETS: ClassVar[str] = "datasets"
+    DATA: ClassVar[str] = "data"
+    MANIFEST: ClassVar[str] = "manifest.json"
+
+    @classmethod
+    def prefix_for(cls, digest: str) -> str:
+        """Key prefix of the dataset with content digest ``digest`` under the store root: ``datasets/<digest[:20]>``."""
+        return f"{cls.DATASETS}/{digest[:20]}"
+
+    @classmethod
+    def of_manifest(cls, manifest_uri: str) -> "DatasetLayout":
+        """The layout of the dataset whose ``manifest.json`` is at ``manifest_uri``; ValueError otherwise."""
+        base, _, name = manifest_uri.rstrip("/").rpartition("/")
+        if name != cls.MANIFEST or not base:
+            raise ValueError(f"{manifest_uri!r} is not a dataset's {cls.MANIFEST}")
+        return cls(dataset_uri=base + "/")
+
+    @property
+    def data_uri(self) -> str:
+        """``<dataset>/data/``: the images, one key per ``<label>/<file>``."""
+        return _join(self.dataset_uri, self.DATA) + "/"
+
+    @property
+    def manifest_uri(self) -> str:
+        return _join(self.dataset_uri, self.MANIFEST)
+
+
+class RunLayout(StrictModel):
+    """Where one pipeline run keeps its objects (train, evaluate and register receive ``run_uri``)::
+
+        <run_uri>/shards/                   preprocess output (ShardIndex at shards/index.json)
+        <run_uri>/checkpoints/step-<n>.pt   train checkpoints; checkpoints/latest.json points at the newest
+        <run_uri>/train-output.json         TrainOutput (rank 0)
+        <run_uri>/evaluate-output.json      EvaluateOutput
+
+    ``run_uri`` is ``s3://<bucket>/runs/<workflow name>``.
+    """
+
+    run_uri: str
+
+    @classmethod
+    def for_workflow(cls, bucket: str, workflow_name: str) -> "RunLayout":
+        """The run of workflow ``workflow_name`` (an Argo tag such as ``{{workflow.name}}`` in templates)."""
+        return cls(run_uri=f"s3://{bucket}/runs/{workflow_name}")
+
+    @property
+    def shards_uri(self) -> str:
+        return _join(self.run_uri, "shards") + "/"
+
+    @property
+    def latest_checkpoint_uri(self) -> str:
+        return _join(self.run_uri, "checkpoints", "latest.json")
+
+    def checkpoint_uri(self, step: int) -> str:
+        """The checkpoint after optimiser step ``step`` (zero-padded to 8 digits: keys sort by step)."""
+        return _join(self.run_uri, "checkpoints", f"step-{step:08d}.pt")
+
+    @property
+    def train_output_uri(self) -> str:
+        return _join(self.run_uri, "train-output.json")
+
+    @property
+    def evaluate_output_uri(self) -> str:
+        return _join(self.run_uri, "evaluate-output.json")
+
+
 # ---------------------------------------------------------------- step contracts
 
 
@@ -302,7 +389,7 @@ class WarmOutput(StrictModel):
 
 class PreprocessInput(StrictModel):
     manifest_uri: str
-    output_uri: str = Field(description="s3://bucket/runs/<workflow>/shards/")
+    output_uri: str = Field(description="s3://bucket/runs/<workflow>/shards/ (RunLayout.shards_uri)")
     image_size: int = Field(ge=8, le=512)
     validation_fraction: float = Field(gt=0, lt=1)
     max_corrupt_fraction: float = Field(ge=0, le=1)
@@ -336,7 +423,7 @@ class PreprocessOutput(StrictModel):
 
 class TrainInput(StrictModel):
     shards_uri: str
-    run_uri: str = Field(description="s3://bucket/runs/<workflow>/ : checkpoints and train output live here.")
+    run_uri: str = Field(description="s3://bucket/runs/<workflow>: checkpoints and train output live here (RunLayout).")
     workflow_name: str
     model_name: str
     epochs: int = Field(ge=1)
@@ -347,7 +434,7 @@ class TrainInput(StrictModel):
 
 
 class TrainOutput(StrictModel):
-    """Written by rank 0 to ``<run_uri>/train-output.json``."""
+    """Written by rank 0 to ``RunLayout.train_output_uri``."""
 
     mlflow_run_id: str
     model_uri: str = Field(description="runs:/<run id>/model")
@@ -360,14 +447,14 @@ class TrainOutput(StrictModel):
 
 class EvaluateInput(StrictModel):
     shards_uri: str
-    train_output_uri: str
+    run_uri: str = Field(description="s3://bucket/runs/<workflow>: reads the train output, writes the evaluate output (RunLayout).")
     model_name: str
     promotion_metric: PromotionMetric
     promotion_threshold: float = Field(ge=0, le=1)
 
 
 class EvaluateOutput(StrictModel):
-    """Written to ``<run_uri>/evaluate-output.json`` (beside the train output)."""
+    """Written to ``RunLayout.evaluate_output_uri`` (beside the train output)."""
 
     mlflow_run_id: str
     model_uri: str
@@ -379,7 +466,7 @@ class EvaluateOutput(StrictModel):
 
 
 class RegisterInput(StrictModel):
-    evaluate_output_uri: str
+    run_uri: str = Field(description="s3://bucket/runs/<workflow>: reads the evaluate output (RunLayout).")
     model_name: str
     run_key: str = Field(description="Identity of the pipeline run (the workflow uid): one version per key.")
     promotion_metric: PromotionMetric

@@ -46,6 +46,7 @@ from pipectl.components.contracts import (
     PreprocessInput,
     PreprocessOutput,
     RegisterInput,
+    RunLayout,
     RegisterOutput,
     StageInput,
     StageOutput,
@@ -234,7 +235,7 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
     # its log tail (the parameter named) becomes the step's message in Argo and the UI.
     validate = _step(cfg, "validate", cfg.light_image, "validate", TrainingParameters, ValidateOutput, every_field=True)
     validate.termination_message_policy = "FallbackToLogsOnError"
-    run_uri = f"s3://{cfg.bucket}/runs/{{{{workflow.name}}}}"
+    run = RunLayout.for_workflow(cfg.bucket, "{{workflow.name}}")
     stage = _step(cfg, "stage", cfg.light_image, "stage", StageInput, StageOutput, fixed={"bucket": cfg.bucket})
     preprocess = _step(cfg, "preprocess", cfg.train_image, "preprocess", PreprocessInput, PreprocessOutput)
     preprocess.volume_mounts += [VolumeMount(name="dshm", mount_path="/dev/shm")]
@@ -268,7 +269,7 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
                 arguments=task_args(
                     {
                         "manifest_uri": "{{tasks.stage.outputs.parameters.manifest-uri}}",
-                        "output_uri": f"{run_uri}/shards/",
+                        "output_uri": run.shards_uri,
                         "image_size": _wf("image_size"),
                         "validation_fraction": _wf("validation_fraction"),
                         "max_corrupt_fraction": _wf("max_corrupt_fraction"),
@@ -282,7 +283,7 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
                 arguments=task_args(
                     {
                         "shards_uri": "{{tasks.preprocess.outputs.parameters.shards-uri}}",
-                        "run_uri": run_uri,
+                        "run_uri": run.run_uri,
                         **{n: _wf(n) for n in TRAIN_STEP_INPUTS if n not in ("shards_uri", "run_uri")},
                     }
                 ),
@@ -294,7 +295,7 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
                 arguments=task_args(
                     {
                         "shards_uri": "{{tasks.preprocess.outputs.parameters.shards-uri}}",
-                        "train_output_uri": f"{run_uri}/train-output.json",
+                        "run_uri": run.run_uri,
                         "model_name": _wf("model_name"),
                         "promotion_metric": _wf("promotion_metric"),
                         "promotion_threshold": _wf("promotion_threshold"),
@@ -307,7 +308,7 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
                 dependencies=["evaluate"],
                 arguments=task_args(
                     {
-                        "evaluate_output_uri": f"{run_uri}/evaluate-output.json",
+                        "run_uri": run.run_uri,
                         "model_name": _wf("model_name"),
                         "run_key": "{{workflow.uid}}",
                         "promotion_metric": _wf("promotion_metric"),

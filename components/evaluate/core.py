@@ -16,6 +16,7 @@ from pipectl.components.contracts import (
     Decision,
     EvaluateInput,
     EvaluateOutput,
+    RunLayout,
     StoreSettings,
     TrainOutput,
 )
@@ -59,7 +60,8 @@ def champion_run_id(client: Any, model_name: str) -> str:
 def evaluate(inp: EvaluateInput, s3: Any, client: Any) -> EvaluateOutput:
     """Score candidate and champion on the validation split; log to the candidate's MLflow run."""
 
-    train = TrainOutput.model_validate(read_json(s3, inp.train_output_uri))
+    layout = RunLayout(run_uri=inp.run_uri)
+    train = TrainOutput.model_validate(read_json(s3, layout.train_output_uri))
     images, labels, index = load_split(s3, inp.shards_uri, "validation")
     x, y = torch.from_numpy(images), torch.from_numpy(labels)
     candidate = load_weights(train.mlflow_run_id)
@@ -94,7 +96,7 @@ def evaluate(inp: EvaluateInput, s3: Any, client: Any) -> EvaluateOutput:
         champion_metric=None if champ_metric is None else round(champ_metric, 6),
         decision=decision,
     )
-    write_json(s3, inp.train_output_uri.rsplit("/", 1)[0] + "/evaluate-output.json", out.model_dump(mode="json"))
+    write_json(s3, layout.evaluate_output_uri, out.model_dump(mode="json"))
     return out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pipectl.components.contracts import Decision, EvaluateOutput, RegisterInput, RegisterOutput, StoreSettings
+from pipectl.components.contracts import Decision, EvaluateOutput, RegisterInput, RegisterOutput, RunLayout, StoreSettings
 from pipectl.components.runtime import read_json, s3_client
 
 log = logging.getLogger("pipectl.register")
@@ -101,5 +101,5 @@ def run(inp: RegisterInput, settings: StoreSettings) -> RegisterOutput:
     if settings.mlflow_uri:
         mlflow.set_tracking_uri(settings.mlflow_uri)
         mlflow.set_registry_uri(settings.mlflow_uri)
-    evaluation = EvaluateOutput.model_validate(read_json(s3_client(settings), inp.evaluate_output_uri))
+    evaluation = EvaluateOutput.model_validate(read_json(s3_client(settings), RunLayout(run_uri=inp.run_uri).evaluate_output_uri))
     return register(inp, evaluation, MlflowClient(tracking_uri=settings.mlflow_uri, registry_uri=settings.mlflow_uri))

@@ -21,13 +21,12 @@ import logging
 import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from pipectl.components.contracts import DatasetManifest, ManifestEntry, StageInput, StageOutput, StoreSettings
+from pipectl.components.contracts import DatasetLayout, DatasetManifest, ManifestEntry, StageInput, StageOutput, StoreSettings
 from pipectl.components.runtime import StepError, join_uri, parse_s3_uri, s3_client
-from pipectl.components.stage.targets import MULTIPART_THRESHOLD_BYTES, S3Target, Target, parse_target
+from pipectl.components.stage.targets import MULTIPART_THRESHOLD_BYTES, S3Target, SourceFile, Target, parse_target
 
 log = logging.getLogger("pipectl.stage")
 
@@ -39,18 +38,6 @@ class DatasetError(StepError):
     """The source is not a usable dataset (missing, empty, unlabelled). Never transient; CLI exit 2."""
 
     cli_exit = 2
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    """One image of the source: ``key`` is ``<label>/<name>`` relative to the dataset root."""
-
-    key: str
-    label: str
-    size: int
-    open: Callable[[], Any]  # returns a binary file object
-    s3_location: tuple[str, str] | None = None  # (bucket, key) for server-side copies
-    path: str | None = None  # local file (lets worker processes open it)
 
 
 def _check_layout(keys: list[str], where: str) -> None:
@@ -215,9 +202,10 @@ def _stage_files(inp: StageInput, target: Target, files: list[SourceFile]) -> St
         digests = list(pool.map(_digests, files))
     entries = [ManifestEntry(key=f.key, size=f.size, sha256=sha, label=f.label) for f, (sha, _) in zip(files, digests)]
     digest = dataset_digest(entries)
-    prefix = f"datasets/{digest[:20]}"
-    dataset_uri = f"{target.root_uri}/{prefix}/"
-    manifest_uri = join_uri(dataset_uri, "manifest.json")
+    prefix = DatasetLayout.prefix_for(digest)
+    layout = DatasetLayout(dataset_uri=f"{target.root_uri}/{prefix}/")
+    dataset_uri, manifest_uri = layout.dataset_uri, layout.manifest_uri
+    data_prefix = f"{prefix}/{DatasetLayout.DATA}/"
     manifest = DatasetManifest(
         digest=digest,
         source_uri=inp.source_uri,
@@ -237,17 +225,17 @@ def _stage_files(inp: StageInput, target: Target, files: list[SourceFile]) -> St
         )
 
     target.prepare()
-    existing_manifest = target.read_manifest(f"{prefix}/manifest.json")
+    existing_manifest = target.read_manifest(f"{prefix}/{DatasetLayout.MANIFEST}")
     if existing_manifest is not None and DatasetManifest.model_validate(existing_manifest).digest == digest:
         log.info("already staged: %s (%d objects); nothing copied", dataset_uri, len(entries))
         target.finish()
         return result(0)
 
-    present = target.present(f"{prefix}/data/")
+    present = target.present(data_prefix)
 
     def in_place(entry: ManifestEntry, md5: str) -> bool:
         """Written and verified by an earlier, interrupted run."""
-        key = f"{prefix}/data/{entry.key}"
+        key = data_prefix + entry.key
         have = present.get(key)
         return have is not None and target.is_complete(key, have, entry, md5)
 
@@ -262,7 +250,7 @@ def _stage_files(inp: StageInput, target: Target, files: list[SourceFile]) -> St
         if len(small) >= parallel.MIN_FILES and processes > 1:
             retries = parallel.put_in_processes(
                 target.settings, target.bucket,
-                [(f"{prefix}/data/{e.key}", f.path, e.model_dump_json(), md5) for f, e, md5 in small],
+                [(data_prefix + e.key, f.path, e.model_dump_json(), md5) for f, e, md5 in small],
                 processes, threads=max(1, inp.max_concurrency // processes))
             written = [retries] + [0] * (len(small) - 1)
             sent = {id(t) for t in small}
@@ -270,11 +258,11 @@ def _stage_files(inp: StageInput, target: Target, files: list[SourceFile]) -> St
 
     def put(item: tuple[SourceFile, ManifestEntry, str]) -> int:
         f, entry, md5 = item
-        return target.put(f"{prefix}/data/{entry.key}", f, entry, md5)
+        return target.put(data_prefix + entry.key, f, entry, md5)
 
     with ThreadPoolExecutor(max_workers=inp.max_concurrency) as pool:
         written += list(pool.map(put, todo))
-    target.write_manifest(f"{prefix}/manifest.json", manifest.model_dump(mode="json"))
+    target.write_manifest(f"{prefix}/{DatasetLayout.MANIFEST}", manifest.model_dump(mode="json"))
     target.finish()
     log.info("staged %s: %d copied, %d already present, %d retried requests", dataset_uri, len(written), len(entries) - len(written), sum(written))
     return result(len(written), sum(written))

@@ -51,7 +51,7 @@ def _put_batch(items: list[tuple[str, str, str, str]]) -> tuple[int, str | None,
 
     from pipectl.components.contracts import ManifestEntry
     from pipectl.components.runtime import classify_exception
-    from pipectl.components.stage.core import SourceFile
+    from pipectl.components.stage.targets import SourceFile
 
     def one(item: tuple[str, str, str, str]) -> int:
         key, path, entry_json, md5 = item

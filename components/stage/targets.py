@@ -36,10 +36,23 @@ import socket
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from pipectl.components.contracts import ManifestEntry
 from pipectl.components.runtime import StepError, ensure_bucket, object_exists
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One image of the source: ``key`` is ``<label>/<name>`` relative to the dataset root."""
+
+    key: str
+    label: str
+    size: int
+    open: Callable[[], Any]  # returns a binary file object
+    s3_location: tuple[str, str] | None = None  # (bucket, key) for server-side copies
+    path: str | None = None  # local file (lets worker processes open it)
+
 
 MULTIPART_THRESHOLD_BYTES = 8 * 1024 * 1024
 TMP_DIR = ".pipectl-tmp"
@@ -72,7 +85,7 @@ class Target(Protocol):
         """True when ``have`` (from :meth:`present`) is a verified copy of ``entry``."""
 
     def put(self, key: str, src: Any, entry: ManifestEntry, md5: str) -> int:
-        """Write ``src`` (a :class:`~pipectl.components.stage.core.SourceFile`) at ``key`` and
+        """Write ``src`` (a :class:`SourceFile`) at ``key`` and
         verify it; returns the retried requests it needed. Raises StepError(transient) when
         verification fails."""
 

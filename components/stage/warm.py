@@ -14,7 +14,7 @@ import sys
 import time
 
 from pipectl.components.alluxio import AlluxioClient
-from pipectl.components.contracts import DatasetManifest, StoreSettings, WarmInput, WarmOutput
+from pipectl.components.contracts import DatasetLayout, DatasetManifest, StoreSettings, WarmInput, WarmOutput
 from pipectl.components.runtime import parse_s3_uri, read_json, s3_client, step_main
 
 log = logging.getLogger("pipectl.warm")
@@ -27,8 +27,8 @@ def warm(inp: WarmInput, s3, alluxio: AlluxioClient) -> WarmOutput:
     AlluxioError (exit 1) when Alluxio refuses (e.g. the bucket is not mounted at /<bucket>).
     """
     manifest = DatasetManifest.model_validate(read_json(s3, inp.manifest_uri))
-    bucket, key = parse_s3_uri(inp.manifest_uri)
-    data = f"/{bucket}/{key.rsplit('/', 1)[0]}/data/"
+    bucket, key = parse_s3_uri(DatasetLayout.of_manifest(inp.manifest_uri).data_uri)
+    data = f"/{bucket}/{key}"
     files = [data + e.key for e in manifest.entries]
     t0 = time.monotonic()
     jobs = [alluxio.submit_load(files[i:i + inp.batch_size]) for i in range(0, len(files), inp.batch_size)]

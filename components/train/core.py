@@ -29,9 +29,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from pipectl.components.contracts import StoreSettings, TrainInput, TrainOutput
+from pipectl.components.contracts import RunLayout, StoreSettings, TrainInput, TrainOutput
 from pipectl.components.models import SmallCNN, classification_metrics, log_weights, predict
-from pipectl.components.runtime import StepError, available_cpus, join_uri, object_exists, parse_s3_uri, read_json, s3_client, write_json
+from pipectl.components.runtime import StepError, available_cpus, object_exists, parse_s3_uri, read_json, s3_client, write_json
 from pipectl.components.shards import load_split
 
 log = logging.getLogger("pipectl.train")
@@ -41,20 +41,22 @@ WORKFLOW_TAG = "pipectl.workflow"
 
 def latest_checkpoint(s3: Any, run_uri: str) -> dict | None:
     """``{"step": int, "uri": str}`` of the newest checkpoint under ``run_uri``, or None."""
-    bucket, key = parse_s3_uri(join_uri(run_uri, "checkpoints", "latest.json"))
+    latest = RunLayout(run_uri=run_uri).latest_checkpoint_uri
+    bucket, key = parse_s3_uri(latest)
     if object_exists(s3, bucket, key) is None:
         return None
-    return read_json(s3, join_uri(run_uri, "checkpoints", "latest.json"))
+    return read_json(s3, latest)
 
 
 def save_checkpoint(s3: Any, run_uri: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
     """Write a checkpoint, then move ``latest.json`` to it. Returns its URI."""
-    uri = join_uri(run_uri, "checkpoints", f"step-{step:08d}.pt")
+    layout = RunLayout(run_uri=run_uri)
+    uri = layout.checkpoint_uri(step)
     buf = io.BytesIO()
     torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, buf)
     bucket, key = parse_s3_uri(uri)
     s3.put_object(Bucket=bucket, Key=key, Body=buf.getvalue())
-    write_json(s3, join_uri(run_uri, "checkpoints", "latest.json"), {"step": step, "uri": uri})
+    write_json(s3, layout.latest_checkpoint_uri, {"step": step, "uri": uri})
     return uri
 
 
@@ -102,7 +104,7 @@ def train(inp: TrainInput, settings: StoreSettings, s3: Any, *, reader: Any = No
     if distributed and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
 
-    output_uri = join_uri(inp.run_uri, "train-output.json")
+    output_uri = RunLayout(run_uri=inp.run_uri).train_output_uri
     images, labels, index = load_split(s3 if reader is None else reader, inp.shards_uri, "train")
     num_classes = len(index.labels)
     x = torch.from_numpy(images)

@@ -42,7 +42,7 @@ def _versions(client, name):
 
 
 def _inp(name, key):
-    return RegisterInput(evaluate_output_uri="s3://unused/e.json", model_name=name, run_key=key,
+    return RegisterInput(run_uri="s3://unused/runs/wf", model_name=name, run_key=key,
                          promotion_metric=PromotionMetric.accuracy)
 
 

@@ -251,7 +251,7 @@ def test_C14_a_body_that_does_not_match_its_md5_is_refused_by_the_store(ceph_set
     it was hashed) is refused by Ceph RGW and reported as a transient verification failure."""
     from pipectl.components.contracts import ManifestEntry
     from pipectl.components.runtime import StepError, ensure_bucket
-    from pipectl.components.stage.core import SourceFile
+    from pipectl.components.stage.targets import SourceFile
     from pipectl.components.stage.targets import S3Target
 
     s3 = s3_client(ceph_settings)

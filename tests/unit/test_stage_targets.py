@@ -11,7 +11,7 @@ import pytest
 
 from pipectl.components.contracts import ManifestEntry
 from pipectl.components.runtime import StepError
-from pipectl.components.stage.core import SourceFile
+from pipectl.components.stage.targets import SourceFile
 from pipectl.components.stage.targets import TMP_DIR, FsTarget, S3Target, mount_fstype, parse_target
 
 
