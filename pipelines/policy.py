@@ -10,7 +10,7 @@ from hera.workflows.models import Backoff, RetryAffinity, RetryNodeAntiAffinity,
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipectl.components.contracts import ExitCode
-from pipectl.components.names import LANE_TAINT_KEY, SEMAPHORE_CONFIGMAP, Lane, lane_object_name  # noqa: F401
+from pipectl.components.names import LANE_TAINT_KEY, Lane, lane_object_name
 
 
 class LaneSpec(BaseModel):

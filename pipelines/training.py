@@ -228,95 +228,63 @@ def _wf(name: str) -> str:
     return "{{workflow.parameters.%s}}" % kebab(name)
 
 
-def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
-    """The ``training-v1`` WorkflowTemplate for ``cfg`` (defaults when None)."""
-    cfg = cfg or CompileConfig()
+def _templates(cfg: CompileConfig) -> dict[str, Container | Resource]:
+    """Every step's template, by task name (the DAG's order)."""
     # C15: every workflow parameter parsed by the CLI's own contract inside the cluster, first;
     # its log tail (the parameter named) becomes the step's message in Argo and the UI.
     validate = _step(cfg, "validate", cfg.light_image, "validate", TrainingParameters, ValidateOutput, every_field=True)
     validate.termination_message_policy = "FallbackToLogsOnError"
-    run = RunLayout.for_workflow(cfg.bucket, "{{workflow.name}}")
-    stage = _step(cfg, "stage", cfg.light_image, "stage", StageInput, StageOutput, fixed={"bucket": cfg.bucket})
     preprocess = _step(cfg, "preprocess", cfg.train_image, "preprocess", PreprocessInput, PreprocessOutput)
     preprocess.volume_mounts += [VolumeMount(name="dshm", mount_path="/dev/shm")]
     preprocess.volumes += [Volume(name="dshm", empty_dir=EmptyDirVolumeSource(medium="Memory", size_limit=f"{cfg.shm_gib}Gi"))]
-    warm = _step(cfg, "warm", cfg.light_image, "stage.warm", WarmInput, WarmOutput)
-    train = _train_template(cfg)
-    evaluate = _step(cfg, "evaluate", cfg.light_image, "evaluate", EvaluateInput, EvaluateOutput)
-    register = _step(cfg, "register", cfg.light_image, "register", RegisterInput, RegisterOutput)
+    return {
+        "validate": validate,
+        "stage": _step(cfg, "stage", cfg.light_image, "stage", StageInput, StageOutput, fixed={"bucket": cfg.bucket}),
+        "warm": _step(cfg, "warm", cfg.light_image, "stage.warm", WarmInput, WarmOutput),
+        "preprocess": preprocess,
+        "train": _train_template(cfg),
+        "evaluate": _step(cfg, "evaluate", cfg.light_image, "evaluate", EvaluateInput, EvaluateOutput),
+        "register": _step(cfg, "register", cfg.light_image, "register", RegisterInput, RegisterOutput),
+    }
 
-    def task_args(names: dict[str, str]) -> list[Parameter]:
-        return [Parameter(name=kebab(k), value=v) for k, v in names.items()]
 
-    dag = DAG(
-        name="training",
-        tasks=[
-            Task(name="validate", template=validate, arguments=task_args({n: _wf(n) for n in TrainingParameters.model_fields})),
-            Task(name="stage", template=stage, dependencies=["validate"], arguments=task_args({"source_uri": _wf("dataset_uri")})),
-            # optional: load the staged dataset into Alluxio (skipped unless warm-cache=true;
-            # a skipped task satisfies its dependants' `dependencies`)
-            Task(
-                name="warm",
-                template=warm,
-                dependencies=["stage"],
-                when=f"{_wf('warm_cache')} == true",
-                arguments=task_args({"manifest_uri": "{{tasks.stage.outputs.parameters.manifest-uri}}"}),
-            ),
-            Task(
-                name="preprocess",
-                template=preprocess,
-                dependencies=["stage", "warm"],
-                arguments=task_args(
-                    {
-                        "manifest_uri": "{{tasks.stage.outputs.parameters.manifest-uri}}",
-                        "output_uri": run.shards_uri,
-                        "image_size": _wf("image_size"),
-                        "validation_fraction": _wf("validation_fraction"),
-                        "max_corrupt_fraction": _wf("max_corrupt_fraction"),
-                    }
-                ),
-            ),
-            Task(
-                name="train",
-                template=train,
-                dependencies=["preprocess"],
-                arguments=task_args(
-                    {
-                        "shards_uri": "{{tasks.preprocess.outputs.parameters.shards-uri}}",
-                        "run_uri": run.run_uri,
-                        **{n: _wf(n) for n in TRAIN_STEP_INPUTS if n not in ("shards_uri", "run_uri")},
-                    }
-                ),
-            ),
-            Task(
-                name="evaluate",
-                template=evaluate,
-                dependencies=["train"],
-                arguments=task_args(
-                    {
-                        "shards_uri": "{{tasks.preprocess.outputs.parameters.shards-uri}}",
-                        "run_uri": run.run_uri,
-                        "model_name": _wf("model_name"),
-                        "promotion_metric": _wf("promotion_metric"),
-                        "promotion_threshold": _wf("promotion_threshold"),
-                    }
-                ),
-            ),
-            Task(
-                name="register",
-                template=register,
-                dependencies=["evaluate"],
-                arguments=task_args(
-                    {
-                        "run_uri": run.run_uri,
-                        "model_name": _wf("model_name"),
-                        "run_key": "{{workflow.uid}}",
-                        "promotion_metric": _wf("promotion_metric"),
-                    }
-                ),
-            ),
-        ],
-    )
+def _out(task: str, name: str) -> str:
+    return "{{tasks.%s.outputs.parameters.%s}}" % (task, kebab(name))
+
+
+def _dag(cfg: CompileConfig, templates: dict[str, Container | Resource]) -> DAG:
+    """The DAG: per task, (dependencies, arguments by input field, ``when``)."""
+    run = RunLayout.for_workflow(cfg.bucket, "{{workflow.name}}")
+    manifest = _out("stage", "manifest_uri")
+    shards = _out("preprocess", "shards_uri")
+    table: dict[str, tuple[list[str], dict[str, str], str | None]] = {
+        "validate": ([], {n: _wf(n) for n in TrainingParameters.model_fields}, None),
+        "stage": (["validate"], {"source_uri": _wf("dataset_uri")}, None),
+        # optional: load the staged dataset into Alluxio (skipped unless warm-cache=true; a
+        # skipped task satisfies its dependants' `dependencies`)
+        "warm": (["stage"], {"manifest_uri": manifest}, f"{_wf('warm_cache')} == true"),
+        "preprocess": (["stage", "warm"], {"manifest_uri": manifest, "output_uri": run.shards_uri,
+                                           **{n: _wf(n) for n in ("image_size", "validation_fraction", "max_corrupt_fraction")}}, None),
+        "train": (["preprocess"], {"shards_uri": shards, "run_uri": run.run_uri,
+                                   **{n: _wf(n) for n in TRAIN_STEP_INPUTS if n not in ("shards_uri", "run_uri")}}, None),
+        "evaluate": (["train"], {"shards_uri": shards, "run_uri": run.run_uri,
+                                 **{n: _wf(n) for n in ("model_name", "promotion_metric", "promotion_threshold")}}, None),
+        "register": (["evaluate"], {"run_uri": run.run_uri, "model_name": _wf("model_name"), "run_key": "{{workflow.uid}}",
+                                    "promotion_metric": _wf("promotion_metric")}, None),
+    }
+    tasks = [
+        Task(name=name, template=templates[name], dependencies=deps or None, when=when,
+             arguments=[Parameter(name=kebab(k), value=v) for k, v in args.items()])
+        for name, (deps, args, when) in table.items()
+    ]
+    return DAG(name="training", tasks=tasks)
+
+
+def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
+    """The ``training-v1`` WorkflowTemplate for ``cfg`` (defaults when None)."""
+    cfg = cfg or CompileConfig()
+    templates = _templates(cfg)
+    dag = _dag(cfg, templates)
     return WorkflowTemplate(
         name=TEMPLATE_NAME,
         namespace=cfg.namespace,
@@ -337,5 +305,5 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
             labels={LANE_LABEL: "{{workflow.parameters.lane}}"},
         ),
         arguments=_workflow_parameters(),
-        templates=[dag, validate, stage, warm, preprocess, train, evaluate, register],
+        templates=[dag, *templates.values()],
     )

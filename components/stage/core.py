@@ -197,6 +197,34 @@ def stage(inp: StageInput, s3: Any, *, example_dir: Path | None = None, target: 
         return _stage_files(inp, target if target is not None else make_target(inp, s3), files)
 
 
+def _upload(inp: StageInput, target: Target, data_prefix: str, todo: list[tuple[SourceFile, ManifestEntry, str]]) -> list[int]:
+    """Write each ``(file, entry, md5)`` of ``todo`` at ``data_prefix + entry.key``; returns the
+    retried requests, one number per object written."""
+    written: list[int] = []  # retried requests, one number per object written
+    if isinstance(target, S3Target) and target.settings is not None:
+        # many small local files: single PUTs from several processes (see parallel.py)
+        from pipectl.components.stage import parallel
+
+        small = [t for t in todo if t[0].path is not None and t[0].s3_location is None and t[1].size < target.part_size]
+        processes = inp.upload_processes or parallel.default_processes()
+        if len(small) >= parallel.MIN_FILES and processes > 1:
+            retries = parallel.put_in_processes(
+                target.settings, target.bucket,
+                [(data_prefix + e.key, f.path, e.model_dump_json(), md5) for f, e, md5 in small],
+                processes, threads=max(1, inp.max_concurrency // processes))
+            written = [retries] + [0] * (len(small) - 1)
+            sent = {id(t) for t in small}
+            todo = [t for t in todo if id(t) not in sent]
+
+    def put(item: tuple[SourceFile, ManifestEntry, str]) -> int:
+        f, entry, md5 = item
+        return target.put(data_prefix + entry.key, f, entry, md5)
+
+    with ThreadPoolExecutor(max_workers=inp.max_concurrency) as pool:
+        written += list(pool.map(put, todo))
+    return written
+
+
 def _stage_files(inp: StageInput, target: Target, files: list[SourceFile]) -> StageOutput:
     with ThreadPoolExecutor(max_workers=inp.max_concurrency) as pool:
         digests = list(pool.map(_digests, files))
@@ -240,28 +268,7 @@ def _stage_files(inp: StageInput, target: Target, files: list[SourceFile]) -> St
         return have is not None and target.is_complete(key, have, entry, md5)
 
     todo = [(f, e, md5) for f, e, (_, md5) in zip(files, entries, digests) if not in_place(e, md5)]
-    written: list[int] = []  # retried requests, one number per object written
-    if isinstance(target, S3Target) and target.settings is not None:
-        # many small local files: single PUTs from several processes (see parallel.py)
-        from pipectl.components.stage import parallel
-
-        small = [t for t in todo if t[0].path is not None and t[0].s3_location is None and t[1].size < target.part_size]
-        processes = inp.upload_processes or parallel.default_processes()
-        if len(small) >= parallel.MIN_FILES and processes > 1:
-            retries = parallel.put_in_processes(
-                target.settings, target.bucket,
-                [(data_prefix + e.key, f.path, e.model_dump_json(), md5) for f, e, md5 in small],
-                processes, threads=max(1, inp.max_concurrency // processes))
-            written = [retries] + [0] * (len(small) - 1)
-            sent = {id(t) for t in small}
-            todo = [t for t in todo if id(t) not in sent]
-
-    def put(item: tuple[SourceFile, ManifestEntry, str]) -> int:
-        f, entry, md5 = item
-        return target.put(data_prefix + entry.key, f, entry, md5)
-
-    with ThreadPoolExecutor(max_workers=inp.max_concurrency) as pool:
-        written += list(pool.map(put, todo))
+    written = _upload(inp, target, data_prefix, todo)
     target.write_manifest(f"{prefix}/{DatasetLayout.MANIFEST}", manifest.model_dump(mode="json"))
     target.finish()
     log.info("staged %s: %d copied, %d already present, %d retried requests", dataset_uri, len(written), len(entries) - len(written), sum(written))

@@ -21,7 +21,8 @@ import logging
 import math
 import os
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -83,89 +84,71 @@ def _mlflow_run(inp: TrainInput, settings: StoreSettings) -> Any:
     return mlflow.start_run(run_name=inp.workflow_name, tags={WORKFLOW_TAG: inp.workflow_name})
 
 
-def train(inp: TrainInput, settings: StoreSettings, s3: Any, *, reader: Any = None) -> TrainOutput:
-    """Train one process of the gang; returns the output (meaningful on rank 0). See module doc.
+@dataclass(frozen=True)
+class _Process:
+    """This process's place in the gang (torchrun's environment) and its device."""
 
-    ``s3``: the store (checkpoints, outputs); ``reader``: where the shards are read from (default
-    ``s3``; Alluxio's S3 proxy when configured). Checkpoints never go through the cache.
-    """
+    rank: int
+    world_size: int
+    device: torch.device
+    distributed: bool
+
+
+def _init_process() -> _Process:
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    device = torch.device("cuda") if use_cuda else torch.device("cpu")
-    if not use_cuda:
+    else:
         # 2 processes each using every core thrash (REFERENCE.md §1: "set OMP_NUM_THREADS");
         # the CPUs this pod may use, not the node's (a CPU limit or cpuset: available_cpus).
         torch.set_num_threads(max(1, available_cpus() // local_world))
     distributed = "MASTER_ADDR" in os.environ
     if distributed and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return _Process(rank, world_size, torch.device("cuda") if use_cuda else torch.device("cpu"), distributed)
 
-    output_uri = RunLayout(run_uri=inp.run_uri).train_output_uri
-    images, labels, index = load_split(s3 if reader is None else reader, inp.shards_uri, "train")
-    num_classes = len(index.labels)
-    x = torch.from_numpy(images)
-    y = torch.from_numpy(labels)
 
-    torch.manual_seed(inp.seed)
-    model = SmallCNN(num_classes=num_classes, channels=index.channels).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=inp.learning_rate)
-    sampler = DistributedSampler(range(len(x)), num_replicas=world_size, rank=rank, shuffle=True, seed=inp.seed)
+def _finished_output(s3: Any, output_uri: str, total_steps: int) -> TrainOutput | None:
+    """The output of an earlier attempt that trained all ``total_steps`` (a retried step), else None."""
+    if object_exists(s3, *parse_s3_uri(output_uri)) is None:
+        return None
+    previous = TrainOutput.model_validate(read_json(s3, output_uri))
+    return previous if previous.steps == total_steps else None
+
+
+def _resume(s3: Any, run_uri: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, str | None]:
+    """Load the newest checkpoint of the run into ``model``/``optimizer``: (its step, its URI), or (0, None)."""
+    latest = latest_checkpoint(s3, run_uri)
+    if latest is None:
+        return 0, None
+    state = load_checkpoint(s3, latest["uri"])
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["step"]), latest["uri"]
+
+
+def _run_steps(inp: TrainInput, proc: _Process, ddp: nn.Module, optimizer: torch.optim.Optimizer, sampler: DistributedSampler,
+               x: torch.Tensor, y: torch.Tensor, start: int, total_steps: int, checkpoint: Callable[[int], None],
+               on_epoch: Callable[[int, float], None]) -> int:
+    """Optimiser steps ``start`` .. ``total_steps`` (resuming mid-epoch at the same sample order:
+    the sampler's permutation depends only on seed and epoch). Rank 0 calls ``checkpoint(step)``
+    every ``checkpoint_every_steps`` (then every rank meets at a barrier) and ``on_epoch(epoch,
+    mean loss)`` after each epoch. Returns the last step."""
     steps_per_epoch = math.ceil(len(sampler) / inp.batch_size)
-    total_steps = steps_per_epoch * inp.epochs
-
-    done = object_exists(s3, *parse_s3_uri(output_uri))
-    if done is not None:
-        previous = TrainOutput.model_validate(read_json(s3, output_uri))
-        if previous.steps == total_steps:
-            log.info("already trained: %s (%d steps); nothing to do", output_uri, previous.steps)
-            if distributed:
-                dist.destroy_process_group()
-            return previous
-
-    resumed_from = 0
-    latest = latest_checkpoint(s3, inp.run_uri)
-    if latest is not None:
-        state = load_checkpoint(s3, latest["uri"])
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        resumed_from = int(state["step"])
-        if rank == 0:
-            log.info("resuming from checkpoint %s (step %d of %d)", latest["uri"], resumed_from, total_steps)
-    ddp = DDP(model) if distributed else model
-
-    run = _mlflow_run(inp, settings) if rank == 0 else None
-    if run is not None and resumed_from == 0:
-        import mlflow
-
-        mlflow.log_params(
-            {
-                "epochs": inp.epochs,
-                "batch_size": inp.batch_size,
-                "learning_rate": inp.learning_rate,
-                "world_size": world_size,
-                "seed": inp.seed,
-                "image_size": index.image_size,
-                "train_images": len(x),
-                "shards_uri": inp.shards_uri,
-            }
-        )
-
     loss_fn = nn.CrossEntropyLoss()
-    step = resumed_from
-    t0 = time.perf_counter()
+    step = start
     while step < total_steps:
         epoch, offset = divmod(step, steps_per_epoch)
         sampler.set_epoch(epoch)
         order = list(sampler)
         ddp.train()
-        epoch_loss = torch.zeros((), device=device)
+        epoch_loss = torch.zeros((), device=proc.device)
         for b in range(offset, steps_per_epoch):
             idx = torch.tensor(order[b * inp.batch_size:(b + 1) * inp.batch_size])
-            xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
+            xb, yb = x[idx].to(proc.device, non_blocking=True), y[idx].to(proc.device, non_blocking=True)
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(ddp(xb), yb)
             loss.backward()
@@ -173,58 +156,106 @@ def train(inp: TrainInput, settings: StoreSettings, s3: Any, *, reader: Any = No
             epoch_loss += loss.detach()
             step += 1
             if step % inp.checkpoint_every_steps == 0 and step < total_steps:
-                if rank == 0:
-                    save_checkpoint(s3, inp.run_uri, step, model, optimizer)
-                if distributed:
+                if proc.rank == 0:
+                    checkpoint(step)
+                if proc.distributed:
                     dist.barrier()
-        if rank == 0:  # progress in the step's log (`pipectl logs`): where a restart would resume from
-            log.info("epoch %d of %d done: step %d of %d, mean loss %.4f", epoch + 1, inp.epochs, step, total_steps,
-                     (epoch_loss / max(1, steps_per_epoch - offset)).item())
+        if proc.rank == 0:  # progress in the step's log (`pipectl logs`): where a restart would resume from
+            mean_loss = (epoch_loss / max(1, steps_per_epoch - offset)).item()
+            log.info("epoch %d of %d done: step %d of %d, mean loss %.4f", epoch + 1, inp.epochs, step, total_steps, mean_loss)
+            on_epoch(epoch, mean_loss)
+    return step
+
+
+def _log_model(model: nn.Module, channels: int) -> str:
+    """Log the trained model to the active MLflow run: MLflow's pytorch flavour (for serving) and
+    the weights evaluate loads (tensors only, no pickle: components/models.py). Returns its model URI."""
+    import mlflow
+
+    model_info = mlflow.pytorch.log_model(
+        model.cpu(),
+        name="model",
+        serialization_format="pickle",
+        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+    )
+    log_weights(model, channels=channels)
+    return model_info.model_uri
+
+
+def _publish(inp: TrainInput, s3: Any, out: TrainOutput, model: nn.Module, optimizer: torch.optim.Optimizer, channels: int,
+             accuracy: float, elapsed_s: float, run: Any, output_uri: str) -> None:
+    """Rank 0, after the last step: final checkpoint, MLflow metrics and model, then the train
+    output (written last: its presence means this run trained completely)."""
+    import mlflow
+
+    if out.steps_this_attempt:
+        save_checkpoint(s3, inp.run_uri, out.steps, model, optimizer)
+    mlflow.log_metrics({
+        "train_accuracy": accuracy,
+        "samples_per_s": out.steps_this_attempt * inp.batch_size * out.world_size / elapsed_s if elapsed_s > 0 else 0.0,
+        "steps_recomputed_after_resume": float(out.steps_this_attempt),
+    })
+    out.mlflow_run_id, out.model_uri = run.info.run_id, _log_model(model, channels)
+    write_json(s3, output_uri, out.model_dump(mode="json"))
+    mlflow.end_run()
+    log.info("trained %d steps (%d this attempt, resumed from %d) on world size %d; train accuracy %.4f",
+             out.steps, out.steps_this_attempt, out.resumed_from_step, out.world_size, accuracy)
+
+
+def train(inp: TrainInput, settings: StoreSettings, s3: Any, *, reader: Any = None) -> TrainOutput:
+    """Train one process of the gang; returns the output (meaningful on rank 0). See module doc.
+
+    ``s3``: the store (checkpoints, outputs); ``reader``: where the shards are read from (default
+    ``s3``; Alluxio's S3 proxy when configured). Checkpoints never go through the cache.
+    """
+    proc = _init_process()
+    output_uri = RunLayout(run_uri=inp.run_uri).train_output_uri
+    images, labels, index = load_split(s3 if reader is None else reader, inp.shards_uri, "train")
+    num_classes = len(index.labels)
+    x, y = torch.from_numpy(images), torch.from_numpy(labels)
+
+    torch.manual_seed(inp.seed)
+    model = SmallCNN(num_classes=num_classes, channels=index.channels).to(proc.device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=inp.learning_rate)
+    sampler = DistributedSampler(range(len(x)), num_replicas=proc.world_size, rank=proc.rank, shuffle=True, seed=inp.seed)
+    total_steps = math.ceil(len(sampler) / inp.batch_size) * inp.epochs
+
+    previous = _finished_output(s3, output_uri, total_steps)
+    if previous is not None:
+        log.info("already trained: %s (%d steps); nothing to do", output_uri, previous.steps)
+        if proc.distributed:
+            dist.destroy_process_group()
+        return previous
+    resumed_from, checkpoint_uri = _resume(s3, inp.run_uri, model, optimizer)
+    if checkpoint_uri and proc.rank == 0:
+        log.info("resuming from checkpoint %s (step %d of %d)", checkpoint_uri, resumed_from, total_steps)
+    ddp = DDP(model) if proc.distributed else model
+
+    run = _mlflow_run(inp, settings) if proc.rank == 0 else None
+    if run is not None and resumed_from == 0:
+        import mlflow
+
+        mlflow.log_params({"epochs": inp.epochs, "batch_size": inp.batch_size, "learning_rate": inp.learning_rate,
+                           "world_size": proc.world_size, "seed": inp.seed, "image_size": index.image_size,
+                           "train_images": len(x), "shards_uri": inp.shards_uri})
+
+    def on_epoch(epoch: int, mean_loss: float) -> None:
         if run is not None:
             import mlflow
 
-            mlflow.log_metric("train_loss", (epoch_loss / max(1, steps_per_epoch - offset)).item(), step=epoch)
-    steps_this_attempt = step - resumed_from
-    elapsed = time.perf_counter() - t0
+            mlflow.log_metric("train_loss", mean_loss, step=epoch)
 
-    metrics = classification_metrics(predict(model, x.to(device)), y.to(device), num_classes)
-    out = TrainOutput(
-        mlflow_run_id="",
-        model_uri="",
-        steps=step,
-        steps_this_attempt=steps_this_attempt,
-        resumed_from_step=resumed_from,
-        world_size=world_size,
-        train_accuracy=round(metrics["accuracy"], 6),
-    )
+    t0 = time.perf_counter()
+    step = _run_steps(inp, proc, ddp, optimizer, sampler, x, y, resumed_from, total_steps,
+                      lambda s: save_checkpoint(s3, inp.run_uri, s, model, optimizer), on_epoch)
+    steps_this_attempt, elapsed = step - resumed_from, time.perf_counter() - t0
+
+    metrics = classification_metrics(predict(model, x.to(proc.device)), y.to(proc.device), num_classes)
+    out = TrainOutput(mlflow_run_id="", model_uri="", steps=step, steps_this_attempt=steps_this_attempt,
+                      resumed_from_step=resumed_from, world_size=proc.world_size, train_accuracy=round(metrics["accuracy"], 6))
     if run is not None:
-        import mlflow
-
-        if steps_this_attempt:
-            save_checkpoint(s3, inp.run_uri, step, model, optimizer)
-        mlflow.log_metrics(
-            {
-                "train_accuracy": metrics["accuracy"],
-                "samples_per_s": steps_this_attempt * inp.batch_size * world_size / elapsed if elapsed > 0 else 0.0,
-                "steps_recomputed_after_resume": float(steps_this_attempt),
-            }
-        )
-        model_info = mlflow.pytorch.log_model(
-            model.cpu(),
-            name="model",
-            serialization_format="pickle",
-            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-        )
-        log_weights(model, channels=index.channels)  # what evaluate loads: tensors only, no pickle
-        out.mlflow_run_id = run.info.run_id
-        out.model_uri = model_info.model_uri
-        write_json(s3, output_uri, out.model_dump(mode="json"))
-        mlflow.end_run()
-        log.info(
-            "trained %d steps (%d this attempt, resumed from %d) on world size %d; train accuracy %.4f",
-            step, steps_this_attempt, resumed_from, world_size, metrics["accuracy"],
-        )
-    if distributed:
+        _publish(inp, s3, out, model, optimizer, index.channels, metrics["accuracy"], elapsed, run, output_uri)
+    if proc.distributed:
         dist.barrier()
         dist.destroy_process_group()
     return out

@@ -165,22 +165,10 @@ def summarise(result: RunResult, parameters: TrainingParameters) -> dict[str, An
     return summary
 
 
-def run_training_locally(
-    parameters: TrainingParameters,
-    settings: RunSettings,
-    on_event: Callable[[str, str, NodeResult | None], None] | None = None,
-    on_services: Callable[[dict[str, str]], None] | None = None,
-    *,
-    launcher: str = DEFAULT_LAUNCHER,
-) -> dict[str, Any]:
-    """Run the compiled ``training`` workflow on this machine; returns :func:`summarise`'s dict.
-
-    Raises :class:`ValidationFailed` (bad dataset), :class:`Unreachable` (configured endpoints
-    down), :class:`PipectlError` (an embedded service failed to start).
-    """
-    from pipectl.pipelines.backends.services import S3_ACCESS_KEY, S3_SECRET_KEY, EmbeddedServices, ServiceStartError
-    from pipectl.pipelines.training import CompileConfig, build_training
-
+def preflight(parameters: TrainingParameters, settings: RunSettings) -> None:
+    """Everything ``pipectl run`` checks before it starts a service or writes a byte: configured
+    endpoints answer (exit 3 otherwise), the dataset is usable, warm-cache has an Alluxio, GPUs
+    asked for exist (exit 2 otherwise)."""
     if settings.s3_endpoint or settings.s3_access_key:
         probe_s3(settings)
     if settings.mlflow_uri:
@@ -198,6 +186,25 @@ def run_training_locally(
             f"gpus-per-worker={parameters.gpus_per_worker} but this machine has no NVIDIA GPU",
             "use -p gpus-per-worker=0 to train on CPU here, or submit to a cluster",
         )
+
+
+def run_training_locally(
+    parameters: TrainingParameters,
+    settings: RunSettings,
+    on_event: Callable[[str, str, NodeResult | None], None] | None = None,
+    on_services: Callable[[dict[str, str]], None] | None = None,
+    *,
+    launcher: str = DEFAULT_LAUNCHER,
+) -> dict[str, Any]:
+    """Run the compiled ``training`` workflow on this machine; returns :func:`summarise`'s dict.
+
+    Raises :class:`ValidationFailed` (bad dataset), :class:`Unreachable` (configured endpoints
+    down), :class:`PipectlError` (an embedded service failed to start).
+    """
+    from pipectl.pipelines.backends.services import S3_ACCESS_KEY, S3_SECRET_KEY, EmbeddedServices, ServiceStartError
+    from pipectl.pipelines.training import CompileConfig, build_training
+
+    preflight(parameters, settings)
     template = build_training(CompileConfig(bucket=settings.bucket, launcher=launcher)).to_dict()
     state_dir = Path(settings.state_dir).resolve()
     try:

@@ -171,7 +171,7 @@ def test_argo_step_with_the_real_executor(services, project, core):
     """argoexec (init, wait, emissary) from the argo-workflows module runs a container step,
     reports its output parameter to the controller through the API server and archives its log
     in the artifact repository (Ceph RGW, set up by ``services``)."""
-    from pipectl.pipelines.policy import restricted_container_security_context, restricted_pod_security_context
+    from pipectl.pipelines.security import restricted_container_security_context, restricted_pod_security_context
 
     c = project
     # the namespace enforces the restricted Pod Security Standard: comply as the product's pods do
@@ -331,7 +331,7 @@ def _gang_job_writes(c, job: str) -> list[tuple[str, int, str]]:
 
 def test_gang_pod_lost_mid_training_restarts_the_gang_from_its_checkpoint(services, project, real_cluster, core):
     """One training pod is lost mid-epoch as a failed node looks (pod force-deleted, its processes
-    SIGKILLed): Volcano restarts the whole gang (PodEvicted -> RestartJob, pipelines/gang.py), the
+    SIGKILLed): Volcano restarts the whole gang (PodEvicted -> RestartJob, pipelines/launchers/volcano.py), the
     workers resume from the last checkpoint, Argo does not retry the step, the workflow Succeeds.
     Prints the optimiser steps lost (trained before the loss, after the checkpoint resumed from).
 
