@@ -12,6 +12,23 @@ the same held-out images).
 DALI device: ``mixed`` decode (nvJPEG) + GPU resize/normalise when a CUDA device is visible;
 otherwise a CPU pipeline built with ``device_id=None`` (DALI refuses a GPU pipeline without
 CUDA: REFERENCE.md §1).
+
+Flow (issue 15: fetching overlaps decoding, start-up is reported apart from steady state)::
+
+    S3 GETs + cheap checks   ──►  DALI pipeline (one for both    ──►  shard files assembled in
+    (16 threads, in manifest      splits; external source fed        place (npz.py), PUT by a
+     order, at most 4 batches     from the main thread, float16      writer thread while the
+     or 512 MiB ahead)            CHW out)                           next batches decode
+
+Before, every object was fetched before the first decode, each split built its own pipeline,
+and shards were written after the last decode, through two extra copies of every image
+(``np.savez`` + ``getvalue``). Memory is now bounded by the prefetch window and the shard
+buffers (at most 2 per split plus 2 being written), not by the data set.
+
+``PreprocessOutput.images_per_s`` is the steady-state decode rate (images after the first batch
+÷ seconds from the first batch out to the last); with a single batch there is no steady state
+and it is the images ÷ start-up seconds. The step's log line gives start-up (pipeline build,
+first batch), steady state, the time decoding waited for bytes, and the shard writes.
 """
 
 from __future__ import annotations
@@ -19,8 +36,10 @@ from __future__ import annotations
 import io
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -32,7 +51,7 @@ from pipectl.components.contracts import (
     StoreSettings,
 )
 from pipectl.components.runtime import StepError, available_cpus, join_uri, parse_s3_uri, read_json, s3_client, write_json
-from pipectl.components.shards import put_npz
+from pipectl.components.preprocess.npz import ShardFile, fits
 
 log = logging.getLogger("pipectl.preprocess")
 
@@ -79,6 +98,15 @@ def is_corrupt(data: bytes) -> str | None:
     return None
 
 
+T = TypeVar("T")
+R = TypeVar("R")
+
+FETCH_THREADS = 16
+PREFETCH_BATCHES = 4
+PREFETCH_BYTES = 512 << 20
+WRITES_IN_FLIGHT = 2
+
+
 def gpu_available() -> bool:
     """True when DALI sees at least one CUDA device."""
     try:
@@ -89,11 +117,14 @@ def gpu_available() -> bool:
         return False
 
 
-def build_pipeline(batches: list[list[np.ndarray]], batch_size: int, image_size: int, use_gpu: bool, num_threads: int | None = None) -> Any:
+def build_pipeline(source: Any, batch_size: int, image_size: int, use_gpu: bool, num_threads: int | None = None) -> Any:
     """DALI pipeline: external source of encoded bytes -> decode -> resize -> normalise (CHW).
 
-    ``batches``: encoded images as uint8 arrays, at most ``batch_size`` per batch; the pipeline
-    raises ``StopIteration`` after the last one. Output per batch: float [B, 3, image_size, image_size].
+    ``source``: an iterable of batches, or a callable returning the next batch; a batch is a list
+    of at most ``batch_size`` encoded images as uint8 arrays [n_bytes]; ``StopIteration`` ends the
+    stream (``pipe.run()`` raises it after the last batch). Output per batch: float16
+    [B, 3, image_size, image_size], (x - 127.5) / 127.5 (DALI computes in float32 and rounds once:
+    equal to float32 output cast to float16, checked on the 512² set 2026-12-01).
     ``num_threads``: DALI's CPU worker threads; default :func:`available_cpus` (the CPUs this
     pod may use: CPU decode scales with them, tests/bench/bench_preprocess.py).
     """
@@ -103,22 +134,33 @@ def build_pipeline(batches: list[list[np.ndarray]], batch_size: int, image_size:
     import nvidia.dali.types as types
     from nvidia.dali import pipeline_def
 
+    # a callable ends the stream by raising StopIteration; ``cycle`` is for iterables only
+    src_kw: dict[str, Any] = {"source": source} if callable(source) else {"source": iter(source), "cycle": False}
+
     @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=0 if use_gpu else None)
     def pipe():  # type: ignore[no-untyped-def]
-        encoded = fn.external_source(source=iter(batches), dtype=types.UINT8, ndim=1, batch=True, cycle=False)
+        encoded = fn.external_source(**src_kw, dtype=types.UINT8, ndim=1, batch=True)
         images = fn.decoders.image(encoded, device="mixed" if use_gpu else "cpu", output_type=types.RGB)
         images = fn.resize(images, resize_x=image_size, resize_y=image_size, antialias=True)
-        return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=MEAN, std=STD)
+        return fn.crop_mirror_normalize(images, dtype=types.FLOAT16, output_layout="CHW", mean=MEAN, std=STD)
 
     p = pipe()
     p.build()
     return p
 
 
-def decode_all(encoded: list[bytes], image_size: int, batch_size: int, use_gpu: bool) -> tuple[np.ndarray, float]:
-    """Run the DALI pipeline over ``encoded`` images (order kept).
+def _to_numpy(result: Any, use_gpu: bool) -> np.ndarray:
+    """A DALI batch output as a numpy view [B, 3, S, S] (valid until the pipeline runs again)."""
+    if use_gpu:
+        result = result.as_cpu()
+    return np.asarray(result.as_tensor())
 
-    Returns (float16 array [N, 3, image_size, image_size], seconds spent in DALI).
+
+def decode_all(encoded: list[bytes], image_size: int, batch_size: int, use_gpu: bool) -> tuple[np.ndarray, float]:
+    """Run the DALI pipeline over ``encoded`` images (order kept), in memory.
+
+    Returns (float16 array [N, 3, image_size, image_size], seconds spent in DALI, build included).
+    Raises RuntimeError (DALI's) when an image cannot be decoded; see :func:`decode_robust`.
     """
     if not encoded:
         return np.zeros((0, 3, image_size, image_size), np.float16), 0.0
@@ -135,9 +177,7 @@ def decode_all(encoded: list[bytes], image_size: int, batch_size: int, use_gpu: 
             (result,) = pipe.run()
         except StopIteration:
             break
-        if use_gpu:
-            result = result.as_cpu()
-        arr = np.asarray(result.as_tensor(), dtype=np.float32)
+        arr = _to_numpy(result, use_gpu)
         out[filled:filled + len(arr)] = arr
         filled += len(arr)
     if filled != len(encoded):
@@ -165,95 +205,458 @@ def decode_robust(encoded: list[bytes], image_size: int, batch_size: int, use_gp
     return np.concatenate([left, right]), bad_left + [mid + i for i in bad_right], s_left + s_right
 
 
-def preprocess(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> PreprocessOutput:
-    """See the module doc. Raises :class:`StepError` (exit 1) when too many images are corrupt.
+@dataclass
+class DecodeTimings:
+    """Where a decode stream's wall time went (seconds, ``time.perf_counter``).
 
-    ``s3``: the store (writes); ``reader``: where the staged images are read from (default ``s3``;
-    Alluxio's S3 proxy when configured, see ``pipectl.components.alluxio.data_read_client``).
+    ``build_s``: pipeline builds; ``first_batch_s``: end of the first build to the first batch
+    out (includes waiting for its bytes); ``steady_s``: first batch out to the last;
+    ``steady_images``: images out after the first batch; ``feed_wait_s``: time DALI's feeding
+    waited for the next batch's bytes (fetch not keeping up); ``rebuilds``: pipelines rebuilt
+    after a batch DALI could not decode.
     """
+
+    build_s: float = 0.0
+    first_batch_s: float = 0.0
+    steady_s: float = 0.0
+    steady_images: int = 0
+    images: int = 0
+    feed_wait_s: float = 0.0
+    rebuilds: int = 0
+
+    @property
+    def startup_s(self) -> float:
+        return self.build_s + self.first_batch_s
+
+    @property
+    def steady_images_per_s(self) -> float:
+        """Steady-state images/s; 0.0 when there was no second batch."""
+        return self.steady_images / self.steady_s if self.steady_images and self.steady_s > 0 else 0.0
+
+
+def decode_stream(
+    batches: Iterable[list[tuple[T, bytes]]],
+    image_size: int,
+    batch_size: int,
+    use_gpu: bool,
+    *,
+    num_threads: int | None = None,
+    timings: DecodeTimings | None = None,
+) -> Iterator[tuple[list[T], np.ndarray, list[tuple[T, bytes]]]]:
+    """Decode a stream of batches of (tag, encoded image) with one DALI pipeline, in order.
+
+    Yields, per input batch, (tags of the decoded images, their images float16 [n, 3, S, S],
+    the (tag, bytes) DALI could not decode). The images array is a view of DALI's output
+    buffer: valid until the next item is requested (copy what you keep). Batches are pulled
+    from ``batches`` by DALI's external source as the pipeline asks (prefetch depth 2), so a
+    slow producer shows up as ``timings.feed_wait_s``. When DALI fails a batch, the batches fed
+    but not yet returned are decoded again by :func:`decode_robust` (isolating the bad images)
+    and a fresh pipeline continues with the rest. Errors raised by ``batches`` propagate as is.
+    """
+    t = timings if timings is not None else DecodeTimings()
+    it = iter(batches)
+    pending: deque[list[tuple[T, bytes]]] = deque()  # fed to DALI, outputs not yet returned
+    feed_error: list[BaseException] = []
+
+    def source() -> list[np.ndarray]:
+        t0 = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            raise
+        except BaseException as e:  # a fetch error: DALI would wrap or swallow it
+            feed_error.append(e)
+            raise
+        finally:
+            t.feed_wait_s += time.perf_counter() - t0
+        pending.append(batch)
+        return [np.frombuffer(b, dtype=np.uint8) for _, b in batch]
+
+    first_out: float | None = None
+    while True:
+        # peek: build a pipeline only when there is something to decode
+        try:
+            head = next(it)
+        except StopIteration:
+            return
+        it = _chain_one(head, it)
+        t0 = time.perf_counter()
+        pipe = build_pipeline(source, batch_size, image_size, use_gpu, num_threads)
+        t_built = time.perf_counter()
+        t.build_s += t_built - t0
+        try:
+            while True:
+                try:
+                    (result,) = pipe.run()
+                except StopIteration:
+                    return
+                batch = pending.popleft()
+                images = _to_numpy(result, use_gpu)
+                now = time.perf_counter()
+                if first_out is None:
+                    first_out = now
+                    t.first_batch_s = now - t_built
+                else:
+                    t.steady_s = now - first_out
+                    t.steady_images += len(images)
+                t.images += len(images)
+                yield [tag for tag, _ in batch], images, []
+        except RuntimeError:
+            if feed_error:
+                raise feed_error[0] from None
+            failed = list(pending)
+            pending.clear()
+        del pipe
+        t.rebuilds += 1
+        log.warning("DALI failed a batch: decoding %d batch(es) again, image by image where needed", len(failed))
+        for batch in failed:
+            images, bad, _ = decode_robust([b for _, b in batch], image_size, batch_size, use_gpu)
+            bad_set = set(bad)
+            t.images += len(images)
+            yield [tag for i, (tag, _) in enumerate(batch) if i not in bad_set], images, [batch[i] for i in bad]
+
+
+def _chain_one(head: T, rest: Iterator[T]) -> Iterator[T]:
+    yield head
+    yield from rest
+
+
+def prefetch_ordered(
+    items: Sequence[T],
+    fetch: Callable[[T], R],
+    *,
+    workers: int = FETCH_THREADS,
+    max_items: int = 1024,
+    max_bytes: int = PREFETCH_BYTES,
+    size: Callable[[T], int] = lambda _: 0,
+) -> Iterator[tuple[T, R]]:
+    """Yield ``(item, fetch(item))`` in the order of ``items``, fetching ahead in ``workers`` threads.
+
+    Bounded: at most ``max_items`` items and ``max_bytes`` of their ``size(item)`` (bytes) are
+    fetched or being fetched ahead of the consumer (always at least one). An exception from
+    ``fetch`` is raised when its item's turn comes; leaving early cancels what has not started.
+    """
+    window: deque[tuple[T, Future[R], int]] = deque()
+    in_flight = 0
+    source = iter(items)
+    end = object()
+    nxt: Any = next(source, end)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fetch") as pool:
+        try:
+            while True:
+                while nxt is not end and (not window or (len(window) < max_items and in_flight + size(nxt) <= max_bytes)):
+                    n = size(nxt)
+                    window.append((nxt, pool.submit(fetch, nxt), n))
+                    in_flight += n
+                    nxt = next(source, end)
+                if not window:
+                    return
+                item, fut, n = window.popleft()
+                in_flight -= n
+                yield item, fut.result()
+        finally:
+            for _, fut, _ in window:
+                fut.cancel()
+
+
+def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Lists of ``size`` consecutive items (the last may be shorter; none is empty)."""
+    batch: list[T] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class _NumpyShard:
+    """A shard too large for :class:`ShardFile` (ZIP64): a numpy buffer written by ``np.savez``."""
+
+    def __init__(self, capacity: int, image_size: int) -> None:
+        self.capacity, self.image_size = capacity, image_size
+        self._images = np.empty((capacity, 3, image_size, image_size), np.float16)
+
+    def images(self, n: int) -> np.ndarray:
+        return self._images[:n]
+
+    def finish(self, n: int, labels: np.ndarray) -> io.BytesIO:
+        buf = io.BytesIO()
+        np.savez(buf, images=self._images[:n], labels=labels)
+        buf.seek(0)
+        return buf
+
+
+@dataclass
+class ShardWriter:
+    """Routes decoded images to their split's shard files; PUTs complete shards in ``pool``.
+
+    ``expected``: images per split that may still arrive (capacity of new shard buffers:
+    min(shard_size, expected)); ``put(uri, body)``: uploads one file (``body``: seekable binary
+    file). A shard is complete at ``shard_size`` images, or at :meth:`close`. Shard ``n`` of a
+    split holds the split's images ``n*shard_size ..`` in stream order, as before issue 15.
+    """
+
+    output_uri: str
+    shard_size: int
+    image_size: int
+    expected: dict[str, int]
+    put: Callable[[str, Any], None]
+    pool: ThreadPoolExecutor
+    uris: dict[str, list[str]] = field(default_factory=lambda: {"train": [], "validation": []})
+    counts: Counter[str] = field(default_factory=Counter)
+    put_s: float = 0.0
+    _open: dict[str, tuple[Any, int, list[np.ndarray]]] = field(default_factory=dict)
+    _writes: deque[tuple[Future[float], Any]] = field(default_factory=deque)
+    _free: list[Any] = field(default_factory=list)
+
+    def add(self, split: str, images: np.ndarray, positions: np.ndarray, labels: np.ndarray) -> None:
+        """Copy ``images[positions]`` (float16 [B, 3, S, S]; positions int [k]) with ``labels``
+        int64 [k] into ``split``'s open shard(s)."""
+        k = 0
+        while k < len(positions):
+            if split not in self._open:
+                self._open[split] = (self._file(min(self.shard_size, max(self.expected[split], 1))), 0, [])
+            f, fill, labs = self._open[split]
+            if fill == f.capacity:  # capacity = min(shard_size, an upper bound of what may arrive)
+                raise StepError(f"more {split} images arrived than expected ({fill})", "report this as a bug")
+            take = positions[k:k + f.capacity - fill]
+            dst = f.images(f.capacity)[fill:fill + len(take)]
+            if len(take) == len(images) and take[0] == 0 and take[-1] == len(images) - 1:
+                np.copyto(dst, images)
+            else:
+                np.take(images, take, axis=0, out=dst, mode="clip")
+            labs.append(labels[k:k + len(take)])
+            k += len(take)
+            fill += len(take)
+            self.expected[split] -= len(take)
+            self._open[split] = (f, fill, labs)
+            if fill == self.shard_size:
+                self._flush(split)
+
+    def lost(self, split: str) -> None:
+        """One image of ``split`` will not arrive (quarantined)."""
+        self.expected[split] -= 1
+
+    def close(self) -> None:
+        """Write the open shards and wait for every write (raises the first write error)."""
+        for split in list(self._open):
+            self._flush(split)
+        while self._writes:
+            self._reclaim(self._writes.popleft())
+
+    def _file(self, capacity: int) -> Any:
+        while self._writes and self._writes[0][0].done():
+            self._reclaim(self._writes.popleft())
+        for i, f in enumerate(self._free):
+            if f.capacity >= capacity:
+                return self._free.pop(i)
+        if not fits(capacity, self.image_size):
+            return _NumpyShard(capacity, self.image_size)
+        return ShardFile(capacity, self.image_size)
+
+    def _reclaim(self, write: tuple[Future[float], Any]) -> None:
+        fut, f = write
+        self.put_s += fut.result()
+        self._free.append(f)
+
+    def _flush(self, split: str) -> None:
+        f, fill, labs = self._open.pop(split)
+        if not fill:
+            self._free.append(f)
+            return
+        uri = join_uri(self.output_uri, f"{split}-{len(self.uris[split]):05d}.npz")
+        labels = np.concatenate(labs).astype(np.int64)
+        self.uris[split].append(uri)
+        self.counts[split] += fill
+        while len(self._writes) >= WRITES_IN_FLIGHT:  # bound memory: wait for the oldest write
+            self._reclaim(self._writes.popleft())
+
+        def write() -> float:
+            t0 = time.perf_counter()
+            self.put(uri, f.finish(fill, labels))
+            return time.perf_counter() - t0
+
+        self._writes.append((self.pool.submit(write), f))
+
+
+@dataclass
+class StepTimings:
+    """The step's figures (seconds): ``decode`` (:class:`DecodeTimings`), ``wall_s`` (manifest
+    read to index written), ``put_s`` (shard PUTs, summed over the writer threads: overlapped
+    with decoding), ``tail_s`` (waiting for the last writes after the last batch)."""
+
+    decode: DecodeTimings = field(default_factory=DecodeTimings)
+    wall_s: float = 0.0
+    put_s: float = 0.0
+    tail_s: float = 0.0
+
+
+def decode_to_shards(
+    items: Iterable[tuple[int, bytes]],
+    splits: Sequence[str],
+    labels: np.ndarray,
+    *,
+    output_uri: str,
+    image_size: int,
+    batch_size: int,
+    shard_size: int,
+    use_gpu: bool,
+    put: Callable[[str, Any], None],
+    on_undecodable: Callable[[int, bytes], None],
+    timings: StepTimings,
+    num_threads: int | None = None,
+) -> ShardWriter:
+    """The step's core, from encoded images to written shards (what the benchmark measures).
+
+    ``items``: (manifest index, encoded bytes) in manifest order (corrupt ones already left
+    out); ``splits[i]``/``labels[i]`` (int64 [N]): manifest entry ``i``'s split and class;
+    ``put(uri, body)``: writes one shard (called in a writer thread); ``on_undecodable(i, bytes)``:
+    an image DALI could not decode. Returns the closed :class:`ShardWriter` (uris, counts).
+    Raises what ``items``, DALI or ``put`` raise; written shards are not removed here.
+    """
+    remaining = Counter(splits[i] for i in range(len(splits)))
+    with ThreadPoolExecutor(max_workers=WRITES_IN_FLIGHT, thread_name_prefix="shard-put") as pool:
+        writer = ShardWriter(output_uri, shard_size, image_size, dict(remaining), put, pool)
+        for split in ("train", "validation"):
+            writer.expected.setdefault(split, 0)
+        split_of = np.asarray([s == "validation" for s in splits], dtype=bool)
+
+        def counted(stream: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+            seen = 0
+            for i, blob in stream:
+                # images left out before decoding (corrupt) will not arrive: shrink the buffers
+                for j in range(seen, i):
+                    writer.lost(splits[j])
+                seen = i + 1
+                yield i, blob
+            for j in range(seen, len(splits)):
+                writer.lost(splits[j])
+
+        stream = decode_stream(batched(counted(items), batch_size), image_size, batch_size, use_gpu,
+                               num_threads=num_threads, timings=timings.decode)
+        for tags, images, bad in stream:
+            for i, blob in bad:
+                writer.lost(splits[i])
+                on_undecodable(i, blob)
+            idx = np.asarray(tags, dtype=np.int64)
+            is_val = split_of[idx] if len(idx) else np.zeros(0, bool)
+            for split, mask in (("train", ~is_val), ("validation", is_val)):
+                positions = np.flatnonzero(mask)
+                if len(positions):
+                    writer.add(split, images, positions, labels[idx[positions]])
+        t0 = time.perf_counter()
+        writer.close()
+        timings.tail_s = time.perf_counter() - t0
+        timings.put_s = writer.put_s
+    return writer
+
+
+def preprocess_timed(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> tuple[PreprocessOutput, StepTimings]:
+    """:func:`preprocess`, also returning where the time went (:class:`StepTimings`)."""
+    t_start = time.perf_counter()
+    timings = StepTimings()
     reader = s3 if reader is None else reader
     manifest = DatasetManifest.model_validate(read_json(s3, inp.manifest_uri))
     bucket, manifest_key = parse_s3_uri(inp.manifest_uri)
     data_prefix = manifest_key.rsplit("/", 1)[0] + "/data/"
     label_index = {label: i for i, label in enumerate(manifest.labels)}
-
-    def fetch(key: str) -> bytes:
-        return reader.get_object(Bucket=bucket, Key=data_prefix + key)["Body"].read()
-
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        blobs = list(pool.map(fetch, [e.key for e in manifest.entries]))
-
-    quarantined: list[dict[str, str]] = []
-
-    def quarantine(key: str, blob: bytes, reason: str) -> None:
-        quarantined.append({"key": key, "reason": reason})
-        out_bucket, out_key = parse_s3_uri(join_uri(inp.output_uri, "quarantine", key))
-        s3.put_object(Bucket=out_bucket, Key=out_key, Body=blob)
-        log.warning("quarantined %s: %s", key, reason)
-
-    candidates: dict[str, list[tuple[str, bytes, int]]] = {"train": [], "validation": []}
-    for entry, blob in zip(manifest.entries, blobs):
-        reason = is_corrupt(blob)
-        if reason:
-            quarantine(entry.key, blob, reason)
-            continue
-        split = "validation" if in_validation(entry.sha256, inp.validation_fraction) else "train"
-        candidates[split].append((entry.key, blob, label_index[entry.label]))
+    entries = manifest.entries
+    splits = ["validation" if in_validation(e.sha256, inp.validation_fraction) else "train" for e in entries]
+    labels = np.asarray([label_index[e.label] for e in entries], dtype=np.int64)
 
     use_gpu = inp.device == "gpu" or (inp.device == "auto" and gpu_available())
     if inp.device == "gpu" and not gpu_available():
         raise StepError("device=gpu but DALI sees no CUDA device", "use device=auto or cpu, or schedule on a GPU node")
-    decoded_splits: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    seconds = 0.0
-    for split, items in candidates.items():
-        images, bad, dali_s = decode_robust([b for _, b, _ in items], inp.image_size, inp.batch_size, use_gpu)
-        seconds += dali_s
-        for i in bad:
-            quarantine(items[i][0], items[i][1], "DALI could not decode it")
-        bad_set = set(bad)
-        labels = np.asarray([y for i, (_, _, y) in enumerate(items) if i not in bad_set], dtype=np.int64)
-        decoded_splits[split] = (images, labels)
 
-    total = len(manifest.entries)
-    if quarantined:
-        write_json(s3, join_uri(inp.output_uri, "quarantine.json"), quarantined)
-    if len(quarantined) > inp.max_corrupt_fraction * total:
-        raise StepError(
-            f"{len(quarantined)} of {total} images are corrupt ({len(quarantined) / total:.1%}), "
-            f"above max-corrupt-fraction {inp.max_corrupt_fraction:.1%}",
-            f"see {join_uri(inp.output_uri, 'quarantine.json')}; fix the dataset or raise max-corrupt-fraction",
-        )
-    counts = {split: len(labels) for split, (_, labels) in decoded_splits.items()}
-    if not counts["train"] or not counts["validation"]:
-        raise StepError(
-            f"a split is empty (train {counts['train']}, validation {counts['validation']} images)",
-            "use a larger dataset or a validation-fraction between 0.05 and 0.5",
-        )
+    quarantined: list[tuple[int, str]] = []  # (manifest index, reason)
+    side_writes: list[Future[Any]] = []
 
-    shards: dict[str, list[str]] = {"train": [], "validation": []}
-    for split, (images, labels) in decoded_splits.items():
-        for n, start in enumerate(range(0, len(labels), inp.shard_size)):
-            uri = join_uri(inp.output_uri, f"{split}-{n:05d}.npz")
-            put_npz(s3, uri, images[start:start + inp.shard_size], labels[start:start + inp.shard_size])
-            shards[split].append(uri)
+    def put(uri: str, body: Any) -> None:
+        out_bucket, out_key = parse_s3_uri(uri)
+        s3.put_object(Bucket=out_bucket, Key=out_key, Body=body)
 
-    decoded = counts["train"] + counts["validation"]
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="quarantine") as side:
+
+        def quarantine(i: int, blob: bytes, reason: str) -> None:
+            quarantined.append((i, reason))
+            side_writes.append(side.submit(put, join_uri(inp.output_uri, "quarantine", entries[i].key), blob))
+            log.warning("quarantined %s: %s", entries[i].key, reason)
+
+        def fetch(i: int) -> tuple[bytes, str | None]:
+            blob = reader.get_object(Bucket=bucket, Key=data_prefix + entries[i].key)["Body"].read()
+            return blob, is_corrupt(blob)
+
+        def fetched() -> Iterator[tuple[int, bytes]]:
+            for i, (blob, reason) in prefetch_ordered(range(len(entries)), fetch, max_items=PREFETCH_BATCHES * inp.batch_size,
+                                                      size=lambda i: entries[i].size):
+                if reason:
+                    quarantine(i, blob, reason)
+                else:
+                    yield i, blob
+
+        writer: ShardWriter | None = None
+        try:
+            writer = decode_to_shards(
+                fetched(), splits, labels, output_uri=inp.output_uri, image_size=inp.image_size,
+                batch_size=inp.batch_size, shard_size=inp.shard_size, use_gpu=use_gpu, put=put,
+                on_undecodable=lambda i, blob: quarantine(i, blob, "DALI could not decode it"), timings=timings,
+            )
+            for fut in side_writes:
+                fut.result()
+            total = len(entries)
+            if quarantined:
+                write_json(s3, join_uri(inp.output_uri, "quarantine.json"),
+                           [{"key": entries[i].key, "reason": reason} for i, reason in sorted(quarantined)])
+            if len(quarantined) > inp.max_corrupt_fraction * total:
+                raise StepError(
+                    f"{len(quarantined)} of {total} images are corrupt ({len(quarantined) / total:.1%}), "
+                    f"above max-corrupt-fraction {inp.max_corrupt_fraction:.1%}",
+                    f"see {join_uri(inp.output_uri, 'quarantine.json')}; fix the dataset or raise max-corrupt-fraction",
+                )
+            counts = {split: writer.counts[split] for split in ("train", "validation")}
+            if not counts["train"] or not counts["validation"]:
+                raise StepError(
+                    f"a split is empty (train {counts['train']}, validation {counts['validation']} images)",
+                    "use a larger dataset or a validation-fraction between 0.05 and 0.5",
+                )
+        except BaseException:
+            # no index.json is written, so the shards are unreachable; remove them (best effort)
+            for uri in ([] if writer is None else writer.uris["train"] + writer.uris["validation"]):
+                try:
+                    out_bucket, out_key = parse_s3_uri(uri)
+                    s3.delete_object(Bucket=out_bucket, Key=out_key)
+                except Exception as e:  # the step's own error matters more
+                    log.warning("could not remove %s after the failure: %s", uri, e)
+            raise
+
     index = ShardIndex(
         labels=manifest.labels,
         image_size=inp.image_size,
         channels=3,
         mean=MEAN,
         std=STD,
-        train=shards["train"],
-        validation=shards["validation"],
+        train=writer.uris["train"],
+        validation=writer.uris["validation"],
         train_count=counts["train"],
         validation_count=counts["validation"],
     )
     write_json(s3, join_uri(inp.output_uri, "index.json"), index.model_dump(mode="json"))
-    rate = decoded / seconds if seconds > 0 else 0.0
+    timings.wall_s = time.perf_counter() - t_start
+    d = timings.decode
+    decoded = counts["train"] + counts["validation"]
+    rate = d.steady_images_per_s or (decoded / d.startup_s if d.startup_s > 0 else 0.0)
     device = "gpu (mixed)" if use_gpu else "cpu"
-    log.info("DALI on %s: %d images in %.2f s (%.0f images/s); %d quarantined", device, decoded, seconds, rate, len(quarantined))
-    return PreprocessOutput(
+    log.info(
+        "DALI on %s: %d images, %d quarantined; start-up %.2f s (pipeline build %.2f s, first batch %.2f s); "
+        "steady state %.0f images/s (%d images in %.2f s); decoding waited %.2f s for bytes; shard PUTs %.2f s "
+        "(overlapped; %.2f s after the last batch); wall %.2f s (%.0f images/s end to end)",
+        device, decoded, len(quarantined), d.startup_s, d.build_s, d.first_batch_s, d.steady_images_per_s,
+        d.steady_images, d.steady_s, d.feed_wait_s, timings.put_s, timings.tail_s, timings.wall_s,
+        decoded / timings.wall_s if timings.wall_s > 0 else 0.0,
+    )
+    out = PreprocessOutput(
         shards_uri=inp.output_uri.rstrip("/") + "/",
         train_count=counts["train"],
         validation_count=counts["validation"],
@@ -261,6 +664,17 @@ def preprocess(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> Preproce
         images_per_s=round(rate, 1),
         device=device,
     )
+    return out, timings
+
+
+def preprocess(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> PreprocessOutput:
+    """See the module doc. Raises :class:`StepError` (exit 1) when too many images are corrupt
+    or a split is empty (the shards written so far are removed; no index.json is written).
+
+    ``s3``: the store (writes); ``reader``: where the staged images are read from (default ``s3``;
+    Alluxio's S3 proxy when configured, see ``pipectl.components.alluxio.data_read_client``).
+    """
+    return preprocess_timed(inp, s3, reader=reader)[0]
 
 
 def run(inp: PreprocessInput, settings: StoreSettings) -> PreprocessOutput:
