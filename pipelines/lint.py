@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from pipectl.pipelines import security
+
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 SECRET_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)", re.I)
 
@@ -140,57 +142,125 @@ def _gang_objects(wt: dict) -> Iterator[tuple[int, str, dict, str]]:
 
 
 def check_policy(obj: dict, source: str) -> list[Finding]:
-    """pipectl's rules for WorkflowTemplates (see the module doc)."""
-    from pipectl.components.names import LANE_OBJECT_NAMES
-    from pipectl.pipelines.launchers import launcher_for
+    """pipectl's rules (see the module doc) for the kinds they concern; other kinds: none."""
+    where = f"{source} {obj.get('kind')}/{(obj.get('metadata') or {}).get('name', '?')}"
+    kind = obj.get("kind")
+    if kind in ("WorkflowTemplate", "Workflow"):
+        return _workflow_findings(obj["spec"], where, source)
+    if kind == "CronWorkflow":
+        spec = obj.get("spec", {}).get("workflowSpec", {})
+        return _workflow_findings(spec, f"{where} spec.workflowSpec", source) if spec.get("templates") else []
+    if kind in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"):
+        return _rbac_findings(obj, where)
+    if kind == "Namespace":
+        return _namespace_findings(obj, where)
+    return []
 
-    if obj.get("kind") not in ("WorkflowTemplate", "Workflow"):
-        return []
-    where = f"{source} {obj['kind']}/{obj.get('metadata', {}).get('name', '?')}"
+
+def _workflow_findings(spec: dict, where: str, source: str) -> list[Finding]:
     findings: list[Finding] = []
-    for j, p in enumerate(obj["spec"].get("arguments", {}).get("parameters", [])):
+    for j, p in enumerate(spec.get("arguments", {}).get("parameters", [])):
         if p.get("enum") and p.get("value") not in p["enum"]:
             findings.append(Finding(f"{where} spec.arguments.parameters[{j}]", f"default {p.get('value')!r} of {p['name']} is not in its enum {p['enum']}"))
-    for i, tmpl in enumerate(obj["spec"].get("templates", [])):
+    findings += _validated_first(spec, where)
+    if spec.get("templates"):  # a workflow that only references a WorkflowTemplate runs the template's pods
+        findings += [Finding(f"{where} spec.securityContext", m) for m in security.pod_problems(spec.get("securityContext") or {})]
+    for i, tmpl in enumerate(spec.get("templates", [])):
         for kind, c in _containers(tmpl):
             at = f"{where} spec.templates[{i}].{kind}"
             if kind == "container" and not c.get("command"):
                 findings.append(Finding(at, f"template {tmpl['name']!r} sets no command (entrypoint look-up needs a registry)"))
-            findings += _image_findings(c.get("image", ""), at)
-            findings += _env_findings(c.get("env") or [], at)
-    for i, lane, job, error in _gang_objects(obj):
+            findings += _container_findings(c, at)
+        findings += [Finding(f"{where} spec.templates[{i}]", m) for m in security.pod_spec_problems(tmpl)]
+    for i, lane, job, error in _gang_objects({"spec": spec}):
         at = f"{where} spec.templates[{i}].resource.manifest (lane={lane})"
         if error:
             findings.append(Finding(at, error))
             continue
         findings += [Finding(f"{at} {f.where.split(' ', 2)[-1]}", f.message) for f in validate_schema(job, source) if "no schema" not in f.message]
-        launcher = launcher_for(job)
-        if launcher is None:
-            continue
-        groups = launcher.replica_groups(job)
-        replicas = [g.replicas for g in groups]
-        if not all(isinstance(r, int) for r in replicas):
-            findings.append(Finding(at, f"replicas must be integers after substitution, got {replicas!r}"))
-            continue
-        gang = sum(replicas)
-        min_available, queue = launcher.gang_fields(job)
-        if min_available != gang:
-            findings.append(Finding(at, f"minAvailable {min_available!r} must equal the gang size {gang} (all pods or none)"))
-        if queue not in LANE_OBJECT_NAMES:
-            findings.append(Finding(at, f"queue {queue!r} is not a lane's queue"))
-        for pod in (g.pod_spec for g in groups):
-            for c in pod.get("containers", []):
-                gpus = (c.get("resources", {}).get("limits") or {}).get("nvidia.com/gpu")
-                if gpus is not None and not isinstance(gpus, int):
-                    findings.append(Finding(at, f"nvidia.com/gpu must be a whole number, got {gpus!r}"))
-                if not c.get("command"):
-                    findings.append(Finding(at, f"container {c.get('name')!r} sets no command"))
-                findings += _image_findings(c.get("image", ""), at)
-                findings += _env_findings(c.get("env") or [], at)
-            pc = pod.get("priorityClassName")
-            if pc is not None and pc not in LANE_OBJECT_NAMES:
-                findings.append(Finding(at, f"priorityClassName {pc!r} is not a lane's PriorityClass"))
+        findings += _gang_findings(job, at)
     return findings
+
+
+def _container_findings(c: dict, at: str) -> list[Finding]:
+    return (_image_findings(c.get("image", ""), at) + _env_findings(c.get("env") or [], at)
+            + [Finding(f"{at} securityContext", m) for m in security.container_problems(c.get("securityContext") or {})])
+
+
+def _gang_findings(job: dict, at: str) -> list[Finding]:
+    """Gang rules (C03, lanes) and pod security on one substituted gang job."""
+    from pipectl.components.names import LANE_OBJECT_NAMES
+    from pipectl.pipelines.launchers import launcher_for
+
+    launcher = launcher_for(job)
+    if launcher is None:
+        return []
+    groups = launcher.replica_groups(job)
+    replicas = [g.replicas for g in groups]
+    if not all(isinstance(r, int) for r in replicas):
+        return [Finding(at, f"replicas must be integers after substitution, got {replicas!r}")]
+    findings = []
+    gang = sum(replicas)
+    min_available, queue = launcher.gang_fields(job)
+    if min_available != gang:
+        findings.append(Finding(at, f"minAvailable {min_available!r} must equal the gang size {gang} (all pods or none)"))
+    if queue not in LANE_OBJECT_NAMES:
+        findings.append(Finding(at, f"queue {queue!r} is not a lane's queue"))
+    for group in groups:
+        pod = group.pod_spec
+        findings += [Finding(f"{at} {group.name}", m) for m in security.pod_spec_problems(pod) + security.pod_problems(pod.get("securityContext") or {})]
+        if pod.get("automountServiceAccountToken") is not False:
+            findings.append(Finding(f"{at} {group.name}", "training pods must not mount a service-account token (automountServiceAccountToken: false)"))
+        for c in pod.get("containers", []):
+            gpus = (c.get("resources", {}).get("limits") or {}).get("nvidia.com/gpu")
+            if gpus is not None and not isinstance(gpus, int):
+                findings.append(Finding(at, f"nvidia.com/gpu must be a whole number, got {gpus!r}"))
+            if not c.get("command"):
+                findings.append(Finding(at, f"container {c.get('name')!r} sets no command"))
+            findings += _container_findings(c, f"{at} {group.name}")
+        pc = pod.get("priorityClassName")
+        if pc is not None and pc not in LANE_OBJECT_NAMES:
+            findings.append(Finding(at, f"priorityClassName {pc!r} is not a lane's PriorityClass"))
+    return findings
+
+
+def _validated_first(spec: dict, where: str) -> list[Finding]:
+    """C15: Argo substitutes parameters as text and neither its UI nor its API enforces enums or
+    types, so a parameter must be checked inside the cluster before it reaches a manifest or a
+    command: the entry DAG has a ``validate`` task that every other task depends on."""
+    entry = next((t for t in spec.get("templates", []) if t.get("name") == spec.get("entrypoint")), None)
+    if not entry or "dag" not in entry or not spec.get("arguments", {}).get("parameters"):
+        return []
+    tasks = {t["name"]: t for t in entry["dag"].get("tasks", [])}
+    if "validate" not in tasks:
+        return [Finding(f"{where} {entry['name']}", "no `validate` task: parameters reach manifests and commands unchecked (C15)")]
+
+    def reaches(name: str, seen: frozenset = frozenset()) -> bool:
+        deps = tasks.get(name, {}).get("dependencies") or []
+        return "validate" in deps or any(reaches(d, seen | {name}) for d in deps if d not in seen)
+
+    return [Finding(f"{where} {entry['name']}.tasks[{name}]", "runs before `validate`: it must depend on it (C15)")
+            for name in tasks if name != "validate" and not reaches(name)]
+
+
+def _rbac_findings(obj: dict, where: str) -> list[Finding]:
+    """Least privilege (issue 13): namespaced Roles only, and no wildcard anywhere in a rule."""
+    kind = obj["kind"]
+    if kind.startswith("Cluster"):
+        return [Finding(where, f"{kind}: pipectl needs no cluster-wide rights; use a Role/RoleBinding in the namespace")]
+    findings = []
+    for i, rule in enumerate(obj.get("rules") or []):
+        for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+            if "*" in (rule.get(field) or []):
+                findings.append(Finding(f"{where} rules[{i}].{field}", "wildcard: name each group, resource and verb the step needs"))
+    return findings
+
+
+def _namespace_findings(obj: dict, where: str) -> list[Finding]:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    if labels.get("pod-security.kubernetes.io/enforce") != "restricted":
+        return [Finding(f"{where} metadata.labels", "pod-security.kubernetes.io/enforce must be restricted (issue 13)")]
+    return []
 
 
 def _image_findings(image: str, at: str) -> list[Finding]:
@@ -212,10 +282,16 @@ def _env_findings(env: list[dict], at: str) -> list[Finding]:
     ]
 
 
+CONFIG_FILES = {("apiserver.config.k8s.io/v1", "AdmissionConfiguration")}
+"""Component configuration files under argo/ (read by the API server from disk, never applied): not API objects."""
+
+
 def lint_objects(objects: list[tuple[str, dict]]) -> list[Finding]:
     """Schema and policy findings for ``(source, object)`` pairs."""
     findings: list[Finding] = []
     for source, obj in objects:
+        if (obj.get("apiVersion"), obj.get("kind")) in CONFIG_FILES:
+            continue
         findings += validate_schema(obj, source)
         findings += check_policy(obj, source)
     return findings

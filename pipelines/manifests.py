@@ -31,7 +31,44 @@ def _meta(name: str, cfg: CompileConfig, **extra: Any) -> dict[str, Any]:
 
 
 def namespace(cfg: CompileConfig) -> list[dict]:
-    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cfg.namespace, "labels": {**PART_OF, **POD_SECURITY_LABELS}}}]
+    """The namespace, enforcing the restricted Pod Security Standard, and the quota of its preempting
+    lanes (cluster admin: a namespace owner must not relax either)."""
+    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cfg.namespace, "labels": {**PART_OF, **POD_SECURITY_LABELS}}},
+            *preempting_lane_quota(cfg)]
+
+
+def preempting_lanes() -> list[str]:
+    """PriorityClasses that may preempt other work (``PreemptLowerPriority`` in the lanes table)."""
+    return [spec.priority_class for spec in LANES.values() if spec.preemption_policy == "PreemptLowerPriority"]
+
+
+def preempting_lane_quota(cfg: CompileConfig) -> list[dict]:
+    """A ResourceQuota scoped to the preempting lanes' PriorityClasses: how many pods and GPUs this
+    namespace may run in them (Kubernetes docs, "Resource Quotas" / "Limit Priority Class
+    consumption by default"). With :func:`admission_configuration` on the API server, a namespace
+    WITHOUT such a quota cannot create pods of those classes at all: who may preempt is decided by
+    the cluster admin, per namespace."""
+    scope = {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In", "values": preempting_lanes()}]}
+    return [{"apiVersion": "v1", "kind": "ResourceQuota", "metadata": _meta("pipectl-preempting-lanes", cfg),
+             "spec": {"hard": {"pods": str(cfg.preempting_max_pods), "requests.nvidia.com/gpu": str(cfg.preempting_max_gpus)},
+                      "scopeSelector": scope}}]
+
+
+def admission_configuration() -> list[dict]:
+    """The API server's ``--admission-control-config-file``: pods of a preempting lane's
+    PriorityClass are admitted only in namespaces with a quota covering them (ResourceQuota
+    plugin ``limitedResources``; Kubernetes docs, "Limit Priority Class consumption by default").
+    Not applied with kubectl: a cluster admin merges it into the API server's configuration."""
+    return [{
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "AdmissionConfiguration",
+        "plugins": [{"name": "ResourceQuota", "configuration": {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "ResourceQuotaConfiguration",
+            "limitedResources": [{"resource": "pods", "matchScopes": [
+                {"scopeName": "PriorityClass", "operator": "In", "values": preempting_lanes()}]}],
+        }}],
+    }]
 
 
 def _task_results_rule() -> dict:
@@ -288,40 +325,56 @@ def retrain_cron(cfg: CompileConfig) -> CronWorkflow:
     )
 
 
+CLUSTER_ADMIN_DIR = "cluster"
+NAMESPACE_OWNER_DIR = "namespace"
+APISERVER_CONFIG = f"{CLUSTER_ADMIN_DIR}/kube-apiserver/admission-configuration.yaml"
+TEMPLATE_FILE = f"{NAMESPACE_OWNER_DIR}/workflowtemplates/{TEMPLATE_NAME}.yaml"
+CRON_FILE = f"{NAMESPACE_OWNER_DIR}/cronworkflows/retrain.yaml"
+"""Not a kustomization resource: a file for the API server's flags (see :func:`admission_configuration`)."""
+
+
 def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]:
-    """Every manifest under ``argo/``: relative path -> objects (a multi-document YAML file)."""
+    """Every manifest under ``argo/``: relative path -> objects (a multi-document YAML file).
+
+    Two kustomizations (issue 13): ``cluster/`` is what a cluster admin applies once (the namespace
+    with its Pod Security labels and preempting-lane quota, PriorityClasses, Volcano queues and
+    scheduler configuration, Argo controller settings; applied server-side, the shared ConfigMaps
+    get only pipectl's keys and other tenants' keys stay), ``namespace/`` what the namespace owner
+    applies (RBAC, config, templates, cron, monitoring), all namespaced.
+    """
     cfg = cfg or CompileConfig()
+    admin, owner = CLUSTER_ADMIN_DIR, NAMESPACE_OWNER_DIR
     return {
-        "namespace.yaml": namespace(cfg),
-        "rbac.yaml": rbac(cfg),
-        "priorityclasses.yaml": priority_classes(),
-        "volcano-queues.yaml": volcano_queues(),
-        "volcano/volcano-scheduler-configmap.yaml": volcano_scheduler_config(),
-        "configmaps.yaml": config_maps(cfg),
-        "controller/workflow-controller-configmap.yaml": controller_config(cfg),
-        "monitoring/prometheus-rules.yaml": prometheus_rules(cfg),
-        "monitoring/grafana-dashboard.yaml": grafana_dashboard(cfg),
-        f"workflowtemplates/{TEMPLATE_NAME}.yaml": [build_training(cfg).to_dict()],
-        "cronworkflows/retrain.yaml": [retrain_cron(cfg).to_dict()],
+        f"{admin}/namespace.yaml": namespace(cfg),
+        f"{admin}/priorityclasses.yaml": priority_classes(),
+        f"{admin}/volcano-queues.yaml": volcano_queues(),
+        f"{admin}/volcano/volcano-scheduler-configmap.yaml": volcano_scheduler_config(),
+        f"{admin}/controller/workflow-controller-configmap.yaml": controller_config(cfg),
+        APISERVER_CONFIG: admission_configuration(),
+        f"{owner}/rbac.yaml": rbac(cfg),
+        f"{owner}/configmaps.yaml": config_maps(cfg),
+        f"{owner}/monitoring/prometheus-rules.yaml": prometheus_rules(cfg),
+        f"{owner}/monitoring/grafana-dashboard.yaml": grafana_dashboard(cfg),
+        TEMPLATE_FILE: [build_training(cfg).to_dict()],
+        CRON_FILE: [retrain_cron(cfg).to_dict()],
     }
 
 
-def kustomization(files: list[str]) -> dict:
-    """kustomization.yaml listing the namespaced resources (the controller config lives in ``argo``)."""
-    return {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": sorted(files),
-    }
+def kustomization(resources: list[str]) -> dict:
+    return {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": sorted(resources)}
 
 
 def render_files(cfg: CompileConfig | None = None) -> dict[str, str]:
-    """``argo/`` as text: each manifest file (multi-document YAML) plus kustomization.yaml."""
+    """``argo/`` as text: each manifest file (multi-document YAML), ``cluster/`` and ``namespace/``
+    kustomizations, and a top-level one with both (a single-tenant install: ``kubectl apply
+    --server-side -k argo/``)."""
     import yaml
 
     manifests = cluster_manifests(cfg)
-    files = {path: yaml.safe_dump_all(objs, sort_keys=False) for path, objs in manifests.items()}
     header = "# Rendered by `pipectl render cluster --write argo` (make golden). Do not edit by hand.\n"
-    files = {path: header + text for path, text in files.items()}
-    files["kustomization.yaml"] = header + yaml.safe_dump(kustomization(list(manifests)), sort_keys=False)
+    files = {path: header + yaml.safe_dump_all(objs, sort_keys=False) for path, objs in manifests.items()}
+    for folder in (CLUSTER_ADMIN_DIR, NAMESPACE_OWNER_DIR):
+        members = [p.split("/", 1)[1] for p in manifests if p.startswith(folder + "/") and p != APISERVER_CONFIG]
+        files[f"{folder}/kustomization.yaml"] = header + yaml.safe_dump(kustomization(members), sort_keys=False)
+    files["kustomization.yaml"] = header + yaml.safe_dump(kustomization([CLUSTER_ADMIN_DIR, NAMESPACE_OWNER_DIR]), sort_keys=False)
     return files

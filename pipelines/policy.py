@@ -191,7 +191,7 @@ def exported(metric: str) -> str:
 
 
 def step_metrics(step: str, *, container: bool) -> list:
-    """Argo template-level Prometheus metrics behind the Grafana dashboard (argo/monitoring/).
+    """Argo template-level Prometheus metrics behind the Grafana dashboard (argo/namespace/monitoring/).
 
     ``pipectl_step_attempts`` counts EVERY attempt by step, lane, final phase and failure class
     (``succeeded``; ``infrastructure`` for status Error: pod deleted, node lost, eviction;

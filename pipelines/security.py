@@ -39,3 +39,43 @@ def restricted_container_security_context(read_only_root: bool = True) -> dict:
     if read_only_root:
         sc["readOnlyRootFilesystem"] = True
     return sc
+
+
+# -- the same rules, read back (``pipectl lint``): one message per field that breaks "restricted" --
+
+
+def pod_problems(sc: dict) -> list[str]:
+    """Pod-level ``securityContext`` fields that break "restricted" (non-root, a seccomp profile)."""
+    problems = []
+    if sc.get("runAsNonRoot") is not True:
+        problems.append("runAsNonRoot must be true (restricted Pod Security Standard)")
+    if sc.get("runAsUser") == 0:
+        problems.append("runAsUser 0 is root")
+    if (sc.get("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+        problems.append("seccompProfile.type must be RuntimeDefault (or Localhost)")
+    return problems
+
+
+def container_problems(sc: dict) -> list[str]:
+    """Container ``securityContext`` fields that break "restricted"."""
+    problems = []
+    if sc.get("privileged") is True:
+        problems.append("privileged containers are not allowed")
+    if sc.get("allowPrivilegeEscalation") is not False:
+        problems.append("allowPrivilegeEscalation must be false")
+    caps = sc.get("capabilities") or {}
+    if "ALL" not in (caps.get("drop") or []):
+        problems.append("capabilities.drop must include ALL")
+    added = set(caps.get("add") or []) - {"NET_BIND_SERVICE"}
+    if added:
+        problems.append(f"capabilities.add {sorted(added)}: only NET_BIND_SERVICE is allowed")
+    if sc.get("runAsUser") == 0:
+        problems.append("runAsUser 0 is root")
+    return problems
+
+
+def pod_spec_problems(spec: dict) -> list[str]:
+    """Pod spec (or Argo template) fields that break "restricted": host namespaces, hostPath volumes."""
+    problems = [f"{field}: true shares the node's namespace" for field in ("hostNetwork", "hostPID", "hostIPC") if spec.get(field) is True]
+    problems += [f"volume {v.get('name')!r} is a hostPath" for v in spec.get("volumes") or [] if "hostPath" in v]
+    return problems

@@ -87,6 +87,8 @@ class CompileConfig(BaseModel):
     shm_gib: int = Field(2, ge=1, le=256, description="Size of the in-memory /dev/shm of training pods (C06).")
     step_cpu: float = Field(0.25, gt=0, le=64, description="CPU cores each step pod requests (no limit: it may burst), so no pod is BestEffort (C07).")
     step_memory_gib: float = Field(1, gt=0, le=1024, description="Memory each step pod requests in GiB (no limit).")
+    preempting_max_pods: int = Field(32, ge=0, description="Pods this namespace may run in preempting lanes (urgent): its ResourceQuota.")
+    preempting_max_gpus: int = Field(16, ge=0, description="GPUs those pods may request in all.")
     launcher: str = Field(DEFAULT_LAUNCHER, description=f"Gang job kind the train step creates: one of {', '.join(LAUNCHERS)}.")
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Retries by failure class; backoff from scale_up_s.")
 

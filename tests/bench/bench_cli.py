@@ -24,7 +24,7 @@ from tests.bench.table import Bench, Row, Stats, measure, measure_pair, run_cmd,
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGO = Path(os.environ.get("BENCH_ARGO", Path.home() / ".cache/pipectl/cluster-bin/argo-v4.0.5/argo"))
-ARGO_FILES = ["argo/workflowtemplates/training-v1.yaml", "argo/cronworkflows/retrain.yaml"]
+ARGO_FILES = ["argo/namespace/workflowtemplates/training-v1.yaml", "argo/namespace/cronworkflows/retrain.yaml"]
 
 
 def main() -> None:

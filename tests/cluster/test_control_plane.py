@@ -24,12 +24,12 @@ REPO = Path(__file__).resolve().parents[2]
 ARGO_DIR = REPO / "argo"
 # controller/ (namespace argo), monitoring/ (needs prometheus-operator CRDs) and volcano/ (namespace
 # volcano-system; the test cluster's vc-scheduler reads that file's configuration directly) are not applied.
-EXCLUDED_DIRS = {"controller", "monitoring", "volcano"}
+EXCLUDED_DIRS = {"controller", "monitoring", "volcano", "kube-apiserver"}
 PIPECTL = REPO / ".venv" / "bin" / "pipectl"
 TEST_NS = "cluster-test"
 NODE_GPUS = NODE_CAPACITY["nvidia.com/gpu"]
 # Cluster-scoped and namespace objects first, as `kubectl apply` users order them.
-KIND_ORDER = {"Namespace": 0, "PriorityClass": 1, "ServiceAccount": 2, "Role": 3,
+KIND_ORDER = {"Namespace": 0, "PriorityClass": 1, "ResourceQuota": 2, "ServiceAccount": 2, "Role": 3,
               "RoleBinding": 4, "ConfigMap": 5, "Queue": 6, "WorkflowTemplate": 7}
 
 
@@ -37,7 +37,7 @@ def _project_manifests() -> list[tuple[Path, dict]]:
     docs = []
     for f in sorted(ARGO_DIR.rglob("*.yaml")):
         rel = f.relative_to(ARGO_DIR)
-        if rel.parts[0] in EXCLUDED_DIRS or f.name == "kustomization.yaml":
+        if set(rel.parts) & EXCLUDED_DIRS or f.name == "kustomization.yaml":
             continue
         docs.extend((rel, d) for d in yaml.safe_load_all(f.read_text()) if d)
     return sorted(docs, key=lambda x: KIND_ORDER.get(x[1]["kind"], 99))
@@ -863,11 +863,13 @@ PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator@v0.80.
 
 
 def test_kubectl_apply_k_argo_as_a_user_would(test_cluster, k8s_api, tmp_path):
-    """`kubectl apply -k argo/` (kubectl v1.34.4 built by build.sh, its own kustomize) on a cluster
-    that has what argo/ expects installed: Argo (namespace argo), Volcano (namespace
-    volcano-system) and prometheus-operator's PrometheusRule CRD (from its Go module). Every
-    object is accepted; a second apply changes nothing. Runs last: it applies the controller
-    configuration (pod GC, TTLs) the other tests do not expect."""
+    """`kubectl apply --server-side -k argo/` (kubectl v1.34.4 built by build.sh, its own kustomize)
+    on a cluster that has what argo/ expects installed: Argo (namespace argo), Volcano (namespace
+    volcano-system) and prometheus-operator's PrometheusRule CRD (from its Go module). The shared
+    controller ConfigMap is patched, not replaced (issue 13): another tenant's key stays, and a key
+    the cluster's admin set differently is a conflict, not a silent overwrite. Every object is
+    accepted; a second apply changes nothing. Runs last: it applies the controller configuration
+    (pod GC, TTLs) the other tests do not expect."""
     import os
     import shutil
 
@@ -897,13 +899,39 @@ def test_kubectl_apply_k_argo_as_a_user_would(test_cluster, k8s_api, tmp_path):
         core.create_namespace({"metadata": {"name": "volcano-system"}})
     test_cluster.wait_for("PrometheusRule CRD served", lambda: kc("get", "prometheusrules", "-A").returncode == 0, timeout_s=60)
 
-    r = kc("apply", "-k", str(ARGO_DIR))
+    # Another tenant's key in the shared controller ConfigMap, written by its own field manager.
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "workflow-controller-configmap", "namespace": "argo"},
+             "data": {"otherTenantLinks": "keep-me"}}
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    r = kc("apply", "--server-side", "--field-manager=other-tenant", "-f", str(tmp_path / "other.yaml"))
+    assert r.returncode == 0, r.stderr
+    before = core.read_namespaced_config_map("workflow-controller-configmap", "argo").data
+
+    # As the README says: server-side. The test cluster's admin set metricsConfig (its own port):
+    # pipectl's value differs, so the API server refuses to take it over silently (a conflict
+    # naming the field) and applies everything else.
+    r = kc("apply", "--server-side", "-k", str(ARGO_DIR))
+    assert r.returncode != 0 and "conflict" in r.stderr and ".data.metricsConfig" in r.stderr, r.stdout + r.stderr
+    # the admin decides to take the field over
+    r = kc("apply", "--server-side", "--force-conflicts", "-k", str(ARGO_DIR))
     assert r.returncode == 0, r.stdout + r.stderr
     applied = [line for line in r.stdout.splitlines() if line.strip()]
-    expected = sum(1 for f in ARGO_DIR.rglob("*.yaml") if f.name != "kustomization.yaml"
+    expected = sum(1 for f in ARGO_DIR.rglob("*.yaml") if f.name != "kustomization.yaml" and "kube-apiserver" not in f.parts
                    for d in yaml.safe_load_all(f.read_text()) if d)
     assert len(applied) == expected, r.stdout
-    r = kc("apply", "-k", str(ARGO_DIR))
-    assert r.returncode == 0 and all(line.endswith("unchanged") for line in r.stdout.splitlines() if line.strip()), r.stdout
+    after = core.read_namespaced_config_map("workflow-controller-configmap", "argo").data
+    assert after["otherTenantLinks"] == "keep-me"  # patched, not replaced: other tenants' keys stay
+    assert after["telemetryConfig"] == before["telemetryConfig"]  # a key pipectl does not set stays too
+    assert "workflowDefaults" in after and "links" in after
+
+    def versions() -> dict:
+        out = kc("get", "-k", str(ARGO_DIR), "-o", "json")
+        assert out.returncode == 0, out.stderr
+        return {(i["kind"], i["metadata"]["name"]): i["metadata"]["resourceVersion"] for i in json.loads(out.stdout)["items"]}
+
+    first = versions()
+    r = kc("apply", "--server-side", "-k", str(ARGO_DIR))  # again: no conflict now, and nothing changes
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert versions() == first
     r = kc("get", "workflowtemplate", "training-v1", "-n", "pipectl", "-o", "name")
     assert r.stdout.strip() == "workflowtemplate.argoproj.io/training-v1"

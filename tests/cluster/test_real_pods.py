@@ -134,7 +134,7 @@ def _apply_project(c) -> None:
     docs = []
     for f in sorted((REPO / "argo").rglob("*.yaml")):
         rel = f.relative_to(REPO / "argo")
-        if rel.parts[0] in {"controller", "monitoring"} or f.name == "kustomization.yaml":
+        if set(rel.parts) & {"controller", "monitoring", "kube-apiserver"} or f.name == "kustomization.yaml":
             continue
         docs += [d for d in yaml.safe_load_all(f.read_text()) if d]
     c.apply(sorted(docs, key=lambda d: KIND_ORDER.get(d["kind"], 99)), field_manager="pipectl-tests")

@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from pipectl.cli.main import main
-from pipectl.pipelines.manifests import render_files
+from pipectl.pipelines.manifests import TEMPLATE_FILE, render_files
 
 ARGO = Path(__file__).resolve().parents[2] / "argo"
 RENDERED = render_files()
@@ -32,4 +32,4 @@ def test_argo_holds_nothing_unrendered():
 def test_render_training_prints_the_checked_in_template():
     result = CliRunner().invoke(main, ["render", "training"])
     assert result.exit_code == 0, result.output
-    assert yaml.safe_load(result.output) == yaml.safe_load((ARGO / "workflowtemplates" / "training-v1.yaml").read_text())
+    assert yaml.safe_load(result.output) == yaml.safe_load((ARGO / TEMPLATE_FILE).read_text())

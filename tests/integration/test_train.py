@@ -110,3 +110,37 @@ def test_launcher_turns_sigterm_into_143(tmp_path):
     time.sleep(1)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 143
+
+
+LISTENING_PROBE = """
+import os, torch.distributed as dist, psutil
+dist.init_process_group("gloo")
+if int(os.environ["RANK"]) == 0:
+    agent = psutil.Process(os.getppid())
+    for p in [agent, *agent.children(recursive=True)]:
+        for c in p.net_connections(kind="inet"):
+            if c.status == "LISTEN":
+                print("LISTEN", c.laddr.ip, c.laddr.port, flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("nnodes", [1, 2])
+def test_local_rendezvous_listens_on_loopback_only(tmp_path, nnodes):
+    """Issue 13: on one machine (the local backend's gang: master 127.0.0.1) nothing the gang opens
+    listens beyond loopback: torchrun's own store would listen on `::` (every interface)."""
+    from pipectl.pipelines.backends.processes import free_port
+
+    script = tmp_path / "probe.py"
+    script.write_text(LISTENING_PROBE)
+    port = free_port()
+    pods = [subprocess.Popen([sys.executable, "-m", "pipectl.components.train.launch", f"--nnodes={nnodes}", f"--node-rank={rank}",
+                              "--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={port}", str(script)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+             for rank in range(nnodes)]
+    outs = [p.communicate(timeout=180) for p in pods]
+    assert all(p.returncode == 0 for p in pods), [err[-2000:] for _, err in outs]
+    listening = [line.split()[1:] for out, _ in outs for line in out.splitlines() if line.startswith("LISTEN")]
+    assert any(p == str(port) for _, p in listening), listening  # the rendezvous store is among them
+    assert listening and all(ip in ("127.0.0.1", "::1") for ip, _ in listening), listening

@@ -122,3 +122,97 @@ def test_lint_cli_exits_2_naming_the_field(tmp_path, good):
     r = subprocess.run([str(Path(sys.executable).parent / "pipectl"), "lint", str(tmp_path / "broken.yaml")], capture_output=True, text=True)
     assert r.returncode == 2
     assert f"spec.templates[{_index(good, 'stage')}].container.imagePullPolicee" in r.stderr
+
+
+# -- issue 13: every security rule has a failing example -------------------------------------------
+
+
+def _manifest_edit(wt: dict, old: str, new: str) -> None:
+    """Replace ``old`` with ``new`` on every line of the gang manifest, at that line's indentation."""
+    res = _tmpl(wt, "train")["resource"]
+    assert old in res["manifest"], old
+    lines = []
+    for line in res["manifest"].splitlines():
+        if line.strip() == old:
+            indent = line[: len(line) - len(line.lstrip())]
+            lines += [indent + part for part in new.split("\n")]
+        else:
+            lines.append(line)
+    res["manifest"] = "\n".join(lines) + "\n"
+
+
+SECURITY_BREAKS = {
+    "workflow pods may run as root": (
+        lambda wt: wt["spec"]["securityContext"].pop("runAsNonRoot"), "spec.securityContext: runAsNonRoot must be true"),
+    "no seccomp profile": (
+        lambda wt: wt["spec"]["securityContext"].pop("seccompProfile"), "seccompProfile.type must be RuntimeDefault"),
+    "a step escalates privileges": (
+        lambda wt: _tmpl(wt, "stage")["container"]["securityContext"].update(allowPrivilegeEscalation=True),
+        "allowPrivilegeEscalation must be false"),
+    "a privileged step": (
+        lambda wt: _tmpl(wt, "evaluate")["container"]["securityContext"].update(privileged=True), "privileged containers are not allowed"),
+    "a capability added": (
+        lambda wt: _tmpl(wt, "register")["container"]["securityContext"]["capabilities"].update(add=["SYS_ADMIN"]),
+        "capabilities.add ['SYS_ADMIN']"),
+    "capabilities kept": (
+        lambda wt: _tmpl(wt, "validate")["container"]["securityContext"].pop("capabilities"), "capabilities.drop must include ALL"),
+    "a hostPath volume on a step": (
+        lambda wt: _tmpl(wt, "stage")["volumes"].append({"name": "host", "hostPath": {"path": "/"}}), "volume 'host' is a hostPath"),
+    "a gang pod mounts its token": (
+        lambda wt: _manifest_edit(wt, "automountServiceAccountToken: false", "automountServiceAccountToken: true"),
+        "must not mount a service-account token"),
+    "a gang pod on the host network": (
+        lambda wt: _manifest_edit(wt, "automountServiceAccountToken: false", "automountServiceAccountToken: false\nhostNetwork: true"),
+        "hostNetwork: true shares the node's namespace"),
+    "a gang container escalates": (
+        lambda wt: _manifest_edit(wt, "allowPrivilegeEscalation: false", "allowPrivilegeEscalation: true"),
+        "allowPrivilegeEscalation must be false"),
+    "C15: a step runs before validate": (
+        lambda wt: next(t for t in _tmpl(wt, "training")["dag"]["tasks"] if t["name"] == "stage").pop("dependencies"),
+        "tasks[stage]: runs before `validate`"),
+    "C15: no validate task": (
+        lambda wt: _tmpl(wt, "training")["dag"].update(tasks=[t for t in _tmpl(wt, "training")["dag"]["tasks"] if t["name"] != "validate"]),
+        "no `validate` task"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SECURITY_BREAKS))
+def test_security_rule_has_a_failing_example(good, case):
+    mutate, message = SECURITY_BREAKS[case]
+    out = _broken(good, mutate)
+    assert any(message in x for x in out), out
+
+
+def _argo_objects(kind: str) -> list[dict]:
+    return [d for f in sorted(ARGO.rglob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d and d.get("kind") == kind]
+
+
+@pytest.mark.parametrize("field", ["verbs", "resources", "apiGroups"])
+def test_role_with_a_wildcard(field):
+    role = copy.deepcopy(_argo_objects("Role")[0])
+    role["rules"][0][field] = ["*"]
+    assert any(f"rules[0].{field}: wildcard" in x for x in _messages(role))
+
+
+def test_cluster_wide_rights():
+    binding = copy.deepcopy(_argo_objects("RoleBinding")[0])
+    binding["kind"] = "ClusterRoleBinding"
+    binding["metadata"].pop("namespace")
+    assert any("needs no cluster-wide rights" in x for x in _messages(binding))
+
+
+def test_namespace_without_restricted_enforcement():
+    ns = copy.deepcopy(_argo_objects("Namespace")[0])
+    assert _messages(ns) == []
+    ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] = "baseline"
+    assert any("enforce must be restricted" in x for x in _messages(ns))
+
+
+def test_cron_workflow_with_an_inline_privileged_template():
+    cron = copy.deepcopy(_argo_objects("CronWorkflow")[0])
+    assert _messages(cron) == []
+    cron["spec"]["workflowSpec"] = {"entrypoint": "main", "templates": [
+        {"name": "main", "container": {"image": "busybox:1.36", "command": ["sh"], "securityContext": {"privileged": True}}}]}
+    out = _messages(cron)
+    assert any("spec.workflowSpec spec.securityContext: runAsNonRoot must be true" in x for x in out), out
+    assert any("privileged containers are not allowed" in x for x in out), out
