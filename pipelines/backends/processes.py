@@ -103,6 +103,34 @@ def stop(proc: subprocess.Popen, grace_s: float = 0.0) -> int | None:
         return None
 
 
+def kill_group(pgid: int, grace_s: float = 0.0) -> None:
+    """Stop the process group ``pgid`` known only by its id (a process :func:`spawn` started in an
+    earlier Python process, e.g. a detached test cluster whose ids were written to a state file).
+
+    ``grace_s`` > 0: SIGTERM first and up to that many seconds for the group to vanish, then
+    SIGKILL; 0: SIGKILL at once. A group that is already gone is not an error."""
+    if grace_s > 0:
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.05)
+    _signal_group(pgid, signal.SIGKILL)
+
+
+def die_with_parent(argv: list[str]) -> list[str]:
+    """``argv`` run through util-linux ``setpriv --pdeathsig KILL``: Linux SIGKILLs the process when
+    the thread that started it ends (a killed test run leaves no daemons behind). Unchanged when
+    setpriv is missing. (Not a ``preexec_fn``: that is unsafe in a process with threads.)"""
+    import shutil
+
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--", *argv] if setpriv else list(argv)
+
+
 def wait_until(what: str, ready: Callable[[], bool], timeout_s: float, *,
                procs: Iterable[tuple[str, subprocess.Popen, Path | None]] = (), poll_s: float = 0.2) -> None:
     """Poll ``ready()`` until it returns True (exceptions count as not ready).

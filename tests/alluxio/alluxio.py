@@ -35,13 +35,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from pipectl.pipelines.backends.processes import free_ports
+from tests.harness.components import Components
 
 ALLUXIO_VERSION = "2.9.4"
 CACHE = Path(os.environ.get("PIPECTL_CACHE_DIR", Path.home() / ".cache" / "pipectl")) / f"alluxio-{ALLUXIO_VERSION}"
@@ -96,12 +97,6 @@ def ensure_built(timeout_s: float = 900) -> list[Path]:
     return sorted(p for p in lib.glob("*.jar") if not p.name.startswith("log4j-slf4j-impl"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _http(method: str, url: str, body: object | None = None, timeout_s: float = 30) -> bytes:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
@@ -119,9 +114,14 @@ class AlluxioCluster:
         self.worker_mem_bytes = worker_mem_bytes
         self.heap_mb = heap_mb
         self.start_timeout_s = start_timeout_s
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.components = Components(self.run_dir / "logs")
         self.ports: dict[str, int] = {}
         self.startup_s: float | None = None
+
+    @property
+    def procs(self) -> dict[str, subprocess.Popen]:
+        """Running JVMs: name (a key of PROCESSES) -> process."""
+        return self.components.procs
 
     @property
     def proxy_url(self) -> str:
@@ -158,8 +158,7 @@ class AlluxioCluster:
         names = ["master.rpc", "master.web", "master.embedded.journal", "job.master.rpc", "job.master.web",
                  "job.master.embedded.journal", "worker.rpc", "worker.web", "job.worker.rpc", "job.worker.data",
                  "job.worker.web", "proxy.web"]
-        while len(set(self.ports.values())) < len(names):
-            self.ports = {n: _free_port() for n in names}
+        self.ports = dict(zip(names, free_ports(len(names))))
         self._write_conf()
         self._classpath = ":".join(str(j) for j in jars)
         try:
@@ -167,9 +166,7 @@ class AlluxioCluster:
             if fmt.returncode != 0:
                 raise AlluxioStartError(f"alluxio Format master failed: {(fmt.stdout + fmt.stderr)[-2000:]}")
             for name, cls in PROCESSES.items():
-                with open(self.run_dir / "logs" / f"{name}.log", "ab") as log:
-                    self.procs[name] = subprocess.Popen(self._java(cls), stdout=log, stderr=subprocess.STDOUT,
-                                                        stdin=subprocess.DEVNULL, start_new_session=True)
+                self.components.start(name, self._java(cls))
             self._wait_ready()
         except BaseException:
             self.stop()
@@ -178,14 +175,8 @@ class AlluxioCluster:
         return self
 
     def stop(self) -> None:
-        for p in self.procs.values():
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for p in self.procs.values():
-            p.wait(timeout=30)
-        self.procs.clear()
+        """SIGKILL every JVM with its process tree (throwaway state)."""
+        self.components.stop_all()
 
     def __enter__(self) -> AlluxioCluster:  # noqa: PYI034
         return self.start()
@@ -250,31 +241,24 @@ class AlluxioCluster:
             "log4j.appender.console.layout.ConversionPattern=%d{ISO8601} %-5p [%t] %c{1}: %m%n\n"
             "log4j.logger.com.amazonaws=WARN\n")
 
-    def _check_alive(self) -> None:
-        for name, p in self.procs.items():
-            if p.poll() is not None:
-                log = (self.run_dir / "logs" / f"{name}.log").read_text(errors="replace")[-3000:]
-                raise AlluxioStartError(f"alluxio {name} exited with rc={p.returncode}:\n{log}")
+    def _load_completed(self, job: dict) -> bool:
+        """One readiness probe: submit (or re-submit) a Load of /ready.txt, True once it completed
+        and the proxy answers a REST call. ``job["id"]`` carries the job between probes."""
+        if job.get("id") is None:
+            job["id"] = int(_http("POST", self.job_master_url + "/api/v1/master/job/run",
+                                  {"@type": "alluxio.job.plan.load.LoadConfig", "filePath": "/ready.txt",
+                                   "replication": 1}))
+        status = json.loads(_http("GET", f"{self.job_master_url}/api/v1/master/job/get_status?jobId={job['id']}"))
+        if status["status"] == "COMPLETED":
+            _http("POST", f"{self.proxy_url}/api/v1/paths//ready.txt/get-status", {})
+            return True
+        if status["status"] in ("FAILED", "CANCELED"):
+            job["id"] = None  # e.g. no job worker registered yet: submit again
+        return False
 
     def _wait_ready(self) -> None:
         """Ready = a Load job of a file in the root mount completes: master, job master, job
         worker and block worker all registered; then the proxy answers a REST call."""
-        deadline = time.monotonic() + self.start_timeout_s
-        job_id = None
-        while True:
-            self._check_alive()
-            if time.monotonic() > deadline:
-                raise AlluxioStartError(f"alluxio not ready within {self.start_timeout_s}s; see {self.run_dir}/logs")
-            try:
-                if job_id is None:
-                    job_id = int(_http("POST", self.job_master_url + "/api/v1/master/job/run",
-                                       {"@type": "alluxio.job.plan.load.LoadConfig", "filePath": "/ready.txt", "replication": 1}))
-                status = json.loads(_http("GET", f"{self.job_master_url}/api/v1/master/job/get_status?jobId={job_id}"))
-                if status["status"] == "COMPLETED":
-                    _http("POST", f"{self.proxy_url}/api/v1/paths//ready.txt/get-status", {})
-                    return
-                if status["status"] in ("FAILED", "CANCELED"):
-                    job_id = None  # e.g. no job worker registered yet: submit again
-            except (OSError, urllib.error.URLError, ValueError):
-                pass
-            time.sleep(0.5)
+        job: dict = {}
+        self.components.wait("alluxio", lambda: self._load_completed(job), self.start_timeout_s,
+                             error=AlluxioStartError, poll_s=0.5)

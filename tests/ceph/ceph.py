@@ -32,8 +32,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +39,20 @@ import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run as a script: import from the repository, not this folder
+    sys.path[0] = str(ROOT)
+    try:
+        import pipectl.pipelines.backends.processes  # noqa: F401
+    except ImportError:  # scripts/ceph-*.sh run the system python3: re-run with the project's venv
+        if (ROOT / ".venv" / "bin" / "python").exists():
+            os.execv(ROOT / ".venv" / "bin" / "python", [str(ROOT / ".venv" / "bin" / "python"), *sys.argv])
+try:  # processes through the product's one supervisor (tests/harness/components.py)
+    from pipectl.pipelines.backends.processes import free_ports, kill_group
+    from tests.harness.components import Components
+except ImportError:  # no venv: `check` still works, `up`/`down` say what is missing
+    Components = None  # type: ignore[assignment,misc]
 
 # binary -> Debian package that ships it
 REQUIRED_BINARIES: dict[str, str] = {
@@ -95,12 +107,6 @@ def ensure_installed(cephfs: bool = False) -> None:
         )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _child_env() -> dict[str, str]:
     # Ceph's CLI and ceph-mgr embed the system python3; a venv's PYTHONPATH/HOME must not leak in.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "CEPH_ARGS")}
@@ -118,24 +124,10 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _kill_group(pgid: int, timeout_s: float, term_first: bool = True) -> None:
-    """Signal a whole process group; SIGKILL it if it is not gone within timeout_s."""
-    if term_first:
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.05)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def _need_harness() -> None:
+    if Components is None:
+        raise CephNotInstalled("the project's virtual environment is missing (run scripts/setup.sh): "
+                               "the test harness starts processes with pipectl's supervisor")
 
 
 class CephCluster:
@@ -164,7 +156,10 @@ class CephCluster:
         self.access_key = ""
         self.secret_key = ""
         self.conf_path = self.run_dir / "ceph.conf"
-        self.procs: dict[str, subprocess.Popen] = {}
+        _need_harness()
+        # stdout of each daemon in log/<name>.stdout (the daemon's own log is log/<name>.log)
+        self.components = Components(self.run_dir / "log", log_suffix=".stdout", cwd=self.run_dir,
+                                     base_env=_child_env, on_change=self._save_state, tail=self._tail)
         self.startup_s: float | None = None
         self._created_run_dir = False
         self._mounts: list[Path] = []
@@ -172,6 +167,11 @@ class CephCluster:
         self._t0 = 0.0
 
     # -- public API -------------------------------------------------------------------------
+
+    @property
+    def procs(self) -> dict[str, subprocess.Popen]:
+        """Running daemons: name -> process (its pid is its process group id)."""
+        return self.components.procs
 
     @property
     def s3_endpoint(self) -> str:
@@ -239,12 +239,8 @@ class CephCluster:
         self._spawn(name, ["ceph-fuse", "-f", "-c", str(self.conf_path), "-n", "client.admin",
                            "--client_fs", CEPHFS_NAME, str(mountpoint)])
         self._mounts.append(mountpoint)
-        deadline = time.monotonic() + timeout_s
-        while not os.path.ismount(mountpoint):
-            self._check_alive()
-            if time.monotonic() > deadline:
-                raise CephStartError(f"ceph-fuse did not mount {mountpoint} within {timeout_s}s")
-            time.sleep(0.05)
+        self.components.wait(f"ceph-fuse mount of {mountpoint}", lambda: os.path.ismount(mountpoint),
+                             timeout_s, error=CephStartError, poll_s=0.05)
         self._save_state()
         return mountpoint
 
@@ -286,18 +282,7 @@ class CephCluster:
         for mnt in self._mounts:  # lazy unmount first: a killed FUSE daemon leaves a dead mount
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
         self._mounts.clear()
-        for name in [n for n in self.procs if n.startswith("fuse.")] + STOP_ORDER + [
-            n for n in self.procs if n not in STOP_ORDER and not n.startswith("fuse.")
-        ]:
-            p = self.procs.get(name)
-            if p is not None:
-                _kill_group(p.pid, timeout_s=0, term_first=False)
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        self.procs.clear()
+        self.components.stop_all([n for n in self.procs if n.startswith("fuse.")] + STOP_ORDER)
         if remove is None:
             remove = self.remove_on_stop
         if remove and self._created_run_dir and self.run_dir.exists():
@@ -326,23 +311,18 @@ class CephCluster:
         return r
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        with open(self.run_dir / "log" / f"{name}.stdout", "ab") as log:
-            p = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, env=_child_env(), cwd=self.run_dir,
-            )
-        self.procs[name] = p
-        self._save_state()
-        return p
+        return self.components.start(name, argv)
 
     def _save_state(self) -> None:
+        if not self.run_dir.exists():
+            return
         state = {
             "fsid": self.fsid,
             "s3_endpoint": self.s3_endpoint if self.rgw_port else "",
             "access_key": self.access_key,
             "secret_key": self.secret_key,
             "conf": str(self.conf_path),
-            "pgids": {n: p.pid for n, p in self.procs.items()},
+            "pgids": self.components.pgids(),
             "mounts": [str(m) for m in self._mounts],
         }
         tmp = self.run_dir / (STATE_FILE + ".tmp")
@@ -420,9 +400,7 @@ rgw dns name = 127.0.0.1
         r = self.run_dir
         for d in ("run", "log", "crash", "mon/a", "osd/0", "mgr/x", "rgw/gw", "mds/a"):
             (r / d).mkdir(parents=True, exist_ok=True)
-        self.mon_v2_port, self.mon_v1_port, self.rgw_port = _free_port(), _free_port(), _free_port()
-        while len({self.mon_v2_port, self.mon_v1_port, self.rgw_port}) < 3:
-            self.rgw_port = _free_port()
+        self.mon_v2_port, self.mon_v1_port, self.rgw_port = free_ports(3)
         self.access_key = "T" + secrets.token_hex(9).upper()
         self.secret_key = secrets.token_urlsafe(30)
         self._write_conf()
@@ -512,33 +490,24 @@ rgw dns name = 127.0.0.1
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_child_env(), cwd=self.run_dir,
         )
 
-    def _check_alive(self) -> None:
-        for name, p in self.procs.items():
-            if p.poll() is not None:
-                log = self.run_dir / "log" / f"{name}.log"
-                tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
-                out = self.run_dir / "log" / f"{name}.stdout"
-                tail += out.read_text(errors="replace")[-2000:] if out.exists() else ""
-                raise CephStartError(f"{name} exited with rc={p.returncode}; log tail:\n{tail}")
+    def _tail(self, name: str) -> str:
+        """The end of the daemon's own log, then of its stdout."""
+        log = self.run_dir / "log" / f"{name}.log"
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+        out = self.run_dir / "log" / f"{name}.stdout"
+        return tail + (out.read_text(errors="replace")[-2000:] if out.exists() else "")
+
+    def _rgw_answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.s3_endpoint + "/", timeout=2) as resp:
+                resp.read()
+                return True
+        except urllib.error.HTTPError:
+            return True  # any HTTP answer means the gateway is serving
 
     def _wait_rgw(self) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
-        while True:
-            self._check_alive()
-            try:
-                with urllib.request.urlopen(self.s3_endpoint + "/", timeout=2) as resp:
-                    resp.read()
-                    return
-            except urllib.error.HTTPError:
-                return  # any HTTP answer means the gateway is serving
-            except (OSError, urllib.error.URLError):
-                pass
-            if time.monotonic() > deadline:
-                raise CephStartError(
-                    f"RGW did not answer on {self.s3_endpoint} within {self.start_timeout_s}s; "
-                    f"see {self.run_dir / 'log'}"
-                )
-            time.sleep(0.05)
+        self.components.wait(f"RGW on {self.s3_endpoint}", self._rgw_answers, self.start_timeout_s,
+                             error=CephStartError, poll_s=0.05)
 
 
 _RADOS_SCRIPT = r"""
@@ -594,7 +563,7 @@ def _cli_up(run_dir: Path, cephfs: bool, mount: Path | None) -> int:
             raise
     # Detach: the daemons run in their own sessions and outlive this process; `down` finds them
     # again through cluster.json.
-    cluster.procs.clear()
+    cluster.components.detach()
     print(f"export CEPH_CONF={cluster.conf_path}")
     print(f"export CEPH_RUN_DIR={cluster.run_dir}")
     print(f"export S3_ENDPOINT={cluster.s3_endpoint}")
@@ -611,6 +580,7 @@ def _cli_up(run_dir: Path, cephfs: bool, mount: Path | None) -> int:
 def _cli_down(run_dir: Path) -> int:
     run_dir = run_dir.absolute()
     state_path = run_dir / STATE_FILE
+    _need_harness()
     if not state_path.exists():
         print(f"no {STATE_FILE} in {run_dir}: nothing to stop", file=sys.stderr)
         return 1
@@ -629,7 +599,7 @@ def _cli_down(run_dir: Path) -> int:
             continue
         if state["conf"].encode() not in cmdline:
             continue
-        _kill_group(pgid, timeout_s=0, term_first=False)
+        kill_group(pgid)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(
         _pid_alive(p) for p in pgids.values() if p and Path(f"/proc/{p}").exists()

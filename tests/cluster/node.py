@@ -1,6 +1,6 @@
-"""A real Kubernetes node on top of the loopback control plane (tests/cluster/cluster.py): pods run.
+"""A real Kubernetes node on top of the loopback control plane (tests/harness/controlplane.py): pods run.
 
-Part 1 (cluster.py) fakes nodes with KWOK; this module adds one node whose pods really run:
+Part 1 (the control plane) fakes nodes with KWOK; this module adds one node whose pods really run:
 
   containerd          Debian's 1.6 (CRI v1), its own config, socket and state under run_dir; its
                       image store (root) is cached in ${PIPECTL_CACHE_DIR:-~/.cache/pipectl}/containerd
@@ -55,17 +55,28 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-try:
-    from tests.cluster import cluster as cl
-except ImportError:  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.cluster import cluster as cl
+if __name__ == "__main__":  # run as a script: import from the repository, not this folder
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+
+from pipectl.pipelines.backends.processes import (  # noqa: E402
+    ProcessError,
+    free_ports,
+    kill_group,
+    spawn,
+    stop,
+    tcp_open,
+    wait_until,
+)
+from tests.harness import cli as cluster_cli  # noqa: E402
+from tests.harness.binaries import K8S_VERSION, VERSIONS, cache_root, load_yaml_docs  # noqa: E402
+from tests.harness.components import Components  # noqa: E402
+from tests.harness.controlplane import EXECUTOR_IMAGE, TestCluster  # noqa: E402
+from tests.harness.kwok import MANIFESTS  # noqa: E402
 
 NODE_NAME = "pipectl-node"
 BRIDGE = "pipectl0"
@@ -74,12 +85,13 @@ GATEWAY = "10.244.255.1"
 SERVICE_IP = "10.96.0.1"          # first address of cluster.SERVICE_CIDR: Service "kubernetes"
 CLUSTER_DOMAIN = "cluster.local"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10.1"
-EXECUTOR_IMAGE = cl.EXECUTOR_IMAGE  # quay.io/argoproj/argoexec:v4.0.5
 STEP_IMAGES = ["pipectl/step-light:0.1.0", "pipectl/step-train:0.1.0"]
 CNI_BIN = "/usr/lib/cni"
 BRIDGE_MAC = "02:70:69:70:65:01"  # locally administered
-NODE_COMPONENTS = {"kubelet": cl.K8S_VERSION, "pause": cl.K8S_VERSION,
-                   "argoexec": cl.VERSIONS["workflow-controller"], "coredns": "v1.14.7"}
+NODE_COMPONENTS = {"kubelet": K8S_VERSION, "pause": K8S_VERSION,
+                   "argoexec": VERSIONS["workflow-controller"], "coredns": "v1.14.7"}
+KUBELET_CONFIG = MANIFESTS / "kubelet-config.yaml"
+STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL what is left after this long
 STATE_FILE = "node.json"
 IPT_RULE = ["FORWARD", "-i", BRIDGE, "-o", BRIDGE, "-m", "comment", "--comment", "pipectl-node",
             "-j", "ACCEPT"]
@@ -95,7 +107,7 @@ class NodeStartError(RuntimeError):
 
 
 def node_binary(name: str) -> Path:
-    return cl.cache_root() / "cluster-bin" / f"{name}-{NODE_COMPONENTS[name]}" / name
+    return cache_root() / "cluster-bin" / f"{name}-{NODE_COMPONENTS[name]}" / name
 
 
 def missing(images: list[str] | None = None) -> list[str]:
@@ -133,11 +145,6 @@ def _run(argv: list[str], timeout_s: float = 120, check: bool = True, **kw) -> s
     return p
 
 
-def _kill_group(pgid: int, term_timeout_s: float = 5.0) -> None:
-    """SIGTERM the group, SIGKILL what is left after ``term_timeout_s`` (cluster.py's helper)."""
-    cl._kill_group(pgid, timeout_s=term_timeout_s)
-
-
 def _group_alive(pgid: int, marker: str) -> bool:
     try:
         return marker.encode() in Path(f"/proc/{pgid}/cmdline").read_bytes()
@@ -167,8 +174,9 @@ class RealNode:
         self.images = list(STEP_IMAGES if images is None else images)
         self.logs = self.run_dir / "logs"
         self.sock = self.run_dir / "containerd.sock"
-        self.containerd_root = cl.cache_root() / "containerd"
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.containerd_root = cache_root() / "containerd"
+        self.components = Components(self.logs, cwd=self.run_dir, die_with_parent=die_with_parent,
+                                     on_change=self._save_state)
         self.ports: dict[str, int] = {}
         self.exposed: dict[int, str] = {}
         self.timings: dict[str, float] = {}
@@ -179,8 +187,13 @@ class RealNode:
         self._net_done = False
 
     @classmethod
-    def for_cluster(cls, c: cl.TestCluster, run_dir: Path, **kw) -> RealNode:
+    def for_cluster(cls, c: TestCluster, run_dir: Path, **kw) -> RealNode:
         return cls(c.run_dir, c.kubeconfig, c.server, run_dir, **kw)
+
+    @property
+    def procs(self) -> dict[str, subprocess.Popen]:
+        """Running processes: name -> process (its pid is its process group id)."""
+        return self.components.procs
 
     # -- public --------------------------------------------------------------------------------
 
@@ -192,13 +205,13 @@ class RealNode:
         self.logs.mkdir(exist_ok=True)
         self.containerd_root.mkdir(parents=True, exist_ok=True)
         # One node per machine: bridge name, addresses and the cached containerd root are shared.
-        self._lock_fd = os.open(cl.cache_root() / "node.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        self._lock_fd = os.open(cache_root() / "node.lock", os.O_CREAT | os.O_RDWR, 0o644)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self._lock_fd)
             self._lock_fd = None
-            raise NodeStartError(f"another real node holds {cl.cache_root() / 'node.lock'}")
+            raise NodeStartError(f"another real node holds {cache_root() / 'node.lock'}")
         self._t0 = time.monotonic()
         try:
             self._start()
@@ -231,7 +244,7 @@ class RealNode:
         from tests.tools.kube_fault_proxy import KubeFaultProxy
 
         api_port = int(self.apiserver.rsplit(":", 1)[1])
-        _kill_group(self.procs.pop("apiserver-forward").pid)
+        self.components.stop("apiserver-forward", STOP_GRACE_S)
         try:
             with KubeFaultProxy(api_port, cluster.pki, fail, times, host=SERVICE_IP, port=443) as px:
                 yield px
@@ -243,18 +256,10 @@ class RealNode:
     def stop(self, remove: bool = True) -> None:
         """Stop the kubelet, every pod container, containerd, CoreDNS and the forwarders; undo the
         network changes; unmount what the kubelet mounted under run_dir."""
-        if "kubelet" in self.procs:
-            _kill_group(self.procs.pop("kubelet").pid)
+        self.components.stop("kubelet", STOP_GRACE_S)
         if "containerd" in self.procs and self.procs["containerd"].poll() is None:
             self._remove_all_containers()
-        for name in list(self.procs):
-            _kill_group(self.procs[name].pid)
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        self.procs.clear()
+        self.components.stop_all(grace_s=STOP_GRACE_S)
         _kill_runc_containers(_stale_runc_containers(self.run_dir))
         _kill_shims(self.sock)
         _unmount_under(self.run_dir)
@@ -308,50 +313,20 @@ class RealNode:
         self._log(f"{what} done")
 
     def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
-        setpriv = shutil.which("setpriv")
-        if self.die_with_parent and setpriv:
-            argv = [setpriv, "--pdeathsig", "KILL", "--", *argv]
-        with open(self.logs / f"{name}.log", "ab") as log:
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True, cwd=self.run_dir,
-                                 env={**os.environ, **(env or {})})
-        self.procs[name] = p
-        self._save_state()
-        return p
-
-    def _tail(self, name: str, n: int = 3000) -> str:
-        f = self.logs / f"{name}.log"
-        return f.read_text(errors="replace")[-n:] if f.exists() else ""
-
-    def _check_alive(self) -> None:
-        for name, p in self.procs.items():
-            if p.poll() is not None:
-                raise NodeStartError(f"{name} exited with rc={p.returncode}; log tail:\n{self._tail(name)}")
+        return self.components.start(name, argv, env)
 
     def _wait(self, what: str, fn, timeout_s: float | None = None) -> None:
-        deadline = time.monotonic() + (timeout_s or self.start_timeout_s)
-        last: object = None
-        while True:
-            self._check_alive()
-            try:
-                if fn():
-                    return
-            except Exception as e:  # noqa: BLE001
-                last = e
-            if time.monotonic() > deadline:
-                raise NodeStartError(f"{what} not ready within {timeout_s or self.start_timeout_s}s "
-                                     f"(last: {last!r}); logs in {self.logs}")
-            time.sleep(0.2)
+        """Wait for ``fn()``; NodeStartError when a process of the node exits or on timeout."""
+        self.components.wait(what, fn, timeout_s or self.start_timeout_s, error=NodeStartError)
 
     def _wait_tcp(self, host: str, port: int, what: str) -> None:
-        def ok():
-            with socket.create_connection((host, port), timeout=1):
-                return True
-        self._wait(what, ok, 30)
+        self._wait(what, lambda: tcp_open(host, port), 30)
 
     def _save_state(self) -> None:
+        if not self.run_dir.exists():
+            return
         st = {"run_dir": str(self.run_dir), "cluster_run_dir": str(self.cluster_run_dir),
-              "pgids": {n: p.pid for n, p in self.procs.items()}, "exposed": self.exposed,
+              "pgids": self.components.pgids(), "exposed": self.exposed,
               "timings": self.timings, "image_import_s": self.image_import_s,
               "startup_s": self.startup_s, "socket": str(self.sock), "gateway": GATEWAY}
         tmp = self.run_dir / (STATE_FILE + ".tmp")
@@ -359,9 +334,22 @@ class RealNode:
         tmp.replace(self.run_dir / STATE_FILE)
 
     def _start(self) -> None:
-        r = self.run_dir
-        # Leftovers of a node whose process was killed (its containerd died, shims and containers
-        # live on): containers, shims, pod network namespaces and mounts, the bridge.
+        self._start_network()
+        self._start_containerd()
+        self._load_images()
+        self._mark("images")
+        # API server for pods: Service "kubernetes" (10.96.0.1:443) -> 127.0.0.1:PORT
+        api_port = int(self.apiserver.rsplit(":", 1)[1])
+        self._spawn("apiserver-forward", ["socat", f"TCP-LISTEN:443,bind={SERVICE_IP},reuseaddr,fork",
+                                          f"TCP:127.0.0.1:{api_port}"])
+        self._wait_tcp(SERVICE_IP, 443, "apiserver-forward")
+        self._start_coredns()
+        self._start_kubelet()
+
+    def _start_network(self) -> None:
+        """Remove what a killed earlier node left (its containerd died, shims and containers live
+        on: containers, shims, pod network namespaces and mounts, the bridge), then set up the
+        bridge, addresses and forwarding rule."""
         stale = _stale_runc_containers()
         if stale:
             self._log(f"removing {len(stale)} containers of an earlier node that was killed")
@@ -373,7 +361,8 @@ class RealNode:
         self._net_done = True
         self._mark("network")
 
-        # containerd
+    def _write_cni_config(self) -> None:
+        r = self.run_dir
         (r / "cni").mkdir(exist_ok=True)
         (r / "cni" / "10-pipectl.conflist").write_text(json.dumps({
             "cniVersion": "1.0.0", "name": "pipectl", "plugins": [
@@ -383,6 +372,9 @@ class RealNode:
                                                "routes": [{"dst": "0.0.0.0/0"}]}},
                 {"type": "portmap", "capabilities": {"portMappings": True}},
             ]}, indent=1))
+
+    def _write_containerd_config(self) -> Path:
+        r = self.run_dir
         runc_binary = (f'\n        BinaryName = "{os.environ["PIPECTL_NODE_RUNC"]}"'
                        if os.environ.get("PIPECTL_NODE_RUNC") else "")
         (r / "containerd.toml").write_text(f"""\
@@ -413,21 +405,18 @@ state = "{r / 'containerd-state'}"
     bin_dir = "{CNI_BIN}"
     conf_dir = "{r / 'cni'}"
 """)
-        self._spawn("containerd", ["containerd", "--config", str(r / "containerd.toml")])
+        return r / "containerd.toml"
+
+    def _start_containerd(self) -> None:
+        self._write_cni_config()
+        self._spawn("containerd", ["containerd", "--config", str(self._write_containerd_config())])
         self._wait("containerd", lambda: self.ctr("version", timeout_s=5).returncode == 0, 60)
         self._mark("containerd")
         self._remove_all_containers()  # a killed earlier node's containers (the root is cached)
 
-        self._load_images()
-        self._mark("images")
-
-        # API server for pods: Service "kubernetes" (10.96.0.1:443) -> 127.0.0.1:PORT
-        api_port = int(self.apiserver.rsplit(":", 1)[1])
-        self._spawn("apiserver-forward", ["socat", f"TCP-LISTEN:443,bind={SERVICE_IP},reuseaddr,fork",
-                                          f"TCP:127.0.0.1:{api_port}"])
-        self._wait_tcp(SERVICE_IP, 443, "apiserver-forward")
-
-        # CoreDNS on the gateway
+    def _start_coredns(self) -> None:
+        """CoreDNS on the gateway: cluster.local from the API server, nothing else."""
+        r = self.run_dir
         (r / "Corefile").write_text(f"""\
 {CLUSTER_DOMAIN}:53 {{
     bind {GATEWAY}
@@ -449,50 +438,31 @@ state = "{r / 'containerd-state'}"
         self._wait_tcp(GATEWAY, 53, "coredns")
         self._mark("coredns")
 
-        # kubelet
-        kp, hp = cl._free_ports(2)
+    def _write_kubelet_config(self) -> Path:
+        """manifests/kubelet-config.yaml with this node's addresses, ports, socket and folders."""
+        import yaml
+
+        r = self.run_dir
+        kp, hp = free_ports(2)
         self.ports.update(kubelet=kp, kubelet_healthz=hp)
         (r / "resolv.conf").write_text("")  # pods get only the cluster DNS and search path
-        (r / "kubelet.yaml").write_text(f"""\
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: {GATEWAY}
-port: {kp}
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: {hp}
-authentication:
-  anonymous: {{enabled: true}}
-  webhook: {{enabled: false}}
-authorization: {{mode: AlwaysAllow}}
-containerRuntimeEndpoint: unix://{self.sock}
-cgroupDriver: cgroupfs
-failCgroupV1: false
-failSwapOn: false
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard: {{memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}}
-clusterDNS: [{GATEWAY}]
-clusterDomain: {CLUSTER_DOMAIN}
-resolvConf: {r / 'resolv.conf'}
-podLogsDir: {r / 'pod-logs'}
-serializeImagePulls: false
-registerNode: true
-maxPods: 110
-podPidsLimit: -1
-syncFrequency: 5s
-nodeStatusUpdateFrequency: 5s
-fileCheckFrequency: 20s
-""")
+        conf = load_yaml_docs(KUBELET_CONFIG)[0]
+        conf.update(address=GATEWAY, port=kp, healthzPort=hp, containerRuntimeEndpoint=f"unix://{self.sock}",
+                    clusterDNS=[GATEWAY], clusterDomain=CLUSTER_DOMAIN, resolvConf=str(r / "resolv.conf"),
+                    podLogsDir=str(r / "pod-logs"))
+        (r / "kubelet.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
+        return r / "kubelet.yaml"
+
+    def _start_kubelet(self) -> None:
+        from kubernetes import client
+
+        r = self.run_dir
         self._spawn("kubelet", [
-            str(node_binary("kubelet")), "--config", str(r / "kubelet.yaml"),
+            str(node_binary("kubelet")), "--config", str(self._write_kubelet_config()),
             "--kubeconfig", str(self.kubeconfig), "--hostname-override", NODE_NAME,
             "--node-ip", GATEWAY, "--root-dir", str(r / "kubelet"), "--cert-dir", str(r / "kubelet-pki"),
             "--node-labels", "pipectl.io/real-node=true", "--v", "2",
         ])
-
-        from kubernetes import client
-
         api = _api(self.kubeconfig)
         core = client.CoreV1Api(api)
 
@@ -595,9 +565,9 @@ def preload_images(refs: list[str] | None = None) -> tuple[list[str], float] | N
     import tempfile
 
     refs = refs or [_latest_base_image(), *STEP_IMAGES]
-    root = cl.cache_root() / "containerd"
+    root = cache_root() / "containerd"
     root.mkdir(parents=True, exist_ok=True)
-    lock_fd = os.open(cl.cache_root() / "node.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    lock_fd = os.open(cache_root() / "node.lock", os.O_CREAT | os.O_RDWR, 0o644)
     fcntl.flock(lock_fd, fcntl.LOCK_EX)
     try:
         with tempfile.TemporaryDirectory(prefix="pipectl-preload-") as d:
@@ -606,18 +576,18 @@ def preload_images(refs: list[str] | None = None) -> tuple[list[str], float] | N
                 f'version = 2\nroot = "{root}"\nstate = "{d}/state"\n'
                 f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
                 f'[grpc]\n  address = "{sock}"\n[ttrpc]\n  address = "{sock}.ttrpc"\n')
-            with open(Path(d) / "containerd.log", "w") as log:
-                proc = subprocess.Popen(["containerd", "--config", str(Path(d) / "config.toml")],
-                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            log = Path(d) / "containerd.log"
+            proc = spawn(["containerd", "--config", str(Path(d) / "config.toml")], log)
             try:
-                deadline = time.monotonic() + 60
-                while _run(["ctr", "--address", str(sock), "version"], timeout_s=5, check=False).returncode != 0:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise NodeStartError("preload: containerd did not start: " + (Path(d) / "containerd.log").read_text()[-2000:])
-                    time.sleep(0.2)
+                try:
+                    wait_until("preload: containerd", lambda: _run(["ctr", "--address", str(sock), "version"],
+                                                                   timeout_s=5, check=False).returncode == 0,
+                               60, procs=[("containerd", proc, log)])
+                except ProcessError as e:
+                    raise NodeStartError(f"preload: containerd did not start ({e}): " + log.read_text()[-2000:]) from e
                 return import_images(sock, refs)
             finally:
-                _kill_group(proc.pid)
+                stop(proc, STOP_GRACE_S)
     finally:
         os.close(lock_fd)
 
@@ -692,7 +662,7 @@ def _stale_runc_containers(only_under: Path | None = None) -> list[str]:
         if only_under is not None and run_dir != only_under:
             continue
         try:
-            if str(cl.cache_root() / "containerd") not in (run_dir / "containerd.toml").read_text():
+            if str(cache_root() / "containerd") not in (run_dir / "containerd.toml").read_text():
                 continue
         except OSError:
             if only_under is None:
@@ -756,7 +726,7 @@ def _unmount_under(path: Path) -> None:
 
 
 def _cli_up(cluster_dir: Path, images: list[str] | None) -> int:
-    cst = cl._state(cluster_dir.absolute())
+    cst = cluster_cli.state(cluster_dir.absolute())
     if cst is None or not cst.get("startup_s"):
         print(f"no running cluster in {cluster_dir} (start one: make cluster-up)", file=sys.stderr)
         return 3
@@ -782,7 +752,7 @@ def _cli_up(cluster_dir: Path, images: list[str] | None) -> int:
     core = client.CoreV1Api(api)
     for n in core.list_node(label_selector="type=kwok").items:
         core.patch_node(n.metadata.name, {"spec": {"unschedulable": True}})
-    node.procs.clear()  # detach; `down` finds the groups in node.json
+    node.components.detach()  # `down` finds the groups in node.json
     node._lock_fd = None  # noqa: SLF001 - the lock dies with this process; down re-checks groups
     print(f"# node {NODE_NAME} up in {node.startup_s:.1f}s: {json.dumps(node.timings)}; "
           f"image imports (s): {json.dumps(node.image_import_s)}", file=sys.stderr)
@@ -799,14 +769,14 @@ def _cli_down(cluster_dir: Path) -> int:
     st = json.loads(p.read_text())
     pg = st.get("pgids", {})
     if "kubelet" in pg and _group_alive(pg["kubelet"], str(run_dir)):
-        _kill_group(pg["kubelet"])
+        kill_group(pg["kubelet"], STOP_GRACE_S)
     sock = Path(st["socket"])
     if "containerd" in pg and _group_alive(pg["containerd"], str(run_dir)):
         fake = RealNode(cluster_dir, Path("/dev/null"), "https://127.0.0.1:1", run_dir)
         fake._remove_all_containers()  # noqa: SLF001
     for name, pgid in pg.items():
         if name != "kubelet" and (_group_alive(pgid, str(run_dir)) or _group_alive(pgid, "socat")):
-            _kill_group(pgid)
+            kill_group(pgid, STOP_GRACE_S)
     _kill_runc_containers(_stale_runc_containers(run_dir))
     _kill_shims(sock)
     _unmount_under(run_dir)

@@ -1,0 +1,305 @@
+"""argoexec stand-in: what Argo's executor would do for pods on KWOK nodes, which run nothing.
+
+* container templates: when KWOK ends the pod, create the node's WorkflowTaskResult labelled
+  report-outputs-completed=true, as argoexec's `wait` container does (Argo >= 3.5 keeps a workflow
+  Running until every pod's result is reported). Output parameters are those the TEST supplies in
+  the ConfigMap ``pipectl-test-outputs`` of the pod's namespace (key: template name, value: JSON
+  object parameter -> value); only parameters the template declares are reported, so a template
+  whose outputs the test does not supply stays without them (and Argo fails the dependent
+  substitution, as it would for a real step). Key ``<template>.pod-annotations`` (JSON object)
+  adds annotations to the pods of the resource a resource template creates: KWOK's directions
+  (``pipectl.io/run-duration``, ``pipectl.io/fail``...), nothing the scheduler or Volcano reads.
+* resource templates (`argoexec resource create|apply`): create the manifest Argo put in the
+  template (owner reference included), then evaluate the template's successCondition /
+  failureCondition on the live object with argoexec's own condition code (tests/tools/argoexpr,
+  built from the Argo module) every 0.5 s, and end the pod as argoexec would: exit 0, or exit 1
+  with the reason as termination message. Pods annotated ``pipectl.io/fail`` are left to KWOK.
+
+Runs forever, a component of the test cluster: ``python tests/harness/argoexec.py KUBECONFIG``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+WF_LABEL = "workflows.argoproj.io/workflow"
+NODE_ID_ANNOTATION = "workflows.argoproj.io/node-id"
+COMPLETED_LABEL = "workflows.argoproj.io/report-outputs-completed"
+TEST_OUTPUTS_CONFIGMAP = "pipectl-test-outputs"
+
+
+def _argo_template(pod) -> dict:
+    """The template Argo gave this pod (env ARGO_TEMPLATE of its containers), or {}."""
+    for c in list(pod.spec.containers or []) + list(pod.spec.init_containers or []):
+        for e in c.env or []:
+            if e.name == "ARGO_TEMPLATE" and e.value:
+                return json.loads(e.value)
+    return {}
+
+
+def _is_resource_pod(pod) -> bool:
+    """True for the pod of a resource template: ``... emissary -- argoexec resource <action>`` in
+    its main container (with archiveLogs a wait container comes first)."""
+    for c in pod.spec.containers or []:
+        cmd = c.command or []
+        if any(cmd[i:i + 2] == ["argoexec", "resource"] for i in range(len(cmd))):
+            return True
+    return False
+
+
+def _pod_templates(obj: dict) -> list[dict]:
+    """Pod templates inside a Volcano Job / PyTorchJob / batch Job manifest."""
+    spec = obj.get("spec", {})
+    if "tasks" in spec:
+        return [t["template"] for t in spec["tasks"]]
+    if "pytorchReplicaSpecs" in spec:
+        return [r["template"] for r in spec["pytorchReplicaSpecs"].values()]
+    return [spec["template"]] if "template" in spec else []
+
+
+def _key(pod) -> tuple[str, str, str]:
+    return (pod.metadata.namespace, pod.metadata.name, pod.metadata.uid)
+
+
+class TaskResultReporter:
+    """The stand-in's state: pods done, resource pods running; ``run()`` watches forever."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        from kubernetes import client, config, dynamic
+
+        from tests.tools.argo import ArgoExpr
+
+        self.api = config.new_client_from_config(config_file=kubeconfig)
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.dyn = dynamic.DynamicClient(self.api)
+        self.argoexpr = ArgoExpr()
+        self.done: set[tuple[str, str, str]] = set()
+        # (namespace, pod name, pod uid) -> {"api": resource api, "name", "ns", "tmpl", "pod"}
+        self.running: dict[tuple[str, str, str], dict] = {}
+        self.lock = threading.Lock()
+
+    # -- what the test supplies ----------------------------------------------------------------
+
+    def _test_data(self, pod, key: str) -> dict:
+        from kubernetes import client
+
+        try:
+            cm = self.core.read_namespaced_config_map(TEST_OUTPUTS_CONFIGMAP, pod.metadata.namespace)
+        except client.ApiException:
+            return {}
+        return json.loads((cm.data or {}).get(key, "{}"))
+
+    def supplied_outputs(self, pod, tmpl: dict) -> dict:
+        declared = [x["name"] for x in (tmpl.get("outputs") or {}).get("parameters", [])]
+        if not declared:
+            return {}
+        values = self._test_data(pod, tmpl.get("name", ""))
+        params = [{"name": n, "value": str(values[n])} for n in declared if n in values]
+        return {"parameters": params} if params else {}
+
+    def test_pod_annotations(self, pod, tmpl: dict) -> dict:
+        return self._test_data(pod, tmpl.get("name", "") + ".pod-annotations")
+
+    # -- WorkflowTaskResults ---------------------------------------------------------------------
+
+    def write_result(self, pod, outputs: dict) -> None:
+        from kubernetes import client
+
+        node_id = (pod.metadata.annotations or {})[NODE_ID_ANNOTATION]
+        ns = pod.metadata.namespace
+        owner = next((o for o in (pod.metadata.owner_references or []) if o.kind == "Workflow"), None)
+        body = {
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "WorkflowTaskResult",
+            "metadata": {"name": node_id, "namespace": ns,
+                         "labels": {WF_LABEL: pod.metadata.labels[WF_LABEL], COMPLETED_LABEL: "true"}},
+            "outputs": outputs,
+        }
+        if owner is not None:
+            body["metadata"]["ownerReferences"] = [{"apiVersion": "argoproj.io/v1alpha1",
+                                                    "kind": "Workflow", "name": owner.name,
+                                                    "uid": owner.uid}]
+        try:
+            self.custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", ns, "workflowtaskresults", body)
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+            self.custom.patch_namespaced_custom_object(
+                "argoproj.io", "v1alpha1", ns, "workflowtaskresults", node_id,
+                {"metadata": {"labels": {COMPLETED_LABEL: "true"}}, "outputs": outputs})
+
+    def report(self, pod) -> None:
+        """Handle one pod event: start a resource pod's manifest, or report an ended pod."""
+        from kubernetes import client
+
+        ann = pod.metadata.annotations or {}
+        if not ann.get(NODE_ID_ANNOTATION) or not (pod.metadata.labels or {}).get(WF_LABEL):
+            return
+        key = _key(pod)
+        if key in self.done:
+            return
+        if _is_resource_pod(pod) and "pipectl.io/fail" not in ann and pod.status.phase == "Running":
+            with self.lock:
+                if key not in self.running:
+                    self.start_resource(pod)
+            return
+        if pod.status.phase not in ("Succeeded", "Failed"):
+            return
+        tmpl = _argo_template(pod)
+        outputs = self.supplied_outputs(pod, tmpl) if pod.status.phase == "Succeeded" else {}
+        try:
+            self.write_result(pod, outputs)
+        except client.ApiException as e:
+            print(f"taskresult {key}: {e.status} {e.body}", flush=True)
+            return
+        self.done.add(key)
+        print(f"reported {key} ({pod.status.phase}) outputs={outputs}", flush=True)
+
+    # -- resource templates ------------------------------------------------------------------
+
+    def _create(self, obj: dict, ns: str, res: dict):
+        """Create (or server-side apply) ``obj`` as `kubectl` would for the template's action."""
+        action = res.get("action")
+        if action not in ("create", "apply"):
+            raise ValueError(f"stand-in supports actions create and apply only, not {action!r}")
+        rapi = self.dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        flags = res.get("flags") or []
+        if action == "apply" and "--server-side" in flags:
+            # `kubectl apply --server-side`: one PATCH that creates or re-applies (as kubectl)
+            manager = next((f.split("=", 1)[1] for f in flags if f.startswith("--field-manager=")), "kubectl")
+            rapi.server_side_apply(body=obj, namespace=ns, field_manager=manager,
+                                   force_conflicts="--force-conflicts" in flags)
+            return rapi
+        try:
+            rapi.create(body=obj, namespace=ns)
+        except Exception as e:  # noqa: BLE001
+            # client-side `kubectl apply` of the same manifest onto the object that exists
+            # changes nothing and waits for it; `kubectl create` fails with AlreadyExists.
+            if action != "apply" or getattr(e, "status", None) != 409:
+                raise
+        return rapi
+
+    def start_resource(self, pod) -> None:
+        import yaml
+
+        key = _key(pod)
+        tmpl = _argo_template(pod)
+        res = tmpl.get("resource") or {}
+        obj = yaml.safe_load(res.get("manifest", "")) or {}
+        ns = obj.get("metadata", {}).get("namespace") or pod.metadata.namespace
+        extra = self.test_pod_annotations(pod, tmpl)
+        if extra:  # KWOK directions only (run time, simulated failure): the manifest is Argo's
+            for t in _pod_templates(obj):
+                t.setdefault("metadata", {}).setdefault("annotations", {}).update(extra)
+        try:
+            rapi = self._create(obj, ns, res)
+        except Exception as e:  # noqa: BLE001 - argoexec fails the step the same way
+            reason = getattr(e, "reason", "") or type(e).__name__
+            self.finish(pod, 1, f"{reason}: {getattr(e, 'body', '') or e}"[:500])
+            return
+        self.running[key] = {"api": rapi, "name": obj["metadata"]["name"], "ns": ns, "tmpl": tmpl, "pod": pod}
+        print(f"resource {key}: created {obj['kind']} {ns}/{obj['metadata']['name']}", flush=True)
+
+    def finish(self, pod, exit_code: int, message: str) -> None:
+        """End a resource pod as argoexec would: its result reported, containers terminated."""
+        from kubernetes import client
+
+        key = _key(pod)
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        started = pod.status.start_time.strftime("%Y-%m-%dT%H:%M:%SZ") if pod.status.start_time else now
+        term = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                "startedAt": started, "finishedAt": now}
+        if message:
+            term["message"] = message
+        phase = "Succeeded" if exit_code == 0 else "Failed"
+        try:
+            self.write_result(pod, {})
+            self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": {
+                "phase": phase,
+                "containerStatuses": [{"name": c.name, "image": c.image, "ready": False,
+                                       "restartCount": 0, "state": {"terminated": term}}
+                                      for c in pod.spec.containers]}})
+        except client.ApiException as e:
+            if e.status != 404:
+                print(f"finish {key}: {e.status} {e.body}", flush=True)
+                return
+        self.done.add(key)
+        self.running.pop(key, None)
+        print(f"resource {key}: {phase} {message}", flush=True)
+
+    def check_resource(self, key: tuple[str, str, str], r: dict) -> None:
+        """One poll of a running resource pod: gone pod -> forget; gone object or a condition met
+        -> finish the pod."""
+        from kubernetes import client
+
+        try:
+            if self.core.read_namespaced_pod(key[1], key[0]).metadata.uid != key[2]:
+                raise client.ApiException(status=404)
+        except client.ApiException as e:
+            if e.status == 404:  # the pod went away: stop, as argoexec would
+                self.running.pop(key, None)
+                self.done.add(key)
+                return
+            raise
+        try:
+            obj = r["api"].get(name=r["name"], namespace=r["ns"]).to_dict()
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
+            with self.lock:
+                self.finish(r["pod"], 1, f"{r['name']} was deleted")
+            return
+        res = r["tmpl"]["resource"]
+        state = self.argoexpr.resource_state(res.get("successCondition", ""), res.get("failureCondition", ""), obj)
+        if state == "succeeded":
+            with self.lock:
+                self.finish(r["pod"], 0, "")
+        elif state == "failed":
+            with self.lock:
+                self.finish(r["pod"], 1, f"{obj['kind']} {r['name']} failed condition "
+                                         f"{res.get('failureCondition')!r}")
+
+    def poll_resources(self) -> None:
+        while True:
+            time.sleep(0.5)
+            with self.lock:
+                items = list(self.running.items())
+            for key, r in items:
+                try:
+                    self.check_resource(key, r)
+                except Exception as e:  # noqa: BLE001 - keep polling the others
+                    print(f"poll {key}: {e!r}", flush=True)
+
+    def run(self) -> None:
+        """Watch every workflow pod forever (list, then watch; relist after errors)."""
+        from kubernetes import watch
+
+        threading.Thread(target=self.poll_resources, daemon=True).start()
+        while True:
+            try:
+                pods = self.core.list_pod_for_all_namespaces(label_selector=WF_LABEL)
+                for p in pods.items:
+                    self.report(p)
+                w = watch.Watch()
+                for ev in w.stream(self.core.list_pod_for_all_namespaces, label_selector=WF_LABEL,
+                                   resource_version=pods.metadata.resource_version, timeout_seconds=300):
+                    if ev["type"] in ("ADDED", "MODIFIED"):
+                        self.report(ev["object"])
+            except Exception as e:  # noqa: BLE001 - API restarts, expired resource versions
+                print(f"watch error: {e!r}", flush=True)
+                time.sleep(1)
+
+
+def run_taskresult_reporter(kubeconfig: str) -> None:
+    """Run the stand-in for the cluster of ``kubeconfig`` forever (see the module docstring)."""
+    TaskResultReporter(kubeconfig).run()
+
+
+if __name__ == "__main__":
+    sys.path[0] = str(Path(__file__).resolve().parents[2])  # the repository, not this folder
+    run_taskresult_reporter(sys.argv[1])
