@@ -105,3 +105,65 @@ def test_C13_digits_with_crlf_after_the_end_of_image_marker_are_all_used(setting
     out = preprocess(_inp(staged.manifest_uri, settings.bucket), s3)
     assert out.corrupt == 0
     assert out.train_count + out.validation_count == 1797
+
+
+def _bad_png():
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 16, 16, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", b"\x78\x9c" + b"\xff" * 40) + chunk(b"IEND", b""))
+
+
+def test_a_stream_goes_on_after_a_batch_dali_rejects(small_digits_dir):
+    """Issue 15: one pipeline for the whole stream; a batch DALI fails is decoded again image by
+    image, the bad image reported with its tag, and a fresh pipeline continues with the rest."""
+    from pipectl.components.preprocess.core import DecodeTimings, batched, decode_stream
+
+    good = [p.read_bytes() for p in sorted(small_digits_dir.rglob("*.jpg"))[:60]]
+    items = list(enumerate(good[:27])) + [(1000, _bad_png())] + list(enumerate(good[27:], start=27))
+    timings = DecodeTimings()
+    tags, parts, bad = [], [], []
+    for t, images, rejected in decode_stream(batched(items, 8), 16, 8, use_gpu=False, timings=timings):
+        tags += t
+        parts.append(images.copy())
+        bad += [tag for tag, _ in rejected]
+    assert bad == [1000]
+    assert tags == list(range(60))
+    expected, _ = decode_all(good, image_size=16, batch_size=8, use_gpu=False)
+    np.testing.assert_array_equal(np.concatenate(parts), expected)
+    assert timings.rebuilds == 1 and timings.images == 60
+    assert timings.startup_s > 0 and timings.steady_images > 0
+
+
+def test_shards_hold_each_split_in_manifest_order_across_shard_boundaries(settings, s3, dataset_with_corrupt_jpeg):
+    """Streaming (issue 15) keeps what the step wrote before: each split's decodable images in
+    manifest order, cut every shard-size images; checked against decoding the split in one go."""
+    from pipectl.components.contracts import DatasetManifest
+    from pipectl.components.preprocess.core import in_validation
+
+    staged = stage(StageInput(source_uri=str(dataset_with_corrupt_jpeg), bucket=settings.bucket), s3)
+    out = preprocess(_inp(staged.manifest_uri, settings.bucket, shard_size=50, batch_size=32), s3)
+    manifest = DatasetManifest.model_validate(read_json(s3, staged.manifest_uri))
+    data = f"{staged.manifest_uri.rsplit('/', 1)[0]}/data/".removeprefix(f"s3://{settings.bucket}/")
+    for split, count in (("train", out.train_count), ("validation", out.validation_count)):
+        entries = [e for e in manifest.entries if e.key != "3/broken.jpg" and in_validation(e.sha256, 0.2) == (split == "validation")]
+        blobs = [s3.get_object(Bucket=settings.bucket, Key=data + e.key)["Body"].read() for e in entries]
+        expected, _ = decode_all(blobs, image_size=24, batch_size=64, use_gpu=False)
+        x, y, index = load_split(s3, out.shards_uri, split)
+        assert len(getattr(index, split)) == -(-count // 50) and count == len(entries)
+        np.testing.assert_array_equal(x, expected.astype(np.float32))
+        assert y.tolist() == [manifest.labels.index(e.label) for e in entries]
+
+
+def test_a_failed_step_leaves_no_shards(settings, s3, dataset_with_corrupt_jpeg):
+    """Shards are written while decoding (issue 15); when the step then fails, they are removed."""
+    staged = stage(StageInput(source_uri=str(dataset_with_corrupt_jpeg), bucket=settings.bucket), s3)
+    with pytest.raises(StepError, match="corrupt"):
+        preprocess(_inp(staged.manifest_uri, settings.bucket, max_corrupt_fraction=0.0, shard_size=40), s3)
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=settings.bucket, Prefix="runs/t/shards/").get("Contents", [])]
+    assert keys and not [k for k in keys if k.endswith(".npz")]
+    assert "runs/t/shards/quarantine.json" in keys
