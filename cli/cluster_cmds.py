@@ -19,6 +19,8 @@ from pipectl.cli.common import (
     compile_config,
     console,
     fail,
+    image_config,
+    image_options,
     lane_option,
     output_option,
     parameter_option,
@@ -92,12 +94,15 @@ def templates() -> None:
 
 @templates.command("apply")
 @click.option("--dry-run", is_flag=True)
+@image_options
 @cluster_options
-def templates_apply(dry_run: bool, namespace: str, context: str | None) -> None:
-    """Create or update every pipeline's WorkflowTemplate (linted first)."""
+def templates_apply(dry_run: bool, registry: str | None, images: tuple[str, ...], namespace: str, context: str | None) -> None:
+    """Create or update every pipeline's WorkflowTemplate (linted first). Deploy a build with the
+    references scripts/images.sh printed: --image step-light=c-<hash> --image step-train=c-<hash>."""
     from pipectl.pipelines.training import build_training
 
-    _apply([build_training(compile_config(namespace=namespace)).to_dict()], dry_run, namespace, context)
+    cfg = compile_config(namespace=namespace, **image_config(registry, images))
+    _apply([build_training(cfg).to_dict()], dry_run, namespace, context)
 
 
 @click.group()

@@ -89,6 +89,22 @@ def parameter_option(fn: Callable) -> Callable:
     return click.option("-p", "--parameter", "params", multiple=True, metavar="KEY=VALUE", help="Workflow parameter (repeatable).")(fn)
 
 
+def image_options(fn: Callable) -> Callable:
+    """``--registry`` and ``--image NAME=REF`` (repeatable): where the step images come from and,
+    per image, an immutable reference (digest or content tag) instead of the release tag."""
+    fn = click.option("--image", "images", multiple=True, metavar="NAME=REF",
+                      help="Step image reference: step-light=sha256:<digest> or step-train=c-<content hash> (repeatable).")(fn)
+    return click.option("--registry", default=None, help="Registry/path of the step images [default: pipectl].")(fn)
+
+
+def image_config(registry: str | None, images: Sequence[str]) -> dict[str, Any]:
+    """CompileConfig fields of :func:`image_options` (exit 2 for a pair without ``=``)."""
+    fields: dict[str, Any] = {"images": parse_overrides(images)} if images else {}
+    if registry:
+        fields["registry"] = registry
+    return fields
+
+
 def cluster_options(fn: Callable) -> Callable:
     """``--namespace/-n`` and ``--context`` of commands that talk to the cluster."""
     fn = click.option("--namespace", "-n", default="pipectl", show_default=True, envvar="PIPECTL_NAMESPACE")(fn)
@@ -126,8 +142,14 @@ def training_parameters(pairs: Sequence[str]) -> Any:
 
 
 def compile_config(bucket: str | None = None, launcher: str | None = None, **fields: Any) -> Any:
-    """The :class:`CompileConfig` of a command's options (None: the default)."""
+    """The :class:`CompileConfig` of a command's options (None: the default); exit 2 naming a bad value."""
+    from pydantic import ValidationError
+
     from pipectl.pipelines.training import CompileConfig
 
     given = {"bucket": bucket, "launcher": launcher, **fields}
-    return CompileConfig(**{k: v for k, v in given.items() if v is not None})
+    try:
+        return CompileConfig(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
+        fail(f"invalid option: {problems}", "see the command's --help", code=2)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from pipectl.cli.common import compile_config, console, fail, launcher_option
+from pipectl.cli.common import compile_config, console, fail, image_config, image_options, launcher_option
 
 RENDERABLE = ("training", "cluster")
 
@@ -17,12 +17,14 @@ RENDERABLE = ("training", "cluster")
 @click.argument("what", type=click.Choice(RENDERABLE))
 @click.option("--bucket", envvar="PIPECTL_BUCKET", default=None, help="Bucket baked into the template's URIs.")
 @launcher_option
+@image_options
 @click.option("--write", "write_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="(cluster) write every manifest under this folder (argo/) instead of printing.")
-def render(what: str, bucket: str | None, launcher: str | None, write_dir: Path | None) -> None:
+def render(what: str, bucket: str | None, launcher: str | None, registry: str | None, images: tuple[str, ...],
+           write_dir: Path | None) -> None:
     """Print the WorkflowTemplate of a pipeline (what submit sends and run executes), or with
     `cluster` every manifest of argo/ (namespace, RBAC, lanes, config, alerts, templates, cron)."""
-    cfg = compile_config(bucket, launcher)
+    cfg = compile_config(bucket, launcher, **image_config(registry, images))
     if what == "training":
         from pipectl.pipelines.training import build_training
 

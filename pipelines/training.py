@@ -13,6 +13,9 @@ lane settings of :mod:`pipectl.pipelines.policy`.
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
+
 from hera.workflows import (
     DAG,
     Container,
@@ -72,6 +75,15 @@ from pipectl.pipelines.policy import RetryPolicy, lane_toleration_for, step_metr
 from pipectl.pipelines.security import TMP_VOLUME, restricted_container_security_context, restricted_pod_security_context
 
 
+STEP_IMAGES = ("step-light", "step-train")
+"""The step images (images/Dockerfile targets)."""
+DEFAULT_REGISTRY = "pipectl"
+IMAGE_VERSION = importlib.metadata.version("pipectl")
+"""The release tag of the step images (the package's version, pyproject.toml): what argo/ is rendered with."""
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
 class CompileConfig(BaseModel):
     """What the compiled template depends on besides its run-time parameters."""
 
@@ -79,8 +91,13 @@ class CompileConfig(BaseModel):
 
     bucket: str = Field("pipectl", description="Bucket for datasets, shards, checkpoints (PIPECTL_BUCKET).")
     namespace: str = Field("pipectl", description="Namespace of the WorkflowTemplate and its workflows.")
-    light_image: str = Field("pipectl/step-light:0.1.0", description="Image for stage, evaluate, register.")
-    train_image: str = Field("pipectl/step-train:0.1.0", description="Image with DALI and torch: preprocess, train.")
+    registry: str = Field(DEFAULT_REGISTRY, pattern=r"^[a-z0-9]([a-z0-9.:_/-]*[a-z0-9])?$",
+                          description="Registry and path the step images come from (e.g. registry.example.com/ml).")
+    images: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per step image (step-light, step-train): an immutable reference that replaces the release tag: "
+        "a digest (sha256:<64 hex>) or a content tag (c-<hash>, what scripts/images.sh tags each build with), so a "
+        "rebuilt image never reuses a tag a node may have cached.")
     service_account: str = Field("pipectl-workflow", description="ServiceAccount of step pods: Argo's executor reports results (WorkflowTaskResults), nothing more.")
     launcher_service_account: str = Field("pipectl-launcher", description="ServiceAccount of the train step's resource pod: creates, gets and patches the gang job kind in use.")
     training_service_account: str = Field("pipectl-training", description="ServiceAccount of the gang's pods: no Role, token not mounted.")
@@ -91,6 +108,32 @@ class CompileConfig(BaseModel):
     preempting_max_gpus: int = Field(16, ge=0, description="GPUs those pods may request in all.")
     launcher: str = Field(DEFAULT_LAUNCHER, description=f"Gang job kind the train step creates: one of {', '.join(LAUNCHERS)}.")
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Retries by failure class; backoff from scale_up_s.")
+
+    @field_validator("images")
+    @classmethod
+    def _image_references(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, ref in v.items():
+            if name not in STEP_IMAGES:
+                raise ValueError(f"unknown step image {name!r}: one of {', '.join(STEP_IMAGES)}")
+            if not (_DIGEST.fullmatch(ref) or _TAG.fullmatch(ref)) or ref == "latest":
+                raise ValueError(f"{name}={ref!r}: write a digest sha256:<64 hex> or a tag such as c-0123abcd (never latest)")
+        return v
+
+    def image(self, name: str) -> str:
+        """The reference of step image ``name``: ``<registry>/<name>@sha256:…``, ``<registry>/<name>:<tag>``,
+        or the release tag ``<registry>/<name>:<version>``."""
+        ref = self.images.get(name, IMAGE_VERSION)
+        return f"{self.registry}/{name}@{ref}" if ref.startswith("sha256:") else f"{self.registry}/{name}:{ref}"
+
+    @property
+    def light_image(self) -> str:
+        """stage, warm, evaluate, register, validate."""
+        return self.image("step-light")
+
+    @property
+    def train_image(self) -> str:
+        """preprocess (DALI) and the gang (torch)."""
+        return self.image("step-train")
 
     @field_validator("launcher")
     @classmethod

@@ -13,6 +13,9 @@
 #      only: pip on this network needs it). Tagged pipectl/<target>:<version> (what the rendered
 #      templates use) and pipectl/<target>:c-<content hash>; a build is skipped when the
 #      content-hash tag exists (hash over the context, the base image id and the target).
+#      The content tags are what a cluster should run (a rebuild never reuses them): printed as
+#      `--image <target>=c-<hash>` arguments for `pipectl templates apply` and written to
+#      $PIPECTL_CACHE_DIR/images/image-args.txt.
 #
 # Prints, per image: build seconds (or "cached") and size; a summary line per image goes to
 # $PIPECTL_CACHE_DIR/images/build-times.txt.
@@ -83,6 +86,7 @@ cp "$ca" "$ctx/build-ca.crt"
 ctx_hash=$(cd "$ctx" && find . -type f ! -name build-ca.crt -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 
 targets=("$@"); [[ ${#targets[@]} -gt 0 ]] || targets=(step-light step-train)
+refs=()
 # The dependency stages are no final image's parents (multi-stage), so `docker image prune` deletes
 # them and the next build reinstalls GBs: keep them tagged (pipectl/build-cache:deps-train holds
 # deps-light as its parent). Cheap when cached.
@@ -111,4 +115,9 @@ for target in "${targets[@]}"; do
   line=$(printf '%s %-28s build %-7s size %s MB (content %s)' "$(date -u +%FT%TZ)" "$img:$VERSION" "$took" "$((size / 1000000))" "$h")
   log "$line"
   echo "$line" >>"$CACHE/build-times.txt"
+  refs+=("--image $target=c-$h")
 done
+# What to deploy this build with (issue 13: a content tag, never a reused one; nodes may have
+# cached pipectl/<target>:$VERSION from an earlier build): pipectl templates apply <these>.
+printf '%s\n' "${refs[@]}" >"$CACHE/image-args.txt"
+log "deploy with: pipectl templates apply ${refs[*]} (also in $CACHE/image-args.txt)"

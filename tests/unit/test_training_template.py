@@ -239,3 +239,26 @@ def test_every_pod_meets_the_restricted_pod_security_standard(wt, wt_pytorchjob)
             assert all(set(v) - {"name"} <= {"emptyDir", "configMap", "secret", "projected"} for v in spec["volumes"])
     restricted_container(yaml.safe_load(controller_config(CompileConfig())[0]["data"]["executor"])["securityContext"])
     assert namespace(CompileConfig())[0]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_images_from_a_registry_by_digest_or_content_tag():
+    """Issue 13: step images from a configurable registry, pinned per image by digest or content
+    tag, in the step templates AND inside the gang manifest (a string kustomize cannot rewrite)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    digest = "sha256:" + "ab" * 32
+    pipectl = str(Path(sys.executable).parent / "pipectl")
+    r = subprocess.run([pipectl, "render", "training", "--registry", "registry.example.com/ml", "--image", f"step-light={digest}",
+                        "--image", "step-train=c-0123456789abcdef"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    wt = yaml.safe_load(r.stdout)
+    images = {t["name"]: t["container"]["image"] for t in wt["spec"]["templates"] if "container" in t}
+    assert images["stage"] == f"registry.example.com/ml/step-light@{digest}"
+    assert images["preprocess"] == "registry.example.com/ml/step-train:c-0123456789abcdef"
+    train = next(t for t in wt["spec"]["templates"] if t["name"] == "train")
+    assert "image: registry.example.com/ml/step-train:c-0123456789abcdef" in train["resource"]["manifest"]
+    for bad in ("step-light=latest", "step-gpu=c-1", "step-train"):
+        r = subprocess.run([pipectl, "render", "training", "--image", bad], capture_output=True, text=True)
+        assert r.returncode == 2 and r.stdout == "", (bad, r.stderr)
