@@ -1,30 +1,56 @@
-"""Benchmark 1, preprocess: the DALI step (CPU) vs. a PIL + ``torch.utils.data.DataLoader``.
+"""Benchmark 1, preprocess: the step's DALI path vs. DALI's own ceiling and vs. PIL + DataLoader.
 
-Both do the same work on the same JPEG bytes held in memory: decode to RGB → resize to
-``image_size``² (linear, antialiased) → normalise ``(x - 127.5) / 127.5`` to float CHW,
-collected into one float16 array [N, 3, S, S] in order. Ours is
-:func:`pipectl.components.preprocess.core.decode_all` (what the step runs, pipeline build
-included) with the step's default batch size; the peer is what a PyTorch user writes without
-DALI: a ``Dataset`` whose ``__getitem__`` uses PIL, and a ``DataLoader`` with as many worker
-processes as DALI has threads (worker start-up included, as DALI's pipeline build is).
+Every variant does the same work on the same JPEGs: decode to RGB → resize to ``image_size``²
+(linear, antialiased) → normalise ``(x - 127.5) / 127.5`` to float16 CHW [N, 3, S, S].
+
+- **Step path** (ours): :func:`pipectl.components.preprocess.core.decode_to_shards`, what the
+  step runs between fetching and the store: batches fed from Python into DALI's external source,
+  one pipeline for both splits, every image copied into its split's shard file, the file
+  finished (headers, CRC, zip directory) and read to its end in a writer thread as an upload
+  would read it, with the step's batch size and DALI threads. Fed from bytes in memory.
+- **DALI alone** (the ceiling, issue 15): ``fn.readers.file`` over the same files written to a
+  temporary folder (page cache) + the same decode/resize/normalise, batch 256, CPU, as many
+  threads as the step; its outputs are not copied anywhere. Output float16 like the step's
+  (DALI's float16 output equals its float32 output cast to float16: checked 2026-12-01).
+- **Steady state**: images after the first batch ÷ seconds from the first batch out to the last
+  (the step's own figure); for DALI alone, ``ceil(N / 256)`` batches timed after 2 warm-up
+  batches. **Start-up**: pipeline build + first batch out, for both.
+- **Whole step from S3**: ``preprocess_timed`` against moto's S3 server started here (on the
+  same cores: its CPU is taken from decoding), the data set staged once; wall time from reading
+  the manifest to ``index.json`` written (fetch, quarantine checks, decode, shard PUTs).
+- **PIL DataLoader** (the peer a PyTorch user picks without DALI): a ``Dataset`` whose
+  ``__getitem__`` uses PIL, a ``DataLoader`` with as many worker processes as DALI has threads
+  (worker start-up included, as the step's pipeline build is).
 
 Data sets: the bundled digits (1,797 JPEGs, 32×32 → 32×32, the pipeline's default) and
-``LARGE_COUNT`` deterministic 512×512 "photo-like" JPEGs (smooth colour waves plus noise,
-quality 90) → 224×224.
+deterministic 512×512 "photo-like" JPEGs (smooth colour waves plus noise, quality 90) → 224×224,
+at the sizes in ``BENCH_PREPROCESS_SIZES`` (default ``500,2000``).
 """
 
 from __future__ import annotations
 
 import io
+import math
 import os
+import socket
+import subprocess
+import sys
 import tempfile
+import time
+import urllib.request
+import uuid
+from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 
 from tests.bench.table import Bench, Row, Stats, measure_pair, with_cpu
 
-LARGE_COUNT = int(os.environ.get("BENCH_LARGE_IMAGES", "300"))
+SIZES = [int(x) for x in os.environ.get("BENCH_PREPROCESS_SIZES", "500,2000").split(",")]
+S3_RUNS = int(os.environ.get("BENCH_PREPROCESS_S3_RUNS", "3"))
+CEILING_BATCH = 256
 
 
 def digits_jpegs() -> list[bytes]:
@@ -36,10 +62,8 @@ def digits_jpegs() -> list[bytes]:
         return [p.read_bytes() for p in sorted(Path(d).rglob("*.jpg"))]
 
 
-def large_jpegs(count: int = LARGE_COUNT, side_px: int = 512, seed: int = 0) -> list[bytes]:
-    """``count`` deterministic RGB JPEGs of ``side_px``² (quality 90): a few smooth colour waves
-    per channel plus Gaussian noise, so they compress like photos rather than like flat colour
-    or pure noise."""
+@lru_cache(maxsize=2)
+def _large(count: int, side_px: int, seed: int) -> tuple[bytes, ...]:
     from PIL import Image
 
     rng = np.random.default_rng(seed)
@@ -55,7 +79,16 @@ def large_jpegs(count: int = LARGE_COUNT, side_px: int = 512, seed: int = 0) -> 
         buf = io.BytesIO()
         Image.fromarray(np.clip(img, 0, 255).astype(np.uint8), "RGB").save(buf, format="JPEG", quality=90)
         out.append(buf.getvalue())
-    return out
+    return tuple(out)
+
+
+def large_jpegs(count: int = 500, side_px: int = 512, seed: int = 0) -> list[bytes]:
+    """``count`` deterministic RGB JPEGs of ``side_px``² (quality 90): a few smooth colour waves
+    per channel plus Gaussian noise, so they compress like photos rather than like flat colour
+    or pure noise. The first ``k`` of a larger set equal ``large_jpegs(k)`` (one generator
+    stream), so the largest size is generated once (~25 ms per image on one core)."""
+    biggest = max([count, *SIZES])
+    return list(_large(biggest, side_px, seed)[:count])
 
 
 class PilJpegs:
@@ -91,6 +124,155 @@ def pil_dataloader(blobs: list[bytes], image_size: int, batch_size: int, workers
     return out
 
 
+# ---------------------------------------------------------------- the step's path, DALI alone
+
+
+def _splits(blobs: list[bytes], fraction: float = 0.2) -> tuple[list[str], np.ndarray]:
+    import hashlib
+
+    from pipectl.components.preprocess.core import in_validation
+
+    splits = ["validation" if in_validation(hashlib.sha256(b).hexdigest(), fraction) else "train" for b in blobs]
+    return splits, (np.arange(len(blobs)) % 10).astype(np.int64)
+
+
+def _read_to_end(uri: str, body: Any) -> None:
+    """Stand-in for the store in the in-memory runs: reads the shard file as an upload would."""
+    while body.read(1 << 20):
+        pass
+
+
+def step_path(blobs: list[bytes], image_size: int, batch_size: int, threads: int, startup: list[float] | None = None,
+              keep: list[np.ndarray] | None = None) -> float:
+    """One run of the step's decode-to-shards path on in-memory bytes.
+
+    Returns N ÷ steady-state images/s (seconds, so that ``Stats.rate(N)`` is the steady rate);
+    appends start-up seconds to ``startup``; with ``keep``, also the shard images (for checking).
+    """
+    from pipectl.components.preprocess.core import StepTimings, decode_to_shards
+
+    splits, labels = _splits(blobs)
+    timings = StepTimings()
+
+    def put(uri: str, body: Any) -> None:
+        if keep is not None:
+            with np.load(io.BytesIO(body.read())) as z:
+                keep.append(z["images"])
+        else:
+            _read_to_end(uri, body)
+
+    decode_to_shards(enumerate(blobs), splits, labels, output_uri="s3://bench/shards/", image_size=image_size,
+                     batch_size=batch_size, shard_size=2048, use_gpu=False, put=put,
+                     on_undecodable=lambda i, b: None, timings=timings, num_threads=threads)
+    if startup is not None:
+        startup.append(timings.decode.startup_s)
+    rate = timings.decode.steady_images_per_s
+    if rate <= 0:
+        raise RuntimeError(f"no steady state with {len(blobs)} images in batches of {batch_size}")
+    return len(blobs) / rate
+
+
+def dali_ceiling(files: list[str], image_size: int, threads: int, device: str = "cpu", startup: list[float] | None = None) -> float:
+    """DALI alone: file reader → decode (``cpu`` or ``mixed``) → resize → normalise, batch 256.
+
+    Returns seconds for ``len(files)`` images at the steady rate (``ceil(N / 256)`` batches timed
+    after 2 warm-up batches); appends build + first batch seconds to ``startup``.
+    """
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+    from nvidia.dali import pipeline_def
+
+    @pipeline_def(batch_size=CEILING_BATCH, num_threads=threads, device_id=None if device == "cpu" else 0)
+    def pipe():  # type: ignore[no-untyped-def]
+        encoded, _ = fn.readers.file(files=files)
+        images = fn.decoders.image(encoded, device=device, output_type=types.RGB)
+        images = fn.resize(images, resize_x=image_size, resize_y=image_size, antialias=True)
+        return fn.crop_mirror_normalize(images, dtype=types.FLOAT16, output_layout="CHW", mean=[127.5] * 3, std=[127.5] * 3)
+
+    t0 = time.perf_counter()
+    p = pipe()
+    p.build()
+    p.run()
+    if startup is not None:
+        startup.append(time.perf_counter() - t0)
+    p.run()
+    batches = math.ceil(len(files) / CEILING_BATCH)
+    t1 = time.perf_counter()
+    for _ in range(batches):
+        (out,) = p.run()
+        if device != "cpu":
+            out.as_cpu()  # wait for the GPU: a GPU batch is done when it can be copied out
+    seconds = time.perf_counter() - t1
+    del p
+    return seconds * len(files) / (batches * CEILING_BATCH)
+
+
+def write_files(blobs: list[bytes], folder: Path) -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, b in enumerate(blobs):
+        p = folder / f"{i:05d}.jpg"
+        p.write_bytes(b)
+        paths.append(str(p))
+    return paths
+
+
+# ---------------------------------------------------------------- whole step from moto's S3 server
+
+
+@contextmanager
+def moto_server() -> Iterator[str]:
+    """moto's S3 server in a child process on a free loopback port; yields its URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(url + "/moto-api/", timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError("moto's S3 server exited at start")
+                time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def stage_blobs(url: str, blobs: list[bytes], work: Path) -> tuple[Any, str, str]:
+    """Stage ``blobs`` (ImageFolder, 10 classes) with the stage step; returns (client, bucket, manifest URI)."""
+    from pipectl.components.contracts import StageInput, StoreSettings
+    from pipectl.components.runtime import s3_client
+    from pipectl.components.stage.core import stage
+
+    settings = StoreSettings(s3_endpoint=url, s3_access_key="bench", s3_secret_key="bench-secret",
+                             bucket=f"bench-{uuid.uuid4().hex[:8]}", mlflow_uri="http://127.0.0.1:1")
+    s3 = s3_client(settings)
+    for i, b in enumerate(blobs):
+        p = work / str(i % 10) / f"img_{i:05d}.jpg"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b)
+    return s3, settings.bucket, stage(StageInput(source_uri=str(work), bucket=settings.bucket), s3).manifest_uri
+
+
+def step_from_s3(s3: Any, bucket: str, manifest_uri: str, image_size: int, parts: list[Any] | None = None) -> float:
+    """One run of the whole step (``preprocess_timed``, device cpu); returns its wall seconds."""
+    from pipectl.components.contracts import PreprocessInput
+    from pipectl.components.preprocess.core import preprocess_timed
+
+    inp = PreprocessInput(manifest_uri=manifest_uri, output_uri=f"s3://{bucket}/runs/{uuid.uuid4().hex[:8]}/shards/",
+                          image_size=image_size, validation_fraction=0.2, max_corrupt_fraction=0.01, device="cpu")
+    _, timings = preprocess_timed(inp, s3)
+    if parts is not None:
+        parts.append(timings)
+    return timings.wall_s
+
+
 def main() -> None:
     from pipectl.components.contracts import PreprocessInput
     from pipectl.components.preprocess.core import decode_all
@@ -98,27 +280,72 @@ def main() -> None:
 
     batch_size = PreprocessInput.model_fields["batch_size"].default
     threads = available_cpus()  # DALI's threads in the step (build_pipeline's default)
-    sets = [("digits 1,797 × 32² → 32²", digits_jpegs(), 32), (f"generated {LARGE_COUNT} × 512² → 224²", large_jpegs(), 224)]
+    digits = digits_jpegs()
 
-    with Bench("preprocess", "Preprocess on CPU: images/s, decode → resize → normalise",
-               f"DALI step (CPU, {threads} threads)", f"PIL DataLoader ({threads} workers)") as b:
-        b.setup.update(batch_size=batch_size, dali_threads=threads, dataloader_workers=threads)
-        for label, blobs, size in sets:
-            # Same work, same result: both outputs agree to within resize-filter differences.
-            ours_img, _ = decode_all(blobs, size, batch_size, use_gpu=False)
+    with Bench("preprocess", "Preprocess on CPU: images/s, decode → resize → normalise → float16 shards",
+               f"step path (DALI CPU, {threads} threads)", "peer (named in each case)") as b, \
+            tempfile.TemporaryDirectory(prefix="bench-preprocess-") as tmp:
+        b.setup.update(batch_size=batch_size, dali_threads=threads, dataloader_workers=threads, sizes=SIZES,
+                       ceiling_batch=CEILING_BATCH, s3_runs=S3_RUNS)
+        for n in SIZES:
+            blobs = large_jpegs(n)
+            files = write_files(blobs, Path(tmp) / f"files-{n}")
+            label = f"{n:,} × 512² → 224²"
+            # same work, same result: the step's shards equal DALI alone's outputs, image by image
+            kept: list[np.ndarray] = []
+            step_path(blobs, 224, batch_size, threads, keep=kept)
+            splits, _ = _splits(blobs)
+            ref, _ = decode_all(blobs, 224, batch_size, False)
+            by_split = {s: ref[[i for i, x in enumerate(splits) if x == s]] for s in ("train", "validation")}
+            assert sum(len(k) for k in kept) == n and any(np.array_equal(k, by_split["train"]) for k in kept)
+            s_ours: list[float] = []
+            s_peer: list[float] = []
+            ours, peer = measure_pair(lambda: step_path(blobs, 224, batch_size, threads, s_ours),
+                                      lambda: dali_ceiling(files, 224, threads, "cpu", s_peer), b.runs, b.warmup)
+            b.rows.append(Row(f"{label}, steady state: vs DALI alone (file reader, batch {CEILING_BATCH})", "images/s",
+                              ours.rate(n), peer.rate(n), higher_is_better=True, goal="≥ 0.70×"))
+            b.rows.append(Row(f"{label}, start-up (pipeline build + first batch): vs DALI alone", "s",
+                              Stats(s_ours[b.warmup:]), Stats(s_peer[b.warmup:])))
+            with moto_server() as url:
+                s3, bucket, manifest_uri = stage_blobs(url, blobs, Path(tmp) / f"staged-{n}")
+                parts: list[Any] = []
+                whole, ceiling = measure_pair(lambda: step_from_s3(s3, bucket, manifest_uri, 224, parts),
+                                              lambda: dali_ceiling(files, 224, threads), S3_RUNS, 1)
+            b.rows.append(Row(f"{label}, whole step from S3, end to end: vs DALI alone steady state", "images/s",
+                              whole.rate(n), ceiling.rate(n), higher_is_better=True,
+                              note="moto's S3 server on the same cores"))
+            mine = parts[1:]
+            med = lambda xs: float(np.median(xs))  # noqa: E731
+            b.notes.append(
+                f"{label}, whole step from S3 (median of {len(mine)}): wall {med([p.wall_s for p in mine]):.2f} s = start-up "
+                f"{med([p.decode.startup_s for p in mine]):.2f} s + steady decode {med([p.decode.steady_s for p in mine]):.2f} s "
+                f"({med([p.decode.steady_images_per_s for p in mine]):.0f} images/s) + last shard PUTs "
+                f"{med([p.tail_s for p in mine]):.2f} s (+ manifest, index); decoding waited "
+                f"{med([p.decode.feed_wait_s for p in mine]):.2f} s for bytes; shard PUTs {med([p.put_s for p in mine]):.2f} s "
+                f"in the writer thread; {sum(map(len, blobs)) / n / 1024:.1f} KiB per JPEG")
+
+        # the peer a PyTorch user would pick: PIL + DataLoader, set-up included on both sides
+        for label, blobs, size in [("digits 1,797 × 32² → 32²", digits, 32), (f"{SIZES[0]:,} × 512² → 224²", large_jpegs(SIZES[0]), 224)]:
+            ours_img, _ = decode_all(blobs, size, batch_size, False)
             peer_img = pil_dataloader(blobs, size, batch_size, threads)
             diff = float(np.abs(ours_img.astype(np.float32) - peer_img.astype(np.float32)).mean())
             cpu_ours: list[float] = []
             cpu_peer: list[float] = []
-            ours, peer = measure_pair(with_cpu(lambda: decode_all(blobs, size, batch_size, use_gpu=False) and None, cpu_ours),
+
+            # wall time of the whole call (start-up included): the lambda returns None, not step_path's figure
+            ours, peer = measure_pair(with_cpu(lambda: step_path(blobs, size, batch_size, threads) and None, cpu_ours),
                                       with_cpu(lambda: pil_dataloader(blobs, size, batch_size, threads), cpu_peer), b.runs, b.warmup)
-            b.rows.append(Row(label, "images/s", ours.rate(len(blobs)), peer.rate(len(blobs)), higher_is_better=True))
-            b.rows.append(Row(f"{label}: CPU time per 1,000 images", "s", Stats(cpu_ours[b.warmup:]).scaled(1000 / len(blobs)),
+            b.rows.append(Row(f"{label}: vs PIL DataLoader ({threads} workers), set-up included", "images/s",
+                              ours.rate(len(blobs)), peer.rate(len(blobs)), higher_is_better=True))
+            b.rows.append(Row(f"{label}: CPU time per 1,000 images vs PIL DataLoader", "s", Stats(cpu_ours[b.warmup:]).scaled(1000 / len(blobs)),
                               Stats(cpu_peer[b.warmup:]).scaled(1000 / len(blobs)), note="user+sys, all threads and workers"))
             b.notes.append(f"{label}: {sum(map(len, blobs)) / len(blobs) / 1024:.1f} KiB per JPEG; mean |DALI − PIL| "
                            f"after normalisation {diff:.4f} (of a range of 2)")
-        b.notes.append(f"Both include set-up (DALI pipeline build; DataLoader worker start), batch {batch_size}. "
-                       "GPU (`mixed` decode) not measured: no GPU on this machine.")
+        b.notes.append(
+            f"Step path: decode_to_shards fed from memory (batch {batch_size}, both splits in one pipeline, shard files "
+            "assembled and read to the end in a writer thread); DALI alone: fn.readers.file from the page cache, outputs not "
+            "copied. Ratios from runs alternated in one process. GPU (`mixed` decode): `make gpu-check` on a GPU machine; "
+            "not measured here (no GPU).")
 
 
 if __name__ == "__main__":
