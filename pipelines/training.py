@@ -29,6 +29,7 @@ from hera.workflows.models import (
     ArtifactLocation,
     ConfigMapEnvSource,
     ConfigMapKeySelector,
+    Mutex,
     SemaphoreRef,
     WorkflowMetadata,
     Synchronization,
@@ -75,6 +76,8 @@ from pipectl.pipelines.policy import RetryPolicy, lane_toleration_for, step_metr
 from pipectl.pipelines.security import TMP_VOLUME, restricted_container_security_context, restricted_pod_security_context
 
 
+REGISTER_MUTEX = "pipectl-register-{{inputs.parameters.model-name}}"
+"""Argo mutex of the register step: one per model name (namespace-local, Argo docs "Synchronization")."""
 STEP_IMAGES = ("step-light", "step-train")
 """The step images (images/Dockerfile targets)."""
 DEFAULT_REGISTRY = "pipectl"
@@ -282,6 +285,9 @@ def _templates(cfg: CompileConfig) -> dict[str, Container | Resource]:
     preprocess = _step(cfg, "preprocess", cfg.train_image, "preprocess", PreprocessInput, PreprocessOutput)
     preprocess.volume_mounts += [VolumeMount(name="dshm", mount_path="/dev/shm")]
     preprocess.volumes += [Volume(name="dshm", empty_dir=EmptyDirVolumeSource(medium="Memory", size_limit=f"{cfg.shm_gib}Gi"))]
+    register = _step(cfg, "register", cfg.light_image, "register", RegisterInput, RegisterOutput)
+    # C08: promotions of one model run one at a time (the step also verifies after writing)
+    register.synchronization = Synchronization(mutexes=[Mutex(name=REGISTER_MUTEX)])
     return {
         "validate": validate,
         "stage": _step(cfg, "stage", cfg.light_image, "stage", StageInput, StageOutput, fixed={"bucket": cfg.bucket}),
@@ -289,7 +295,7 @@ def _templates(cfg: CompileConfig) -> dict[str, Container | Resource]:
         "preprocess": preprocess,
         "train": _train_template(cfg),
         "evaluate": _step(cfg, "evaluate", cfg.light_image, "evaluate", EvaluateInput, EvaluateOutput),
-        "register": _step(cfg, "register", cfg.light_image, "register", RegisterInput, RegisterOutput),
+        "register": register,
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 import pytest
@@ -83,6 +84,66 @@ def test_C05b_two_promotions_end_with_one_champion_the_better_one(client):
     assert b.champion_version == a.version
     assert client.get_model_version_by_alias(name, "champion").version == a.version
     assert _versions(client, name) == [1, 2]
+
+
+class _RaceBothWrites:
+    """The client of one register step, for the worst interleaving of C08: both steps have checked
+    "no champion" before either writes the alias (a barrier holds the first write of each), then
+    the weaker one writes last (``delay_s``)."""
+
+    def __init__(self, client, barrier: threading.Barrier, delay_s: float) -> None:
+        self._client, self._barrier, self._delay_s, self._first = client, barrier, delay_s, True
+
+    def set_registered_model_alias(self, *args):
+        if self._first:
+            self._first = False
+            self._barrier.wait(timeout=60)
+            time.sleep(self._delay_s)
+        return self._client.set_registered_model_alias(*args)
+
+    def __getattr__(self, attr):
+        return getattr(self._client, attr)
+
+
+def test_C08_concurrent_promotions_end_with_the_better_one_as_champion(client):
+    """C08 on the real MLflow server, two register steps at once, both having seen no champion:
+    A (0.99) and B (0.96) both pass the compare-and-set and both write the alias, B last. Verify
+    after writing moves it back: A is champion, B reports no alias, one version each."""
+    name = f"m-{uuid.uuid4().hex[:8]}"
+    strong, weak = _candidate(0.99), _candidate(0.96)
+    _ensure_registered_model(client, name)
+    barrier = threading.Barrier(2)
+    results: dict[str, object] = {}
+
+    def step(key, evaluation, delay_s):
+        results[key] = register(_inp(name, key), evaluation, _RaceBothWrites(client, barrier, delay_s))
+
+    threads = [threading.Thread(target=step, args=("wf-a", strong, 0.0)), threading.Thread(target=step, args=("wf-b", weak, 1.0))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    a, b = results["wf-a"], results["wf-b"]
+    assert client.get_model_version_by_alias(name, "champion").version == a.version
+    assert (a.alias, b.alias) == ("champion", None)
+    assert b.champion_version == a.version
+    assert _versions(client, name) == [1, 2]
+
+
+def test_an_operators_rollback_is_not_undone_by_a_later_promotion(client, monkeypatch):
+    """v2 once promoted over v1; an operator rolls the alias back to v1; later v3 (0.96) is promoted
+    over v1. v2's old promotion is not part of v3's round: v3 becomes champion, not v2."""
+    import pipectl.components.register.core as core
+
+    monkeypatch.setattr(core, "ROUND_WINDOW_S", 1.0)
+    name = f"m-{uuid.uuid4().hex[:8]}"
+    v1 = register(_inp(name, "wf-1"), _candidate(0.95), client)
+    v2 = register(_inp(name, "wf-2"), _candidate(0.97, champion=v1.version), client)
+    assert v2.alias == "champion"
+    client.set_registered_model_alias(name, "champion", v1.version)  # the operator's rollback
+    time.sleep(2.5)
+    v3 = register(_inp(name, "wf-3"), _candidate(0.96, champion=v1.version), client)
+    assert (v3.version, v3.alias, v3.champion_version) == ("3", "champion", "3")
 
 
 def test_keep_registers_without_moving_the_alias(client):
