@@ -269,7 +269,7 @@ def _rows(rows: list[dict], output_format: str) -> None:
 
 def _follow(cluster: Any, name: str) -> dict:
     """Live per-step progress on stderr until the workflow ends."""
-    console = console()
+    out = console()
     shown: dict[str, str] = {}
 
     def on_change(wf: dict) -> None:
@@ -280,6 +280,6 @@ def _follow(cluster: Any, name: str) -> dict:
             if shown.get(key) != phase:
                 shown[key] = phase
                 mark = {"Succeeded": "[green]✓[/]", "Failed": "[red]✗[/]", "Error": "[red]✗[/]"}.get(phase, "…")
-                console.print(f"{mark} {key} {phase} {node.get('message', '')}")
+                out.print(f"{mark} {key} {phase} {node.get('message', '')}")
 
     return cluster.wait(name, on_change)

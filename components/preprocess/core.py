@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 import numpy as np
 
 from pipectl.components.contracts import (
+    DatasetLayout,
     DatasetManifest,
     PreprocessInput,
     PreprocessOutput,
@@ -559,8 +560,7 @@ def preprocess_timed(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> tu
     timings = StepTimings()
     reader = s3 if reader is None else reader
     manifest = DatasetManifest.model_validate(read_json(s3, inp.manifest_uri))
-    bucket, manifest_key = parse_s3_uri(inp.manifest_uri)
-    data_prefix = manifest_key.rsplit("/", 1)[0] + "/data/"
+    bucket, data_prefix = parse_s3_uri(DatasetLayout.of_manifest(inp.manifest_uri).data_uri)
     label_index = {label: i for i, label in enumerate(manifest.labels)}
     entries = manifest.entries
     splits = ["validation" if in_validation(e.sha256, inp.validation_fraction) else "train" for e in entries]

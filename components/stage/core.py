@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from pipectl.components.contracts import DatasetLayout, DatasetManifest, ManifestEntry, StageInput, StageOutput, StoreSettings
-from pipectl.components.runtime import StepError, join_uri, parse_s3_uri, s3_client
+from pipectl.components.runtime import StepError, parse_s3_uri, s3_client
 from pipectl.components.stage.targets import MULTIPART_THRESHOLD_BYTES, S3Target, SourceFile, Target, parse_target
 
 log = logging.getLogger("pipectl.stage")

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Callable, Iterable
@@ -157,8 +158,6 @@ def wait_until(what: str, ready: Callable[[], bool], timeout_s: float, *,
 
 def http_ok(url: str, timeout_s: float = 1.0) -> bool:
     """True when ``url`` answers with a status below 500 (an HTTP error below 500 counts as up)."""
-    import urllib.error
-
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as r:  # noqa: S310 - loopback services
             return r.status < 500
