@@ -82,3 +82,12 @@ node-down:
 
 clean:
 	rm -rf .pipectl .pytest_cache
+
+# The GPU check (issue 15): the pipeline's step entrypoints on a GPU (stage → preprocess --device gpu →
+# train (nccl) → evaluate → register; 2-process DDP with 2 GPUs) and preprocess vs DALI's own ceiling,
+# one table. Without a GPU the GPU rows say so and the rest runs on the CPU. On the lent GPU machine
+# (no registry, 64 MiB per call): the pack/receive/run sequence in scripts/gpu_check.sh. No `setup`
+# prerequisite: the GPU machine reaches no registry.
+.PHONY: gpu-check
+gpu-check:
+	bash scripts/gpu_check.sh run $(GPU_CHECK_ARGS)

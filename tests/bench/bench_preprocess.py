@@ -143,8 +143,8 @@ def _read_to_end(uri: str, body: Any) -> None:
 
 
 def step_path(blobs: list[bytes], image_size: int, batch_size: int, threads: int, startup: list[float] | None = None,
-              keep: list[np.ndarray] | None = None) -> float:
-    """One run of the step's decode-to-shards path on in-memory bytes.
+              keep: list[np.ndarray] | None = None, use_gpu: bool = False) -> float:
+    """One run of the step's decode-to-shards path on in-memory bytes (``use_gpu``: ``mixed`` decode).
 
     Returns N ÷ steady-state images/s (seconds, so that ``Stats.rate(N)`` is the steady rate);
     appends start-up seconds to ``startup``; with ``keep``, also the shard images (for checking).
@@ -162,7 +162,7 @@ def step_path(blobs: list[bytes], image_size: int, batch_size: int, threads: int
             _read_to_end(uri, body)
 
     decode_to_shards(enumerate(blobs), splits, labels, output_uri="s3://bench/shards/", image_size=image_size,
-                     batch_size=batch_size, shard_size=2048, use_gpu=False, put=put,
+                     batch_size=batch_size, shard_size=2048, use_gpu=use_gpu, put=put,
                      on_undecodable=lambda i, b: None, timings=timings, num_threads=threads)
     if startup is not None:
         startup.append(timings.decode.startup_s)
@@ -200,8 +200,8 @@ def dali_ceiling(files: list[str], image_size: int, threads: int, device: str = 
     t1 = time.perf_counter()
     for _ in range(batches):
         (out,) = p.run()
-        if device != "cpu":
-            out.as_cpu()  # wait for the GPU: a GPU batch is done when it can be copied out
+    if device != "cpu":
+        out.as_cpu()  # outputs are not copied out; this one waits for the GPU's queue to drain
     seconds = time.perf_counter() - t1
     del p
     return seconds * len(files) / (batches * CEILING_BATCH)
@@ -260,13 +260,13 @@ def stage_blobs(url: str, blobs: list[bytes], work: Path) -> tuple[Any, str, str
     return s3, settings.bucket, stage(StageInput(source_uri=str(work), bucket=settings.bucket), s3).manifest_uri
 
 
-def step_from_s3(s3: Any, bucket: str, manifest_uri: str, image_size: int, parts: list[Any] | None = None) -> float:
-    """One run of the whole step (``preprocess_timed``, device cpu); returns its wall seconds."""
+def step_from_s3(s3: Any, bucket: str, manifest_uri: str, image_size: int, parts: list[Any] | None = None, device: str = "cpu") -> float:
+    """One run of the whole step (``preprocess_timed`` on ``device``); returns its wall seconds."""
     from pipectl.components.contracts import PreprocessInput
     from pipectl.components.preprocess.core import preprocess_timed
 
     inp = PreprocessInput(manifest_uri=manifest_uri, output_uri=f"s3://{bucket}/runs/{uuid.uuid4().hex[:8]}/shards/",
-                          image_size=image_size, validation_fraction=0.2, max_corrupt_fraction=0.01, device="cpu")
+                          image_size=image_size, validation_fraction=0.2, max_corrupt_fraction=0.01, device=device)
     _, timings = preprocess_timed(inp, s3)
     if parts is not None:
         parts.append(timings)
