@@ -66,15 +66,18 @@ def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str |
         console.print("[dim]services: " + redact_credentials(", ".join(f"{k} {v}" for k, v in urls.items())) + "[/]", soft_wrap=True)
         progress.start()
 
-    def on_sigterm(signum: int, frame: Any) -> None:
+    def on_signal(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)  # unwinds: gang processes and services are stopped on the way out
 
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    # SIGTERM (kill, systemd), SIGHUP (the terminal closed): stop everything this run started;
+    # SIGINT (Ctrl-C) arrives as KeyboardInterrupt and unwinds the same way (exit 130).
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         summary = run_training_locally(parameters, settings, on_event, on_services, **({"launcher": launcher} if launcher else {}))
     finally:
         progress.stop()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
     (_print_failure if summary["phase"] != "Succeeded" else _print_summary)(summary, console)
     return summary

@@ -6,10 +6,11 @@ configured endpoints are probed, before any service starts or any byte is writte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from pipectl.components.contracts import RunSettings, TrainingParameters
 from pipectl.components.errors import PipectlError, Unreachable, ValidationFailed
@@ -188,6 +189,31 @@ def preflight(parameters: TrainingParameters, settings: RunSettings) -> None:
         )
 
 
+@contextlib.contextmanager
+def state_lock(state_dir: Path) -> Iterator[None]:
+    """Hold ``<state_dir>/run.lock`` (an exclusive ``flock``) while a run uses the folder: one
+    ``pipectl run`` per state folder (its MLflow database, its work folders). The kernel drops the
+    lock when the process ends, however it ends: no stale lock after a crash.
+
+    Raises :class:`ValidationFailed` (exit 2) naming the pid that holds it.
+    """
+    import fcntl
+
+    path = state_dir / "run.lock"
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            raise ValidationFailed(f"another `pipectl run` (pid {holder}) is using the state folder {state_dir}",
+                                   "wait for it to finish or stop it, or pass a different --state-dir") from None
+        f.truncate(0)
+        f.write(str(os.getpid()))
+        f.flush()
+        yield
+
+
 def run_training_locally(
     parameters: TrainingParameters,
     settings: RunSettings,
@@ -217,7 +243,7 @@ def run_training_locally(
     embed_s3 = settings.s3_endpoint is None and settings.s3_access_key is None
     try:
         services = EmbeddedServices(state_dir, s3=embed_s3, mlflow=settings.mlflow_uri is None)
-        with services:
+        with state_lock(state_dir), services:
             update: dict[str, Any] = {}
             if services.s3_url:
                 update.update(s3_endpoint=services.s3_url, s3_access_key=S3_ACCESS_KEY, s3_secret_key=S3_SECRET_KEY)

@@ -99,7 +99,10 @@ def test_the_local_backend_executes_the_rendered_template(tmp_path):
     assert pod_argv[1:3] == ["-m", "pipectl.components.train.launch"] and "--nnodes=1" in pod_argv and "--nproc-per-node=2" in pod_argv
 
 
-def test_sigterm_stops_every_process_the_run_started(tmp_path):
+@pytest.mark.parametrize("signame,code", [("SIGTERM", 143), ("SIGHUP", 129), ("SIGINT", 130)])
+def test_a_signal_stops_every_process_the_run_started(tmp_path, signame, code):
+    """kill, a closed terminal (SIGHUP), Ctrl-C: every process the run started stops. While it runs,
+    a second `pipectl run` on the same state folder is refused (exit 2) and starts nothing."""
     import signal
     import time
 
@@ -114,9 +117,12 @@ def test_sigterm_stops_every_process_the_run_started(tmp_path):
     time.sleep(2)  # torchrun and its workers are up
     started = psutil.Process(proc.pid).children(recursive=True)
     assert any("pipectl.components.train.launch" in " ".join(p.cmdline()) for p in started), "the kill must land during training"
-    proc.send_signal(signal.SIGTERM)
+    second = subprocess.run([PIPECTL, "run", "training", "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2 and f"another `pipectl run` (pid {proc.pid}) is using the state folder" in second.stderr, second.stderr
+    assert "services:" not in second.stderr  # refused before any service started
+    proc.send_signal(getattr(signal, signame))
     proc.wait(timeout=60)
-    assert proc.returncode == 143
+    assert proc.returncode == code
     _, alive = psutil.wait_procs(started, timeout=15)
     assert alive == [], [p.cmdline()[:3] for p in alive]
 
