@@ -85,7 +85,20 @@ GATEWAY = "10.244.255.1"
 SERVICE_IP = "10.96.0.1"          # first address of cluster.SERVICE_CIDR: Service "kubernetes"
 CLUSTER_DOMAIN = "cluster.local"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10.1"
-STEP_IMAGES = ["pipectl/step-light:0.1.0", "pipectl/step-train:0.1.0"]
+def image_args() -> list[str]:
+    """``--image <name>=c-<content hash>`` per step image, as scripts/images.sh wrote them for the
+    last build (``<cache>/images/image-args.txt``); empty when no build happened yet."""
+    path = cache_root() / "images" / "image-args.txt"
+    return path.read_text().split() if path.exists() else []
+
+
+def step_images() -> list[str]:
+    """The step images the node runs: the last build's content tags (issue 13: never a tag a rebuild
+    reuses), or the release tags when nothing was built (then `missing` reports them)."""
+    from pipectl.pipelines.training import IMAGE_VERSION, STEP_IMAGES
+
+    built = dict(a.split("=", 1) for a in image_args() if a != "--image")
+    return [f"pipectl/{name}:{built.get(name, IMAGE_VERSION)}" for name in STEP_IMAGES]
 CNI_BIN = "/usr/lib/cni"
 BRIDGE_MAC = "02:70:69:70:65:01"  # locally administered
 NODE_COMPONENTS = {"kubelet": K8S_VERSION, "pause": K8S_VERSION,
@@ -125,7 +138,7 @@ def missing(images: list[str] | None = None) -> list[str]:
     for name in NODE_COMPONENTS:
         if not os.access(node_binary(name), os.X_OK):
             out.append(f"binary {node_binary(name)} (run tests/cluster/build.sh {name})")
-    images = STEP_IMAGES if images is None else images
+    images = step_images() if images is None else images
     if images and not out:
         try:
             have = set(subprocess.run([DOCKER, "images", "--format", "{{.Repository}}:{{.Tag}}"],
@@ -171,7 +184,7 @@ class RealNode:
         self.run_dir = Path(run_dir).absolute()
         self.start_timeout_s = start_timeout_s
         self.die_with_parent = die_with_parent
-        self.images = list(STEP_IMAGES if images is None else images)
+        self.images = list(step_images() if images is None else images)
         self.logs = self.run_dir / "logs"
         self.sock = self.run_dir / "containerd.sock"
         self.containerd_root = cache_root() / "containerd"
@@ -564,7 +577,7 @@ def preload_images(refs: list[str] | None = None) -> tuple[list[str], float] | N
     it while the Go builds of the test cluster run. Holds the node lock. Returns as import_images."""
     import tempfile
 
-    refs = refs or [_latest_base_image(), *STEP_IMAGES]
+    refs = refs or [_latest_base_image(), *step_images()]
     root = cache_root() / "containerd"
     root.mkdir(parents=True, exist_ok=True)
     lock_fd = os.open(cache_root() / "node.lock", os.O_CREAT | os.O_RDWR, 0o644)

@@ -120,10 +120,10 @@ def test_project_manifests_accepted(project_applied, test_cluster, k8s_api):
         assert got.metadata.uid == obj["metadata"]["uid"]
     # Applying again changes nothing (idempotent, as `kubectl apply --server-side` is).
     again = test_cluster.apply([d for _, d in docs], field_manager="pipectl-tests")
-    # (controllers write status, e.g. Volcano's queue state: compare spec generations where the
-    # kind has them, resource versions otherwise)
+    # (controllers write status, e.g. Volcano's queue state, the quota controller's usage: compare
+    # spec generations where the kind has them, else the spec, else resource versions)
     def version(o):
-        return o["metadata"].get("generation") or o["metadata"]["resourceVersion"]
+        return o["metadata"].get("generation") or (json.dumps(o["spec"], sort_keys=True) if "spec" in o else o["metadata"]["resourceVersion"])
 
     assert [version(o) for o in again] == [version(o) for o in applied]
 
@@ -512,7 +512,7 @@ def _lane_gang(name: str, lane: str, workers: int, gpus: int, run_duration: str)
 def test_urgent_lane_preempts_batch_gangs_filling_every_gpu(project_applied, training_outputs_supplied,
                                                             test_cluster, k8s_api):
     """Batch gangs hold every fake GPU; `pipectl submit training --lane urgent` must still get its
-    gang bound: Volcano's reclaim action (argo/volcano/volcano-scheduler-configmap.yaml) evicts a
+    gang bound: Volcano's reclaim action (argo/cluster/volcano/volcano-scheduler-configmap.yaml) evicts a
     batch gang (queue pipectl-batch is reclaimable, pipectl-urgent is not), the evicted gang restarts
     whole (policy PodEvicted -> RestartJob), and the urgent workflow reaches Succeeded."""
     if not test_cluster.volcano_ok:
@@ -558,6 +558,50 @@ def test_urgent_lane_preempts_batch_gangs_filling_every_gpu(project_applied, tra
     finally:
         for b in batch:
             custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs", b)
+
+
+def _small_pod(name: str, priority_class: str, gpus: int = 0) -> dict:
+    from pipectl.pipelines.security import restricted_container_security_context, restricted_pod_security_context
+
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    return {"metadata": {"name": name},
+            "spec": {"priorityClassName": priority_class, "securityContext": restricted_pod_security_context(),
+                     "containers": [{"name": "c", "image": "busybox:1.36", "command": ["true"],
+                                     "securityContext": restricted_container_security_context(),
+                                     "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": limits}}]}}
+
+
+def test_only_namespaces_with_a_quota_may_use_the_preempting_lane(project_applied, test_cluster, k8s_api):
+    """Issue 13: the API server runs with argo/cluster/kube-apiserver/admission-configuration.yaml
+    (ResourceQuota limitedResources on the preempting lanes' PriorityClasses). A namespace without
+    a quota for pipectl-urgent cannot create urgent pods at all; pipectl's namespace can, within its
+    ResourceQuota (argo/cluster/namespace.yaml); other lanes need no quota."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = client.CoreV1Api(k8s_api)
+    other = "no-preempting-quota"
+    core.create_namespace({"metadata": {"name": other}})
+    test_cluster.wait_for("default ServiceAccount in " + other, lambda: core.read_namespaced_service_account("default", other))
+    try:
+        with pytest.raises(ApiException) as refused:
+            core.create_namespaced_pod(other, _small_pod("urgent", "pipectl-urgent"))
+        assert refused.value.status == 403 and "insufficient quota to match these scopes" in refused.value.body, refused.value.body
+        core.create_namespaced_pod(other, _small_pod("standard", "pipectl-standard"))  # not a preempting lane
+
+        quota = core.read_namespaced_resource_quota("pipectl-preempting-lanes", "pipectl")
+        gpus = int(quota.spec.hard["requests.nvidia.com/gpu"])
+        core.create_namespaced_pod("pipectl", _small_pod("quota-urgent-ok", "pipectl-urgent"))
+        with pytest.raises(ApiException) as exceeded:
+            core.create_namespaced_pod("pipectl", _small_pod("quota-urgent-too-many-gpus", "pipectl-urgent", gpus=gpus + 1))
+        assert exceeded.value.status == 403 and "exceeded quota: pipectl-preempting-lanes" in exceeded.value.body, exceeded.value.body
+    finally:
+        core.delete_namespace(other)
+        try:
+            core.delete_namespaced_pod("quota-urgent-ok", "pipectl", grace_period_seconds=0)
+        except ApiException as e:
+            if e.status != 404:
+                raise
 
 
 def _argo_server(test_cluster, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:

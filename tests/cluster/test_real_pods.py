@@ -131,13 +131,20 @@ def test_plain_pod_runs_on_the_real_node(real_cluster, core):
 
 
 def _apply_project(c) -> None:
+    """argo/ as the two roles would apply it, except the WorkflowTemplate: that one the namespace
+    owner deploys with the build's content-tagged images (issue 13), through `pipectl templates apply`."""
     docs = []
     for f in sorted((REPO / "argo").rglob("*.yaml")):
         rel = f.relative_to(REPO / "argo")
-        if set(rel.parts) & {"controller", "monitoring", "kube-apiserver"} or f.name == "kustomization.yaml":
+        if set(rel.parts) & {"controller", "monitoring", "kube-apiserver", "workflowtemplates"} or f.name == "kustomization.yaml":
             continue
         docs += [d for d in yaml.safe_load_all(f.read_text()) if d]
     c.apply(sorted(docs, key=lambda d: KIND_ORDER.get(d["kind"], 99)), field_manager="pipectl-tests")
+    args = nd.image_args()
+    assert args, "no image build recorded: run scripts/images.sh"
+    r = subprocess.run([str(REPO / ".venv" / "bin" / "pipectl"), "templates", "apply", "-n", "pipectl", *args],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "KUBECONFIG": str(c.kubeconfig)})
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.fixture(scope="module")
@@ -304,7 +311,7 @@ def test_training_pipeline_on_real_pods(services, project, core):
     for p in gang:
         assert p.metadata.name in logs.stdout
 
-    # Argo's artifact repository on Ceph RGW (argo/configmaps.yaml: archiveLogs): the real argoexec
+    # Argo's artifact repository on Ceph RGW (argo/namespace/configmaps.yaml: archiveLogs): the real argoexec
     # saved every step pod's main log to s3://pipectl-artifacts/<workflow>/<pod>/main.log
     s3 = services["ceph"].s3_client()
     archived = _listing(s3, "pipectl-artifacts", f"{name}/")
@@ -350,7 +357,7 @@ def test_gang_pod_lost_mid_training_restarts_the_gang_from_its_checkpoint(servic
     print("gang job writes through the proxy:", gang_writes, "audit:", audit)
     assert gang_writes[:2] == [("PATCH", 201, 500), ("PATCH", 200, 200)], gang_writes
     assert [a[:2] for a in audit] == [("patch", 201), ("patch", 200)], audit  # created once, re-applied once
-    revisions = [node.image_revision(ref) for ref in nd.STEP_IMAGES]
+    revisions = [node.image_revision(ref) for ref in nd.step_images()]
     _timings_line("image revision on the node", {"images": revisions})
     for r in revisions:
         assert r["node_docker_id"] == r["docker_id"], r
