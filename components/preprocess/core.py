@@ -23,7 +23,7 @@ Flow (issue 15: fetching overlaps decoding, start-up is reported apart from stea
 Before, every object was fetched before the first decode, each split built its own pipeline,
 and shards were written after the last decode, through two extra copies of every image
 (``np.savez`` + ``getvalue``). Memory is now bounded by the prefetch window and the shard
-buffers (at most 2 per split plus 2 being written), not by the data set.
+buffers (one open per split, at most 2 being written, finished ones reused), not by the data set.
 
 ``PreprocessOutput.images_per_s`` is the steady-state decode rate (images after the first batch
 ÷ seconds from the first batch out to the last); with a single batch there is no steady state
