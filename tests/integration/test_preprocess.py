@@ -167,3 +167,27 @@ def test_a_failed_step_leaves_no_shards(settings, s3, dataset_with_corrupt_jpeg)
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=settings.bucket, Prefix="runs/t/shards/").get("Contents", [])]
     assert keys and not [k for k in keys if k.endswith(".npz")]
     assert "runs/t/shards/quarantine.json" in keys
+
+
+def test_a_fetch_error_reaches_the_step_as_itself(small_digits_dir):
+    """An error raised while feeding DALI (an S3 GET that failed after its retries) must come out
+    of the stream as the same exception, not as a DALI error or a short stream: the step's exit
+    code (1 or 75) is chosen from it."""
+    from pipectl.components.preprocess.core import batched, decode_stream
+
+    good = [p.read_bytes() for p in sorted(small_digits_dir.rglob("*.jpg"))[:40]]
+
+    class StoreDown(ConnectionError):
+        pass
+
+    def items():
+        for i, b in enumerate(good):
+            if i == 20:
+                raise StoreDown("connection refused after 5 attempts")
+            yield i, b
+
+    seen = []
+    with pytest.raises(StoreDown, match="connection refused"):
+        for tags, _, _ in decode_stream(batched(items(), 8), 16, 8, use_gpu=False):
+            seen += tags
+    assert seen == list(range(len(seen))) and len(seen) <= 16
