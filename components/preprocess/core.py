@@ -235,6 +235,32 @@ class DecodeTimings:
         return self.steady_images / self.steady_s if self.steady_images and self.steady_s > 0 else 0.0
 
 
+class _FedSource:
+    """DALI's external source over a stream of batches: the batches fed but not yet returned
+    (``pending``), the stream's own error (``error``: DALI would wrap or swallow it), and the
+    time the pipeline waited for a batch (``timings.feed_wait_s``)."""
+
+    def __init__(self, it: Iterator[list[tuple[Any, bytes]]], timings: DecodeTimings) -> None:
+        self.it = it
+        self.timings = timings
+        self.pending: deque[list[tuple[Any, bytes]]] = deque()
+        self.error: list[BaseException] = []
+
+    def __call__(self) -> list[np.ndarray]:
+        t0 = time.perf_counter()
+        try:
+            batch = next(self.it)
+        except StopIteration:
+            raise
+        except BaseException as e:
+            self.error.append(e)
+            raise
+        finally:
+            self.timings.feed_wait_s += time.perf_counter() - t0
+        self.pending.append(batch)
+        return [np.frombuffer(b, dtype=np.uint8) for _, b in batch]
+
+
 def decode_stream(
     batches: Iterable[list[tuple[T, bytes]]],
     image_size: int,
@@ -255,34 +281,17 @@ def decode_stream(
     and a fresh pipeline continues with the rest. Errors raised by ``batches`` propagate as is.
     """
     t = timings if timings is not None else DecodeTimings()
-    it = iter(batches)
-    pending: deque[list[tuple[T, bytes]]] = deque()  # fed to DALI, outputs not yet returned
-    feed_error: list[BaseException] = []
-
-    def source() -> list[np.ndarray]:
-        t0 = time.perf_counter()
-        try:
-            batch = next(it)
-        except StopIteration:
-            raise
-        except BaseException as e:  # a fetch error: DALI would wrap or swallow it
-            feed_error.append(e)
-            raise
-        finally:
-            t.feed_wait_s += time.perf_counter() - t0
-        pending.append(batch)
-        return [np.frombuffer(b, dtype=np.uint8) for _, b in batch]
-
+    src = _FedSource(iter(batches), t)
     first_out: float | None = None
     while True:
         # peek: build a pipeline only when there is something to decode
         try:
-            head = next(it)
+            head = next(src.it)
         except StopIteration:
             return
-        it = _chain_one(head, it)
+        src.it = _chain_one(head, src.it)
         t0 = time.perf_counter()
-        pipe = build_pipeline(source, batch_size, image_size, use_gpu, num_threads)
+        pipe = build_pipeline(src, batch_size, image_size, use_gpu, num_threads)
         t_built = time.perf_counter()
         t.build_s += t_built - t0
         try:
@@ -291,7 +300,7 @@ def decode_stream(
                     (result,) = pipe.run()
                 except StopIteration:
                     return
-                batch = pending.popleft()
+                batch = src.pending.popleft()
                 images = _to_numpy(result, use_gpu)
                 now = time.perf_counter()
                 if first_out is None:
@@ -303,10 +312,10 @@ def decode_stream(
                 t.images += len(images)
                 yield [tag for tag, _ in batch], images, []
         except RuntimeError:
-            if feed_error:
-                raise feed_error[0] from None
-            failed = list(pending)
-            pending.clear()
+            if src.error:
+                raise src.error[0] from None
+            failed = list(src.pending)
+            src.pending.clear()
         del pipe
         t.rebuilds += 1
         log.warning("DALI failed a batch: decoding %d batch(es) again, image by image where needed", len(failed))
@@ -554,6 +563,62 @@ def decode_to_shards(
     return writer
 
 
+def _accept(inp: PreprocessInput, s3: Any, entries: list, quarantined: list[tuple[int, str]], writer: "ShardWriter") -> dict[str, int]:
+    """Write quarantine.json; raise :class:`StepError` when too many images are corrupt or a split is
+    empty. Returns the images per split."""
+    total = len(entries)
+    if quarantined:
+        write_json(s3, join_uri(inp.output_uri, "quarantine.json"),
+                   [{"key": entries[i].key, "reason": reason} for i, reason in sorted(quarantined)])
+    if len(quarantined) > inp.max_corrupt_fraction * total:
+        raise StepError(
+            f"{len(quarantined)} of {total} images are corrupt ({len(quarantined) / total:.1%}), "
+            f"above max-corrupt-fraction {inp.max_corrupt_fraction:.1%}",
+            f"see {join_uri(inp.output_uri, 'quarantine.json')}; fix the dataset or raise max-corrupt-fraction",
+        )
+    counts = {split: writer.counts[split] for split in ("train", "validation")}
+    if not counts["train"] or not counts["validation"]:
+        raise StepError(
+            f"a split is empty (train {counts['train']}, validation {counts['validation']} images)",
+            "use a larger dataset or a validation-fraction between 0.05 and 0.5",
+        )
+    return counts
+
+
+def _remove_shards(s3: Any, writer: "ShardWriter | None") -> None:
+    """After a failure: no index.json is written, so the shards are unreachable; remove them (best effort)."""
+    for uri in ([] if writer is None else writer.uris["train"] + writer.uris["validation"]):
+        try:
+            out_bucket, out_key = parse_s3_uri(uri)
+            s3.delete_object(Bucket=out_bucket, Key=out_key)
+        except Exception as e:  # the step's own error matters more
+            log.warning("could not remove %s after the failure: %s", uri, e)
+
+
+def _publish(inp: PreprocessInput, s3: Any, labels: list[str], writer: "ShardWriter", counts: dict[str, int],
+             timings: "StepTimings", quarantined: int, use_gpu: bool, t_start: float) -> PreprocessOutput:
+    """index.json (written last: it makes the shards reachable), the timing log line, the output."""
+    index = ShardIndex(labels=labels, image_size=inp.image_size, channels=3, mean=MEAN, std=STD,
+                       train=writer.uris["train"], validation=writer.uris["validation"],
+                       train_count=counts["train"], validation_count=counts["validation"])
+    write_json(s3, join_uri(inp.output_uri, "index.json"), index.model_dump(mode="json"))
+    timings.wall_s = time.perf_counter() - t_start
+    d = timings.decode
+    decoded = counts["train"] + counts["validation"]
+    rate = d.steady_images_per_s or (decoded / d.startup_s if d.startup_s > 0 else 0.0)
+    device = "gpu (mixed)" if use_gpu else "cpu"
+    log.info(
+        "DALI on %s: %d images, %d quarantined; start-up %.2f s (pipeline build %.2f s, first batch %.2f s); "
+        "steady state %.0f images/s (%d images in %.2f s); decoding waited %.2f s for bytes; shard PUTs %.2f s "
+        "(overlapped; %.2f s after the last batch); wall %.2f s (%.0f images/s end to end)",
+        device, decoded, quarantined, d.startup_s, d.build_s, d.first_batch_s, d.steady_images_per_s,
+        d.steady_images, d.steady_s, d.feed_wait_s, timings.put_s, timings.tail_s, timings.wall_s,
+        decoded / timings.wall_s if timings.wall_s > 0 else 0.0,
+    )
+    return PreprocessOutput(shards_uri=inp.output_uri.rstrip("/") + "/", train_count=counts["train"],
+                            validation_count=counts["validation"], corrupt=quarantined, images_per_s=round(rate, 1), device=device)
+
+
 def preprocess_timed(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> tuple[PreprocessOutput, StepTimings]:
     """:func:`preprocess`, also returning where the time went (:class:`StepTimings`)."""
     t_start = time.perf_counter()
@@ -605,65 +670,12 @@ def preprocess_timed(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> tu
             )
             for fut in side_writes:
                 fut.result()
-            total = len(entries)
-            if quarantined:
-                write_json(s3, join_uri(inp.output_uri, "quarantine.json"),
-                           [{"key": entries[i].key, "reason": reason} for i, reason in sorted(quarantined)])
-            if len(quarantined) > inp.max_corrupt_fraction * total:
-                raise StepError(
-                    f"{len(quarantined)} of {total} images are corrupt ({len(quarantined) / total:.1%}), "
-                    f"above max-corrupt-fraction {inp.max_corrupt_fraction:.1%}",
-                    f"see {join_uri(inp.output_uri, 'quarantine.json')}; fix the dataset or raise max-corrupt-fraction",
-                )
-            counts = {split: writer.counts[split] for split in ("train", "validation")}
-            if not counts["train"] or not counts["validation"]:
-                raise StepError(
-                    f"a split is empty (train {counts['train']}, validation {counts['validation']} images)",
-                    "use a larger dataset or a validation-fraction between 0.05 and 0.5",
-                )
+            counts = _accept(inp, s3, entries, quarantined, writer)
         except BaseException:
-            # no index.json is written, so the shards are unreachable; remove them (best effort)
-            for uri in ([] if writer is None else writer.uris["train"] + writer.uris["validation"]):
-                try:
-                    out_bucket, out_key = parse_s3_uri(uri)
-                    s3.delete_object(Bucket=out_bucket, Key=out_key)
-                except Exception as e:  # the step's own error matters more
-                    log.warning("could not remove %s after the failure: %s", uri, e)
+            _remove_shards(s3, writer)
             raise
 
-    index = ShardIndex(
-        labels=manifest.labels,
-        image_size=inp.image_size,
-        channels=3,
-        mean=MEAN,
-        std=STD,
-        train=writer.uris["train"],
-        validation=writer.uris["validation"],
-        train_count=counts["train"],
-        validation_count=counts["validation"],
-    )
-    write_json(s3, join_uri(inp.output_uri, "index.json"), index.model_dump(mode="json"))
-    timings.wall_s = time.perf_counter() - t_start
-    d = timings.decode
-    decoded = counts["train"] + counts["validation"]
-    rate = d.steady_images_per_s or (decoded / d.startup_s if d.startup_s > 0 else 0.0)
-    device = "gpu (mixed)" if use_gpu else "cpu"
-    log.info(
-        "DALI on %s: %d images, %d quarantined; start-up %.2f s (pipeline build %.2f s, first batch %.2f s); "
-        "steady state %.0f images/s (%d images in %.2f s); decoding waited %.2f s for bytes; shard PUTs %.2f s "
-        "(overlapped; %.2f s after the last batch); wall %.2f s (%.0f images/s end to end)",
-        device, decoded, len(quarantined), d.startup_s, d.build_s, d.first_batch_s, d.steady_images_per_s,
-        d.steady_images, d.steady_s, d.feed_wait_s, timings.put_s, timings.tail_s, timings.wall_s,
-        decoded / timings.wall_s if timings.wall_s > 0 else 0.0,
-    )
-    out = PreprocessOutput(
-        shards_uri=inp.output_uri.rstrip("/") + "/",
-        train_count=counts["train"],
-        validation_count=counts["validation"],
-        corrupt=len(quarantined),
-        images_per_s=round(rate, 1),
-        device=device,
-    )
+    out = _publish(inp, s3, manifest.labels, writer, counts, timings, len(quarantined), use_gpu, t_start)
     return out, timings
 
 
