@@ -3,7 +3,7 @@
 
 The CRDs come from the modules' own manifests (fetched with `go mod download` through the Go
 module proxy); descriptions are stripped to keep the files small. Run `make schemas` to refresh;
-the output under pipelines/schemas/ is committed, so lint needs neither Go nor a network.
+the output under pipelines/pipectl/pipelines/schemas/ is committed, so lint needs neither Go nor a network.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-OUT = Path(__file__).resolve().parents[1] / "pipelines" / "schemas"
+OUT = Path(__file__).resolve().parents[1] / "pipelines" / "pipectl" / "pipelines" / "schemas"
 
 # (module, version, path of the CRD inside the module, CRD version)
 CRDS = [

@@ -4,7 +4,7 @@ tests/cluster (real kube-apiserver, kube-scheduler, Argo controller, Volcano; po
 Scenarios (issue 4 "Scale", issue 7 benchmark 5):
 
 1. idle:    submit -> every pod bound for a 16-GPU gang (2 pods x 8 GPUs), the project's Volcano Job
-            (pipelines/launchers/volcano.py); peer: the same 2 pods as a plain Kubernetes Job under the default
+            (pipelines/pipectl/pipelines/launchers/volcano.py); peer: the same 2 pods as a plain Kubernetes Job under the default
             kube-scheduler (no gang: what a user without Volcano gets).
 2. preempt: the same, lane urgent, with batch-lane gangs holding every one of the 1,024 GPUs:
             Volcano must reclaim a batch gang first. Peer: the idle figure (the cost of preemption).

@@ -491,7 +491,7 @@ def test_training_pipeline_reaches_succeeded_under_submit_wait(project_applied, 
 
 
 def _lane_gang(name: str, lane: str, workers: int, gpus: int, run_duration: str) -> dict:
-    """The train gang exactly as the training template renders it (pipelines/launchers/volcano.py),
+    """The train gang exactly as the training template renders it (pipelines/pipectl/pipelines/launchers/volcano.py),
     with the Argo tags a workflow of ``lane`` would substitute, plus how long KWOK keeps its pods running."""
     from pipectl.pipelines.launchers import LAUNCHERS
     from pipectl.pipelines.training import CompileConfig

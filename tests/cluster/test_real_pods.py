@@ -338,7 +338,7 @@ def _gang_job_writes(c, job: str) -> list[tuple[str, int, str]]:
 
 def test_gang_pod_lost_mid_training_restarts_the_gang_from_its_checkpoint(services, project, real_cluster, core):
     """One training pod is lost mid-epoch as a failed node looks (pod force-deleted, its processes
-    SIGKILLed): Volcano restarts the whole gang (PodEvicted -> RestartJob, pipelines/launchers/volcano.py), the
+    SIGKILLed): Volcano restarts the whole gang (PodEvicted -> RestartJob, pipelines/pipectl/pipelines/launchers/volcano.py), the
     workers resume from the last checkpoint, Argo does not retry the step, the workflow Succeeds.
     Prints the optimiser steps lost (trained before the loss, after the checkpoint resumed from).
 

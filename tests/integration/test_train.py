@@ -88,7 +88,7 @@ def test_killed_training_resumes_from_its_last_checkpoint(settings, s3, shards_u
 @pytest.mark.parametrize(("worker_exit", "expected"), [(75, 75), (1, 1), (0, 0)])
 def test_launcher_keeps_the_workers_exit_code(tmp_path, worker_exit, expected):
     """torchrun exits 1 for any failed worker; the gang's retry rules need 75 (transient) to stay
-    75 (components/train/launch.py). Rank 1 of 2 exits with ``worker_exit``."""
+    75 (components/pipectl/components/train/launch.py). Rank 1 of 2 exits with ``worker_exit``."""
     script = tmp_path / "w.py"
     script.write_text(f"import os, sys\nsys.exit({worker_exit} if os.environ['RANK'] == '1' else 0)\n")
     r = subprocess.run([sys.executable, "-m", "pipectl.components.train.launch", "--standalone",

@@ -1,4 +1,4 @@
-"""The in-place shard file (components/preprocess/npz.py) is what np.savez writes and np.load reads."""
+"""The in-place shard file (components/pipectl/components/preprocess/npz.py) is what np.savez writes and np.load reads."""
 
 from __future__ import annotations
 

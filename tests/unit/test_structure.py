@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"cli": "pipectl.cli", "pipelines": "pipectl.pipelines", "components": "pipectl.components"}
+ROOTS = ("cli", "pipelines", "components")
+"""The design's top-level folders, each a root of the ``pipectl`` namespace: <root>/pipectl/<root>/."""
 
 # The compile layer (pipelines/ less backends/) may not import these at all: no client library,
 # no process, no network (DESIGN.md "Layers"). Steps (components/) never import hera, click or pipelines.
@@ -20,12 +21,13 @@ STEP_FORBIDDEN = {"hera", "click", "pipectl.pipelines", "pipectl.cli"}
 
 
 def _modules() -> dict[str, Path]:
+    """Import name -> file: the path under its root, nothing else (what a tool that does not
+    install the package sees)."""
     out = {}
-    for folder, package in PACKAGES.items():
+    for folder in ROOTS:
         for path in (ROOT / folder).rglob("*.py"):
             rel = path.relative_to(ROOT / folder).with_suffix("")
-            parts = [p for p in rel.parts if p != "__init__"]
-            out[".".join([package, *parts])] = path
+            out[".".join(p for p in rel.parts if p != "__init__")] = path
     return out
 
 
@@ -57,6 +59,30 @@ def _internal(names: set[str]) -> set[str]:
 def _top(name: str) -> set[str]:
     parts = name.split(".")
     return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+
+
+def test_every_module_lives_where_its_import_name_says():
+    """The layout (pyproject.toml): <root>/pipectl/<root>/..., so the import name is the path."""
+    assert all(m.startswith(f"pipectl.{p.relative_to(ROOT).parts[0]}") for m, p in MODULES.items()), MODULES
+    assert {"pipectl.cli.main", "pipectl.pipelines.training", "pipectl.components.contracts"} <= set(MODULES)
+
+
+def test_modules_import_from_the_checkout_without_installing():
+    """An isolated interpreter (no site-packages, no .pth, no environment) with only the three roots
+    on its path imports pipectl's modules from this checkout, as an editor or type checker would."""
+    import subprocess
+    import sys
+
+    roots = [str(ROOT / r) for r in ROOTS]
+    code = ("import sys; sys.path[:0] = %r\n"
+            "import pipectl.components.names, pipectl.pipelines.substitution, pipectl.pipelines.security, pipectl.cli\n"
+            "print(pipectl.components.names.__file__); print(pipectl.pipelines.security.__file__); print(list(pipectl.__path__))" % roots)
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    names, security, namespace = r.stdout.splitlines()
+    assert names == str(ROOT / "components/pipectl/components/names.py")
+    assert security == str(ROOT / "pipelines/pipectl/pipelines/security.py")
+    assert sorted(eval(namespace)) == sorted(str(ROOT / r / "pipectl") for r in ROOTS)  # one namespace, three roots
 
 
 def test_the_compile_layer_does_no_io():
@@ -105,7 +131,7 @@ def test_the_checker_sees_a_cycle_and_an_io_import(tmp_path):
 
 
 def test_a_launcher_is_named_in_one_place():
-    """Outside pipelines/launchers/, no product module spells a launcher's name, kind or API group."""
+    """Outside pipelines/pipectl/pipelines/launchers/, no product module spells a launcher's name, kind or API group."""
     from pipectl.pipelines.launchers import LAUNCHERS
 
     words = {w for launcher in LAUNCHERS.values() for w in (f'"{launcher.name}"', f'"{launcher.kind}"', launcher.api_version)}
@@ -182,3 +208,12 @@ def test_layouts():
     assert DatasetLayout.prefix_for("ab" * 32) == "datasets/" + ("ab" * 32)[:20]
     with pytest.raises(ValueError, match="is not a dataset's manifest.json"):
         DatasetLayout.of_manifest("s3://b/datasets/0123/index.json")
+
+
+def test_pyproject_lists_every_package():
+    """A subpackage missing from pyproject's list would be missing from the wheel and the images."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {m for m, p in MODULES.items() if p.name == "__init__.py"}
+    assert listed == packages

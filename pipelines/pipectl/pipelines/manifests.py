@@ -155,7 +155,7 @@ def volcano_queues() -> list[dict]:
 # - backfill places best-effort pods in the gaps.
 # gang.enablePreemptable=false: the gang plugin would otherwise refuse any victim that leaves its
 # job below minAvailable, so one running batch gang could block every urgent gang; the evicted
-# gang restarts whole (Volcano Job policy PodEvicted -> RestartJob, pipelines/launchers/volcano.py) and resumes
+# gang restarts whole (Volcano Job policy PodEvicted -> RestartJob, pipelines/pipectl/pipelines/launchers/volcano.py) and resumes
 # from its checkpoint. drf.enablePreemptable=false: fairness by dominant share must not veto lanes.
 VOLCANO_SCHEDULER_CONF = {
     "actions": "enqueue, allocate, preempt, reclaim, backfill",

@@ -1,7 +1,7 @@
 """What every launcher shares: the gang's pod, the job's name, and the :class:`Launcher` interface.
 
 Every pod of the gang runs the same ``torchrun`` line, through pipectl's wrapper that keeps the
-workers' exit code (torchrun itself exits 1 for any failure: components/train/launch.py)::
+workers' exit code (torchrun itself exits 1 for any failure: components/pipectl/components/train/launch.py)::
 
     python -m pipectl.components.train.launch --nnodes=<workers> --node-rank=<pod index>
              --nproc-per-node=<processes per worker> --master-addr=$(MASTER_ADDR)

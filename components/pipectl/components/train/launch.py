@@ -3,8 +3,8 @@
 torchrun (``torch.distributed.run``) exits 1 whatever ended its workers: a worker that exited 75
 (EX_TEMPFAIL, a transient failure worth retrying: DESIGN.md exit codes) and a worker killed by a
 bug both become exit 1, and a SIGTERM from the kubelet (node shutdown, eviction) becomes a
-traceback and exit 1. The gang's retry rules (Volcano Job policies in pipelines/launchers/volcano.py, Argo's
-retryStrategy in pipelines/policy.py) tell infrastructure from code by exit code, so this wrapper
+traceback and exit 1. The gang's retry rules (Volcano Job policies in pipelines/pipectl/pipelines/launchers/volcano.py, Argo's
+retryStrategy in pipelines/pipectl/pipelines/policy.py) tell infrastructure from code by exit code, so this wrapper
 runs torchrun's own ``main`` unchanged and maps its outcome:
 
 - a worker failed (``ChildFailedError``): the first failure's exit code (the failure torchrun

@@ -169,7 +169,7 @@ def _run_steps(inp: TrainInput, proc: _Process, ddp: nn.Module, optimizer: torch
 
 def _log_model(model: nn.Module, channels: int) -> str:
     """Log the trained model to the active MLflow run: MLflow's pytorch flavour (for serving) and
-    the weights evaluate loads (tensors only, no pickle: components/models.py). Returns its model URI."""
+    the weights evaluate loads (tensors only, no pickle: components/pipectl/components/models.py). Returns its model URI."""
     import mlflow
 
     model_info = mlflow.pytorch.log_model(
