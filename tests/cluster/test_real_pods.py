@@ -256,10 +256,12 @@ def _pipectl(c, *args: str, timeout_s: float = 1800) -> subprocess.CompletedProc
 
 
 def _apply_templates_for_one_node(c) -> None:
-    """`pipectl templates apply`, then drop ``retryStrategy.affinity`` (nodeAntiAffinity: a retry
-    avoids the node the attempt failed on) from every template: this cluster has one node, where
-    such a retry would stay Pending for ever. Production clusters keep it."""
-    ap = _pipectl(c, "templates", "apply", timeout_s=300)
+    """`pipectl templates apply` with the build's content-tagged images (issue 13: with the release
+    tag the node ran a stale image it had cached under that tag — seen here after a rebuild: an old
+    evaluate exited 2 on the new arguments), then drop ``retryStrategy.affinity`` (nodeAntiAffinity:
+    a retry avoids the node the attempt failed on) from every template: this cluster has one node,
+    where such a retry would stay Pending for ever. Production clusters keep it."""
+    ap = _pipectl(c, "templates", "apply", *nd.image_args(), timeout_s=300)
     assert ap.returncode == 0, ap.stdout + ap.stderr
     custom = _custom(c)
     wft = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflowtemplates", "training-v1")
