@@ -10,9 +10,10 @@
 #   3. Step images from images/Dockerfile (targets step-light, step-train) with
 #      --build-arg BASE_IMAGE=pipectl/debian-base:<key>. The build context is assembled in a temp
 #      folder: Dockerfile, requirements, project sources, and the host CA bundle (builder stages
-#      only: pip on this network needs it). Tagged pipectl/<target>:<version> (what the rendered
-#      templates use) and pipectl/<target>:c-<content hash>; a build is skipped when the
-#      content-hash tag exists (hash over the context, the base image id and the target).
+#      only: pip on this network needs it). Tagged pipectl/<target>:c-<content hash> only (the
+#      release tag <version> that argo/ names is given when a release is pushed, never by a
+#      build); a build is skipped when the content-hash tag exists (hash over the context, the
+#      base image id and the target).
 #      The content tags are what a cluster should run (a rebuild never reuses them): printed as
 #      `--image <target>=c-<hash>` arguments for `pipectl templates apply` and written to
 #      $PIPECTL_CACHE_DIR/images/image-args.txt.
@@ -98,26 +99,26 @@ for target in "${targets[@]}"; do
   h=$(printf '%s|%s|%s' "$ctx_hash" "$base_id" "$target" | sha256sum | cut -c1-16)
   img=pipectl/$target
   if "$DOCKER" image inspect "$img:c-$h" >/dev/null 2>&1; then
-    "$DOCKER" tag "$img:c-$h" "$img:$VERSION"
     took=cached
   else
     log "building $img ($target, content hash $h; log $CACHE/build-$target.log)"
     t0=$SECONDS
     if ! "$DOCKER" build --network host -f "$ctx/Dockerfile" --target "$target" \
          --build-arg BASE_IMAGE="$BASE" --build-arg PIPECTL_VERSION="$VERSION" --build-arg CONTENT_HASH="$h" \
-         -t "$img:c-$h" -t "$img:$VERSION" "$ctx" >"$CACHE/build-$target.log" 2>&1; then
+         -t "$img:c-$h" "$ctx" >"$CACHE/build-$target.log" 2>&1; then
       echo "images: build of $target failed; tail of $CACHE/build-$target.log:" >&2
       tail -30 "$CACHE/build-$target.log" >&2; exit 1
     fi
     took=$((SECONDS - t0))s
   fi
-  size=$("$DOCKER" image inspect -f '{{.Size}}' "$img:$VERSION")
-  line=$(printf '%s %-28s build %-7s size %s MB (content %s)' "$(date -u +%FT%TZ)" "$img:$VERSION" "$took" "$((size / 1000000))" "$h")
+  size=$("$DOCKER" image inspect -f '{{.Size}}' "$img:c-$h")
+  line=$(printf '%s %-38s build %-7s size %s MB' "$(date -u +%FT%TZ)" "$img:c-$h" "$took" "$((size / 1000000))")
   log "$line"
   echo "$line" >>"$CACHE/build-times.txt"
   refs+=("--image $target=c-$h")
 done
-# What to deploy this build with (issue 13: a content tag, never a reused one; nodes may have
-# cached pipectl/<target>:$VERSION from an earlier build): pipectl templates apply <these>.
+# What to deploy this build with (issue 13: a content tag, never a reused one; a node that cached
+# a tag keeps running what it cached): pipectl templates apply <these>. Builds are not tagged with
+# the release version: that tag is given once, when a release is pushed.
 printf '%s\n' "${refs[@]}" >"$CACHE/image-args.txt"
 log "deploy with: pipectl templates apply ${refs[*]} (also in $CACHE/image-args.txt)"
