@@ -120,5 +120,9 @@ done
 # What to deploy this build with (issue 13: a content tag, never a reused one; a node that cached
 # a tag keeps running what it cached): pipectl templates apply <these>. Builds are not tagged with
 # the release version: that tag is given once, when a release is pushed.
-printf '%s\n' "${refs[@]}" >"$CACHE/image-args.txt"
-log "deploy with: pipectl templates apply ${refs[*]} (also in $CACHE/image-args.txt)"
+# (targets not built by this run keep their line from the last run that built them)
+args_file=$CACHE/image-args.txt
+{ if [[ -f $args_file ]]; then grep -v -E -- "^--image ($(IFS='|'; echo "${targets[*]}"))=" "$args_file" || true; fi
+  printf '%s\n' "${refs[@]}"; } >"$args_file.new"
+mv "$args_file.new" "$args_file"
+log "deploy with: pipectl templates apply $(tr '\n' ' ' <"$args_file")(in $args_file)"
