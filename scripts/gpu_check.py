@@ -286,10 +286,6 @@ def bench(svc: Services, work: Path, sizes: list[int], runs: int, has_gpu: bool)
             row("bench", f"{label}: step path vs DALI alone ({ceiling_device}), steady state", device, versus)
 
             def whole(device: str = device, n: int = n, blobs: list[bytes] = blobs) -> tuple[str, str, str]:
-                import boto3
-
-                s3 = boto3.client("s3", endpoint_url=svc.s3_url, aws_access_key_id="gpu-check",
-                                  aws_secret_access_key="gpu-check-secret", region_name="us-east-1")
                 key = f"staged-{n}"
                 if key not in svc.__dict__:
                     svc.__dict__[key] = bp.stage_blobs(svc.s3_url, blobs, work / key)

@@ -86,10 +86,8 @@ run)
     fi
   fi
   if ! "$PY" -c 'import pipectl.components' 2>/dev/null; then
-    mkdir -p /tmp/gpu-code/pipectl
-    : > /tmp/gpu-code/pipectl/__init__.py
-    for d in components pipelines cli; do ln -sfn "$REPO/$d" "/tmp/gpu-code/pipectl/$d"; done
-    export PYTHONPATH="/tmp/gpu-code:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+    # not installed: the three folders are roots of the pipectl namespace (README "Layout")
+    export PYTHONPATH="$REPO/cli:$REPO/pipelines:$REPO/components:$SITE${PYTHONPATH:+:$PYTHONPATH}"
   elif [[ -d $SITE ]]; then
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
   fi
