@@ -13,18 +13,40 @@ PYTHON=${PYTHON:-python3}
 CACHE_DIR=${PIPECTL_CACHE_DIR:-$HOME/.cache/pipectl}
 mkdir -p "$CACHE_DIR"
 
-key=$("$PYTHON" - <<'PY'
-import hashlib, sys, tomllib
+# What the dev venv installs: the CLI's dependencies and EVERY extra (steps: torch, DALI, mlflow...;
+# dev: pytest...). The cache key is this requirement set (sorted: moving a requirement between
+# pyproject's lists changes nothing) and the Python version.
+reqs=$("$PYTHON" - <<'PY'
+import tomllib
 with open("pyproject.toml", "rb") as f:
     project = tomllib.load(f)["project"]
-blob = repr((sys.version_info[:3], project["dependencies"], project.get("optional-dependencies", {})))
-print(hashlib.sha256(blob.encode()).hexdigest()[:16])
+extras = project.get("optional-dependencies", {})
+print("\n".join(sorted(set(project["dependencies"]).union(*extras.values()))))
 PY
 )
+key=$(printf '%s\n%s\n' "$("$PYTHON" -c 'import sys; print(sys.version_info[:3])')" "$reqs" | sha256sum | cut -c1-16)
 venv="$CACHE_DIR/venv-$key"
 
 exec 9>"$CACHE_DIR/venv-$key.lock"
 flock 9
+if [ ! -f "$venv/.complete" ]; then
+  # A cached venv of this Python that already satisfies every requirement (pip's dry run would
+  # install nothing: a reorganised pyproject, a requirement that came transitively) is reused
+  # through a link instead of downloading GBs again.
+  pyver=$("$PYTHON" -c 'import sys; print(sys.version_info[:3])')
+  for old in "$CACHE_DIR"/venv-*/; do
+    old=${old%/}
+    [ -f "$old/.complete" ] && [ ! -L "$old" ] && [ "$old" != "$venv" ] || continue
+    [ "$("$old/bin/python" -c 'import sys; print(sys.version_info[:3])' 2>/dev/null)" = "$pyver" ] || continue
+    report=$(printf '%s\n' "$reqs" | "$old/bin/pip" install --dry-run --quiet --report - -r /dev/stdin 2>/dev/null) || continue
+    if [ "$(printf '%s' "$report" | "$PYTHON" -c 'import json, sys; print(len(json.load(sys.stdin)["install"]))')" = 0 ]; then
+      rm -rf "$venv"
+      ln -s "$old" "$venv"
+      echo "setup: $old already satisfies this requirement set; reused as $venv" >&2
+      break
+    fi
+  done
+fi
 if [ ! -f "$venv/.complete" ]; then
   echo "setup: building $venv (cold: downloads torch, DALI, mlflow; several minutes)" >&2
   start=$(date +%s)
@@ -32,13 +54,7 @@ if [ ! -f "$venv/.complete" ]; then
   "$PYTHON" -m venv "$venv"
   "$venv/bin/pip" install --quiet --upgrade pip
   # Dependencies only (the project itself is installed editable below, per checkout).
-  "$PYTHON" - > "$venv/requirements.txt" <<'PY'
-import tomllib
-with open("pyproject.toml", "rb") as f:
-    project = tomllib.load(f)["project"]
-for dep in project["dependencies"] + project["optional-dependencies"]["dev"]:
-    print(dep)
-PY
+  printf '%s\n' "$reqs" > "$venv/requirements.txt"
   "$venv/bin/pip" install --quiet -r "$venv/requirements.txt"
   touch "$venv/.complete"
   echo "setup: environment built in $(( $(date +%s) - start )) s" >&2
