@@ -59,6 +59,7 @@ if [ ! -f "$venv/.complete" ]; then
   touch "$venv/.complete"
   echo "setup: environment built in $(( $(date +%s) - start )) s" >&2
 fi
+venv=$(cd "$venv" && pwd -P)  # a reused venv: its own path (its console scripts name it)
 # The checkout's own .venv: a light venv that sees the cached dependencies through a .pth file
 # (site.addsitedir, so their own .pth files load too) and has pipectl installed editable from
 # THIS checkout. Two checkouts never fight over one editable install.
