@@ -11,7 +11,8 @@
 #   kube-controller-manager    (staging modules replaced by their v0.N.P tags)
 #   kube-scheduler
 #   workflow-controller      github.com/argoproj/argo-workflows/v4   go install @version
-#   argo (CLI + argo server) github.com/argoproj/argo-workflows/v4   writable copy (ui/dist placeholder)
+#   argo (CLI + argo server) github.com/argoproj/argo-workflows/v4   writable copy, with the real UI:
+#                            ui/ built by yarn 1 + webpack from the npm registry (build_argo_ui)
 #   vc-scheduler             volcano.sh/volcano              writable copy (go.mod has replaces)
 #   vc-controller-manager
 #   kwok                     sigs.k8s.io/kwok/cmd/kwok       go install @version
@@ -213,18 +214,66 @@ build_workflow-controller() {
     rm -rf "$gobin"
   fi
 }
+# The Argo UI (ui/ of the module: yarn 1 lockfile + webpack), built once into
+# $BIN_ROOT/argo-ui-$ARGO_VERSION/app and embedded by `argo` (ui/embed.go: //go:embed dist/app).
+# Node >= 20 and npm must be on the machine; yarn 1 is installed from the npm registry into the
+# work dir (never globally). What differs from upstream's `yarn build`, because only the npm
+# registry is reachable here (no GitHub):
+#  - package.json's `argo-ui` is a GitHub commit (git+https://github.com/argoproj/argo-ui#54f36c7);
+#    the npm registry's argo-ui@1.0.0 (an older snapshot of the same components) replaces it, and
+#    yarn resolves its dependencies (the rest of yarn.lock stays as locked; not --frozen-lockfile);
+#  - two imports of that older argo-ui are patched: `uuid/v1` (uuid 8's exports have no such path:
+#    use uuid's named v1) and the xterm stylesheet path (argo-ui's own xterm 2.4 is nested).
+# The lockfile's registry.yarnpkg.com URLs are pointed at registry.npmjs.org.
+ARGO_UI_YARN=1.22.22
+build_argo_ui() {  # build_argo_ui OUT_DIR: OUT_DIR/app is the bundle
+  local mod_dir w=$WORK/argo-ui-$ARGO_VERSION yarn node_major
+  node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+  [[ $node_major -ge 20 ]] || { echo "build_argo_ui: node >= 20 needed (found: $(node --version 2>&1))" >&2; return 1; }
+  mod_dir=$(module_dir "$ARGO_MOD" "$ARGO_VERSION")
+  rm -rf "$w"
+  mkdir -p "$w/api"
+  cp -r "$mod_dir/ui" "$w/ui"                       # webpack copies ../api/{openapi-spec,jsonschema}
+  cp -r "$mod_dir/api/openapi-spec" "$mod_dir/api/jsonschema" "$w/api/"
+  chmod -R u+w "$w"
+  cd "$w/ui"
+  sed -i 's#"argo-ui": "git+https://github.com/argoproj/argo-ui.git\#[0-9a-f]*"#"argo-ui": "1.0.0"#' package.json
+  grep -q '"argo-ui": "1.0.0"' package.json || { echo "build_argo_ui: argo-ui dependency not replaced" >&2; return 1; }
+  sed -i 's#https://registry.yarnpkg.com#https://registry.npmjs.org#' yarn.lock
+  sed -i '/frozen-lockfile/d' .yarnrc              # the argo-ui entry changes the lockfile
+  echo 'registry "https://registry.npmjs.org"' >>.yarnrc
+  "${NICE[@]}" npm install --silent --no-save --prefix "$WORK/yarn-$ARGO_UI_YARN" "yarn@$ARGO_UI_YARN"
+  yarn=$WORK/yarn-$ARGO_UI_YARN/node_modules/.bin/yarn
+  "${NICE[@]}" "$yarn" install --non-interactive --network-timeout 300000 --cache-folder "$WORK/yarn-cache"
+  local ff=node_modules/argo-ui/src/components/form-field/form-field.tsx
+  local lv=node_modules/argo-ui/src/components/logs-viewer/logs-viewer.scss
+  sed -i "s#require('uuid/v1')#require('uuid').v1#" "$ff"
+  sed -i "s#'node_modules/xterm/dist/xterm'#'node_modules/argo-ui/node_modules/xterm/dist/xterm'#" "$lv"
+  grep -q "require('uuid').v1" "$ff" && grep -q argo-ui/node_modules/xterm "$lv" \
+    || { echo "build_argo_ui: argo-ui patches did not apply" >&2; return 1; }
+  # webpack's production build peaks at ~2 GB of heap; the default limit is close to that.
+  NODE_OPTIONS=--max-old-space-size=6144 NODE_ENV=production VERSION=$ARGO_VERSION \
+    "${NICE[@]}" node_modules/.bin/webpack --mode production
+  grep -q '<script.*main\.[0-9a-f]*\.js' dist/app/index.html || { echo "build_argo_ui: no bundle in dist/app/index.html" >&2; return 1; }
+  rm -rf "$1.partial"
+  mkdir -p "$1.partial"
+  mv dist/app "$1.partial/app"
+  rm -rf "$1"
+  mv "$1.partial" "$1"
+  cd / && rm -rf "$w"                               # node_modules: ~700 MB
+}
 build_argo() {
-  local dir
+  local dir ui=$BIN_ROOT/argo-ui-$ARGO_VERSION
+  if [[ ! -f $ui/app/index.html ]]; then
+    log "argo: building the UI first (yarn + webpack; a few minutes cold)"
+    build_argo_ui "$ui"
+  fi
   dir=$(writable_copy "$ARGO_MOD" "$ARGO_VERSION" "argo-workflows-$ARGO_VERSION")
   cd "$dir"
-  # The CLI (which contains `argo server`) embeds the UI bundle with
-  # //go:embed dist/app, which only exists after a yarn build. A placeholder
-  # index.html gives a blank UI and a fully working API.
-  if [[ ! -e ui/dist/app/index.html ]]; then
-    mkdir -p ui/dist/app
-    printf '<!doctype html><title>Argo</title><p>UI not built (pipectl test cluster).</p>\n' \
-      >ui/dist/app/index.html
-  fi
+  # The CLI (which contains `argo server`) embeds the UI bundle with //go:embed dist/app.
+  rm -rf ui/dist/app
+  mkdir -p ui/dist
+  cp -r "$ui/app" ui/dist/app
   "${NICE[@]}" go build "${GO_BUILD_FLAGS[@]}" -ldflags "$(argo_ldflags)" -o "$1" ./cmd/argo
 }
 
@@ -289,7 +338,8 @@ version_of() {
   case $1 in
     etcd) echo "$ETCD_VERSION" ;;
     kube-*) echo "$K8S_VERSION" ;;
-    workflow-controller|argo) echo "$ARGO_VERSION" ;;
+    workflow-controller) echo "$ARGO_VERSION" ;;
+    argo) echo "$ARGO_VERSION-ui" ;;   # -ui: with the real UI (binaries before it embedded a placeholder)
     vc-*) echo "$VOLCANO_VERSION" ;;
     kwok) echo "$KWOK_VERSION" ;;
     kubelet|pause|kubectl) echo "$K8S_VERSION" ;;

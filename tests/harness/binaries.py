@@ -20,7 +20,7 @@ VERSIONS = {
     "kube-controller-manager": K8S_VERSION,
     "kube-scheduler": K8S_VERSION,
     "workflow-controller": "v4.0.5",
-    "argo": "v4.0.5",
+    "argo": "v4.0.5-ui",  # tests/cluster/build.sh: the CLI + argo server with the real UI embedded
     "vc-scheduler": "v1.10.0",
     "vc-controller-manager": "v1.10.0",
     "kwok": "v0.8.0",
