@@ -93,6 +93,33 @@ def test_the_compile_layer_does_no_io():
     assert {m: b for m, b in bad.items() if b} == {}
 
 
+STEPS_EXTRA_MODULES = ("torch", "mlflow", "nvidia", "boto3", "botocore", "moto", "psutil", "numpy", "PIL", "sklearn")
+"""Top-level modules of pyproject's `steps` extra: the light install (issue 16) has none of them."""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["render", "training"], ["submit", "training", "--dry-run", "-p", "epochs=2"],
+                                  ["lint", "argo/namespace/workflowtemplates"], ["completion", "bash"]])
+def test_the_light_commands_import_none_of_the_steps_extra(argv):
+    """What `pip install pipectl` (no extra) must run: importing the CLI and running these commands
+    in an isolated interpreter loads none of the `steps` extra's modules (heavy imports stay inside
+    `pipectl run` and the steps). tests/integration/test_light_install.py installs it for real."""
+    import subprocess
+    import sys
+
+    from pipectl.cli.common import STEPS_MODULES
+
+    assert STEPS_MODULES == set(STEPS_EXTRA_MODULES)
+    code = ("import sys; sys.path[:0] = %r; sys.argv = ['pipectl'] + %r\n"
+            "from pipectl.cli.main import main\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & %r), file=sys.stderr)"
+            % ([str(ROOT / r) for r in ROOTS], argv, set(STEPS_EXTRA_MODULES)))
+    r = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={"KUBECONFIG": "/nonexistent"})
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines()[-1] == "[]", r.stderr[-2000:]
+
+
 def test_steps_import_no_pipeline_or_cli_code():
     steps = [m for m in MODULES if m.startswith("pipectl.components")]
     bad = {m: sorted(n for n in IMPORTS[m] if _top(n) & STEP_FORBIDDEN) for m in steps}

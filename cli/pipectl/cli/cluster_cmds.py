@@ -1,4 +1,4 @@
-"""Cluster commands: submit, templates apply, cron, list, status, logs, retry.
+"""Cluster commands: submit, templates apply, cron, list, status, logs, retry, stop, terminate, delete.
 
 Parse, call :mod:`pipectl.pipelines.backends.kube`, print. Objects come from the compile layer
 (:mod:`pipectl.pipelines.workflows`, :mod:`pipectl.pipelines.training`) and are validated (typed
@@ -22,7 +22,7 @@ from pipectl.cli.common import (
     image_config,
     image_options,
     lane_option,
-    output_option,
+    listing_output_option,
     parameter_option,
     training_parameters,
 )
@@ -58,13 +58,15 @@ def _print_objects(objects: list[dict]) -> None:
 @click.option("--dry-run", is_flag=True, help="Print the Workflow that would be created; send nothing.")
 @click.option("--wait", is_flag=True, help="Follow the workflow; exit 1 unless it Succeeded.")
 @cluster_options
-@output_option
-def submit(pipeline: str, params: tuple[str, ...], lane: str | None, dry_run: bool, wait: bool, namespace: str, context: str | None, output_format: str) -> None:
-    """Submit PIPELINE: a Workflow referencing its WorkflowTemplate, with validated parameters."""
+@listing_output_option
+def submit(pipeline: str, params: tuple[str, ...], parameter_file: Any, lane: str | None, dry_run: bool, wait: bool,
+           namespace: str, context: str | None, output_format: str) -> None:
+    """Submit PIPELINE: a Workflow referencing its WorkflowTemplate, with validated parameters
+    (--parameter-file, then -p, then --lane: the last wins)."""
     from pipectl.components.names import TEMPLATE_NAME
     from pipectl.pipelines.workflows import workflow_for
 
-    parameters = training_parameters(params + ((f"lane={lane}",) if lane else ()))
+    parameters = training_parameters(params + ((f"lane={lane}",) if lane else ()), parameter_file)
     wf = workflow_for(TEMPLATE_NAME, namespace, parameters)
     _check([wf])
     if dry_run:
@@ -74,15 +76,13 @@ def submit(pipeline: str, params: tuple[str, ...], lane: str | None, dry_run: bo
     created = cluster.create_workflow(wf)
     name = created["metadata"]["name"]
     console().print(f"submitted workflow {name} (lane {parameters.lane.value}, priority {wf['spec']['priority']})")
+    record = {"name": name, "namespace": namespace, "lane": parameters.lane.value, "priority": wf["spec"]["priority"]}
     if not wait:
-        click.echo(json.dumps({"name": name}) if output_format == "json" else name)
+        _record(record, output_format, text=name)
         return
     final = _follow(cluster, name)
     phase = final.get("status", {}).get("phase")
-    if output_format == "json":
-        click.echo(json.dumps({"name": name, "phase": phase, "message": final.get("status", {}).get("message")}))
-    else:
-        click.echo(f"{name} {phase}")
+    _record({**record, "phase": phase, "message": final.get("status", {}).get("message")}, output_format, text=f"{name} {phase}")
     if phase != "Succeeded":
         sys.exit(1)
 
@@ -122,14 +122,16 @@ def cron_apply(dry_run: bool, namespace: str, context: str | None) -> None:
 
 @cron.command("list")
 @cluster_options
-@output_option
+@listing_output_option
 def cron_list(namespace: str, context: str | None, output_format: str) -> None:
     rows = [
         {"name": c["metadata"]["name"], "schedules": c["spec"].get("schedules"), "timezone": c["spec"].get("timezone"),
-         "suspended": bool(c["spec"].get("suspend")), "last": c.get("status", {}).get("lastScheduledTime")}
+         "suspended": bool(c["spec"].get("suspend")), "last": c.get("status", {}).get("lastScheduledTime"),
+         "template": (c["spec"].get("workflowSpec") or {}).get("workflowTemplateRef", {}).get("name"),
+         "concurrency": c["spec"].get("concurrencyPolicy")}
         for c in _cluster(namespace, context).list("cronworkflows")
     ]
-    _rows(rows, output_format)
+    _rows(rows, output_format, narrow=("name", "schedules", "timezone", "suspended", "last"))
 
 
 def _suspend(name: str, namespace: str, context: str | None, value: bool) -> None:
@@ -165,28 +167,51 @@ def cron_trigger(name: str, namespace: str, context: str | None) -> None:
 
 @click.command("list")
 @cluster_options
-@output_option
+@listing_output_option
 def list_(namespace: str, context: str | None, output_format: str) -> None:
-    """Workflows of pipectl in the namespace, newest first."""
-    from pipectl.components.names import PART_OF
+    """Workflows of pipectl in the namespace, newest first: submitted, resubmitted and
+    cron-triggered (the column `cron` names the CronWorkflow; -o wide)."""
+    from pipectl.components.names import PART_OF, TEMPLATE_NAME
+    from pipectl.pipelines.workflows import CRON_LABEL, TEMPLATE_LABEL
 
-    items = _cluster(namespace, context).list("workflows", ",".join(f"{k}={v}" for k, v in PART_OF.items()))
+    cluster = _cluster(namespace, context)
+    items = cluster.list("workflows", ",".join(f"{k}={v}" for k, v in PART_OF.items()))
+    # Runs the Argo controller started from a CronWorkflow carry its label, and pipectl's label
+    # only when the CronWorkflow's workflowMetadata sets it (retrain does since issue 16): a cron
+    # run of our template counts either way.
+    ours = {w["metadata"]["uid"] for w in items}
+    items += [w for w in cluster.list("workflows", CRON_LABEL)
+              if w["metadata"]["uid"] not in ours and (w["spec"].get("workflowTemplateRef") or {}).get("name") == TEMPLATE_NAME]
     items.sort(key=lambda w: w["metadata"].get("creationTimestamp", ""), reverse=True)
-    _rows([{"name": w["metadata"]["name"], "phase": w.get("status", {}).get("phase", "Pending"),
-            "lane": w["metadata"].get("labels", {}).get(LANE_LABEL), "started": w.get("status", {}).get("startedAt")}
-           for w in items], output_format)
+
+    def lane(w: dict) -> str | None:
+        given = {p.get("name"): p.get("value") for p in (w["spec"].get("arguments") or {}).get("parameters") or []}
+        return w["metadata"].get("labels", {}).get(LANE_LABEL) or given.get("lane")
+
+    _rows([{"name": w["metadata"]["name"], "phase": w.get("status", {}).get("phase", "Pending"), "lane": lane(w),
+            "started": w.get("status", {}).get("startedAt"), "finished": w.get("status", {}).get("finishedAt"),
+            "cron": w["metadata"].get("labels", {}).get(CRON_LABEL),
+            "template": (w["spec"].get("workflowTemplateRef") or {}).get("name") or w["metadata"].get("labels", {}).get(TEMPLATE_LABEL),
+            "priority": w["spec"].get("priority"), "message": w.get("status", {}).get("message")}
+           for w in items], output_format, narrow=("name", "phase", "lane", "started"))
 
 
 @click.command()
 @click.argument("name")
 @cluster_options
-@output_option
+@listing_output_option
 def status(name: str, namespace: str, context: str | None, output_format: str) -> None:
-    """Phase of workflow NAME and of each of its steps."""
+    """Phase of workflow NAME and of each of its steps (exit 1 when it Failed; -o name prints just
+    NAME, for scripts that want the exit status)."""
     wf = _cluster(namespace, context).get("workflows", name)
     nodes = sorted((wf.get("status", {}).get("nodes") or {}).values(), key=lambda n: n.get("startedAt") or "")
-    _rows([{"step": n.get("displayName"), "type": n.get("type"), "phase": n.get("phase"), "message": n.get("message", "")}
-           for n in nodes if n.get("type") in ("Pod", "Retry", "DAG")], output_format)
+    rows = [{"step": n.get("displayName"), "type": n.get("type"), "phase": n.get("phase"), "message": n.get("message", ""),
+             "node": n.get("hostNodeName"), "started": n.get("startedAt"), "finished": n.get("finishedAt"), "id": n.get("id")}
+            for n in nodes if n.get("type") in ("Pod", "Retry", "DAG")]
+    if output_format == "name":
+        click.echo(name)
+    else:
+        _rows(rows, output_format, narrow=("step", "type", "phase", "message"))
     phase = wf.get("status", {}).get("phase")
     console().print(f"workflow {name}: {phase}")
     if phase in ("Failed", "Error"):
@@ -195,12 +220,61 @@ def status(name: str, namespace: str, context: str | None, output_format: str) -
 
 @click.command()
 @click.argument("name")
+@click.option("--follow", "-f", is_flag=True, help="Stream the logs while they are written, new pods included, until the workflow ends.")
 @cluster_options
-def logs(name: str, namespace: str, context: str | None) -> None:
-    """Logs of every pod of workflow NAME (steps and gang pods)."""
-    for pod, text in _cluster(namespace, context).logs(name):
+def logs(name: str, follow: bool, namespace: str, context: str | None) -> None:
+    """Logs of every pod of workflow NAME (steps and gang pods). With -f, lines are prefixed
+    with their pod's name (pods run side by side), as `argo logs -f` does."""
+    cluster = _cluster(namespace, context)
+    if follow:
+        import threading
+
+        lock = threading.Lock()
+
+        def emit(pod: str, line: str) -> None:
+            with lock:
+                click.echo(f"{pod}: {line}")
+
+        final = cluster.follow_logs(name, emit)
+        console().print(f"workflow {name}: {final.get('status', {}).get('phase')}")
+        return
+    for pod, text in cluster.logs(name):
         click.echo(f"==> {pod} <==")
         click.echo(text, nl=not text.endswith("\n"))
+
+
+def _shutdown_command(strategy: str, doc: str) -> click.Command:
+    @click.command(strategy.lower(), help=doc)
+    @click.argument("names", nargs=-1, required=True)
+    @cluster_options
+    def command(names: tuple[str, ...], namespace: str, context: str | None) -> None:
+        cluster = _cluster(namespace, context)
+        for name in names:
+            cluster.shutdown(name, strategy)
+            console().print(f"workflow {name}: {strategy.lower()} requested ({'exit handlers run' if strategy == 'Stop' else 'no exit handler runs'})")
+            click.echo(name)
+
+    return command
+
+
+stop = _shutdown_command("Stop", """Stop workflows NAMES as `argo stop` does: running steps are ended
+    and the exit handlers RUN (spec.shutdown=Stop). Exit 2 for a workflow that has already ended.""")
+terminate = _shutdown_command("Terminate", """Terminate workflows NAMES as `argo terminate` does: running
+    steps are ended and NO exit handler runs (spec.shutdown=Terminate). Exit 2 for a workflow that
+    has already ended.""")
+
+
+@click.command()
+@click.argument("names", nargs=-1, required=True)
+@cluster_options
+def delete(names: tuple[str, ...], namespace: str, context: str | None) -> None:
+    """Delete workflows NAMES (as `argo delete`): the Workflow and what it owns (pods, gang jobs).
+    A running workflow is deleted too; stop it first to run its exit handlers."""
+    cluster = _cluster(namespace, context)
+    for name in names:
+        cluster.delete("workflows", name)
+        console().print(f"deleted workflow {name}")
+        click.echo(name)
 
 
 @click.command()
@@ -251,9 +325,31 @@ def _apply(objs: list[dict], dry_run: bool, namespace: str, context: str | None)
         console().print(f"applied {o['kind']} {o['metadata']['name']}")
 
 
-def _rows(rows: list[dict], output_format: str) -> None:
+def _record(record: dict, output_format: str, text: str) -> None:
+    """One object's result on stdout: ``text`` (text), its name (name), the record (json, yaml),
+    or its values on one line (wide)."""
+    if output_format in ("json", "yaml"):
+        _rows(record, output_format)
+    elif output_format == "wide":
+        click.echo(" ".join(str(v) for v in record.values() if v is not None))
+    else:
+        click.echo(record["name"] if output_format == "name" else text)
+
+
+def _rows(rows: list[dict] | dict, output_format: str, narrow: tuple[str, ...] = ()) -> None:
+    """``rows`` on stdout: a table of the ``narrow`` columns (text; all of them when empty), of
+    every column (wide), the rows themselves (json, yaml), or the first column one a line (name)."""
     if output_format == "json":
         click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    if output_format == "yaml":
+        import yaml
+
+        click.echo(yaml.safe_dump(json.loads(json.dumps(rows, default=str)), sort_keys=False), nl=False)
+        return
+    if output_format == "name":
+        for r in rows:
+            click.echo(next(iter(r.values())))
         return
     from rich.console import Console
     from rich.table import Table
@@ -261,6 +357,8 @@ def _rows(rows: list[dict], output_format: str) -> None:
     if not rows:
         console().print("nothing found")
         return
+    if narrow and output_format != "wide":
+        rows = [{k: r[k] for k in narrow} for r in rows]
     table = Table(*rows[0].keys())
     for r in rows:
         table.add_row(*[str(v) if v is not None else "" for v in r.values()])

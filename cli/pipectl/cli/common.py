@@ -8,6 +8,8 @@ functions so ``pipectl --help`` is fast; choices come from the one place that de
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 import click
@@ -16,6 +18,14 @@ from pipectl.components.errors import PipectlError
 from pipectl.components.names import LANE_NAMES
 
 OUTPUT_FORMATS = ("text", "json")
+LISTING_FORMATS = ("text", "wide", "json", "yaml", "name")
+"""``-o`` of the commands that show cluster objects (list, status, submit, cron list), as ``kubectl``
+and ``argo`` spell them: ``text`` a table, ``wide`` the table with more columns, ``json``/``yaml``
+the rows for machines, ``name`` one name a line."""
+
+STEPS_EXTRA = "pipectl[steps]"
+STEPS_MODULES = frozenset({"torch", "mlflow", "nvidia", "boto3", "botocore", "moto", "psutil", "numpy", "PIL", "sklearn"})
+"""The ``steps`` extra (pyproject.toml) and the top-level modules it brings: what the light install lacks."""
 
 
 def fail(headline: str, hint: str = "", *, code: int = 1) -> NoReturn:
@@ -40,10 +50,12 @@ class Group(click.Group):
             console().print("[yellow]interrupted[/]: everything this run started has been stopped")
             ctx.exit(130)
         except PipectlError as e:
-            out = console()
-            out.print(f"[bold red]error:[/] {e.headline}", soft_wrap=True)
+            from rich.markup import escape
+
+            out = console()  # the texts are plain (they may hold brackets: pipectl[steps], a YAML list)
+            out.print(f"[bold red]error:[/] {escape(e.headline)}", soft_wrap=True)
             if e.hint:
-                out.print(f"[dim]hint:[/] {e.hint}", soft_wrap=True)
+                out.print(f"[dim]hint:[/] {escape(e.hint)}", soft_wrap=True)
             ctx.exit(e.exit_code)
 
 
@@ -82,11 +94,69 @@ def lane_option(fn: Callable) -> Callable:
 
 
 def output_option(fn: Callable) -> Callable:
-    return click.option("--output", "output_format", type=click.Choice(OUTPUT_FORMATS), default="text", show_default=True)(fn)
+    return click.option("--output", "-o", "output_format", type=click.Choice(OUTPUT_FORMATS), default="text", show_default=True)(fn)
+
+
+def listing_output_option(fn: Callable) -> Callable:
+    return click.option("--output", "-o", "output_format", type=click.Choice(LISTING_FORMATS), default="text", show_default=True,
+                        help="text: a table; wide: more columns; json/yaml: the rows; name: one name a line.")(fn)
+
+
+def needs_steps_extra(what: str) -> Callable[[Callable], Callable]:
+    """Decorator of a command that runs the steps' code (``run``, ``data example``): without the
+    ``steps`` extra (the light install) it exits 2 naming the extra, instead of an ImportError."""
+
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except ModuleNotFoundError as e:
+                if (e.name or "").split(".")[0] not in STEPS_MODULES:
+                    raise
+                fail(f"{what} needs the steps' dependencies: {e.name} is not installed (this is the light install)",
+                     f"pip install '{STEPS_EXTRA}'", code=2)
+
+        return checked
+
+    return wrap
 
 
 def parameter_option(fn: Callable) -> Callable:
-    return click.option("-p", "--parameter", "params", multiple=True, metavar="KEY=VALUE", help="Workflow parameter (repeatable).")(fn)
+    """``-p KEY=VALUE`` (repeatable) and ``--parameter-file FILE`` (YAML or JSON: a mapping of
+    parameter names to values, as ``argo submit --parameter-file``); ``-p`` wins over the file."""
+    fn = click.option("-p", "--parameter", "params", multiple=True, metavar="KEY=VALUE",
+                      help="Workflow parameter (repeatable; overrides --parameter-file).")(fn)
+    return click.option("--parameter-file", "-f", "parameter_file", default=None, metavar="FILE",
+                        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                        help="YAML or JSON file of parameters ({epochs: 5, lane: urgent}).")(fn)
+
+
+def parameter_file_pairs(path: Path | None) -> tuple[str, ...]:
+    """The ``KEY=VALUE`` pairs of a parameter file (``--parameter-file``): a YAML (or JSON, which is
+    YAML) mapping of parameter names to scalars. Booleans are written as Argo spells them
+    (``true``/``false``). Exit 2 naming the file and what is wrong (not YAML, not a mapping, a value
+    that is a list or mapping)."""
+    if path is None:
+        return ()
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        fail(f"--parameter-file {path}: not YAML or JSON: {e}", "write one `name: value` a line, e.g. epochs: 5", code=2)
+    if doc is None:
+        return ()
+    if not isinstance(doc, dict):
+        fail(f"--parameter-file {path}: a {type(doc).__name__}, not a mapping of parameter names to values",
+             "write one `name: value` a line, e.g. epochs: 5", code=2)
+    pairs = []
+    for key, value in doc.items():
+        if isinstance(value, (list, dict)) or value is None:
+            fail(f"--parameter-file {path}: parameter {key!r} is {'empty' if value is None else 'a ' + type(value).__name__}, not a single value",
+                 "each parameter takes one value: a string or a number, e.g. epochs: 5", code=2)
+        pairs.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
+    return tuple(pairs)
 
 
 def image_options(fn: Callable) -> Callable:
@@ -106,9 +176,23 @@ def image_config(registry: str | None, images: Sequence[str]) -> dict[str, Any]:
 
 
 def cluster_options(fn: Callable) -> Callable:
-    """``--namespace/-n`` and ``--context`` of commands that talk to the cluster."""
-    fn = click.option("--namespace", "-n", default="pipectl", show_default=True, envvar="PIPECTL_NAMESPACE")(fn)
-    return click.option("--context", default=None, help="kubeconfig context (default: current).")(fn)
+    """``--namespace/-n`` and ``--context`` of commands that talk to the cluster. The command gets
+    the namespace resolved as kubectl does: ``-n``, else ``$PIPECTL_NAMESPACE``, else the namespace
+    of the kubeconfig context (``--context`` or the current one), else ``pipectl``. An unknown
+    ``--context`` exits 2 naming the contexts there are (never a fallback to in-cluster credentials)."""
+
+    @functools.wraps(fn)
+    def resolved(*args: Any, namespace: str | None, context: str | None, **kwargs: Any) -> Any:
+        from pipectl.components.names import DEFAULT_NAMESPACE
+        from pipectl.pipelines.backends.kube import kubeconfig_context
+
+        if namespace is None or context:  # an unknown --context exits 2 even with -n
+            namespace = namespace or kubeconfig_context(context)[1] or DEFAULT_NAMESPACE
+        return fn(*args, namespace=namespace, context=context, **kwargs)
+
+    resolved = click.option("--namespace", "-n", default=None, envvar="PIPECTL_NAMESPACE",
+                            help="Namespace [default: the kubeconfig context's namespace, else pipectl].")(resolved)
+    return click.option("--context", default=None, help="kubeconfig context (default: current).")(resolved)
 
 
 def parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
@@ -122,14 +206,16 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def training_parameters(pairs: Sequence[str]) -> Any:
-    """Validate ``-p`` overrides against :class:`TrainingParameters`; exit 2 with every problem named."""
+def training_parameters(pairs: Sequence[str], parameter_file: Path | None = None) -> Any:
+    """Validate ``--parameter-file`` then ``-p`` overrides (``-p`` wins) against
+    :class:`TrainingParameters`; exit 2 with every problem named."""
     from pydantic import ValidationError
 
     from pipectl.components.contracts import TrainingParameters
 
+    overrides = {**parse_overrides(parameter_file_pairs(parameter_file)), **parse_overrides(pairs)}
     try:
-        return TrainingParameters.from_overrides(parse_overrides(pairs))
+        return TrainingParameters.from_overrides(overrides)
     except ValueError as e:
         if isinstance(e, ValidationError):
             problems = "; ".join(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from pipectl.cli.common import compile_config, console, fail, image_config, image_options, launcher_option
+from pipectl.cli.common import compile_config, console, fail, image_config, image_options, launcher_option, needs_steps_extra
 
 RENDERABLE = ("training", "cluster")
 
@@ -82,6 +82,7 @@ def data() -> None:
 @data.command("example")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--name", type=click.Choice(["digits"]), default="digits", show_default=True)
+@needs_steps_extra("pipectl data example")
 def data_example(directory: Path, name: str) -> None:
     """Write the example dataset NAME to DIRECTORY in ImageFolder layout (<label>/<image>.jpg)."""
     from pipectl.components.data import write_example

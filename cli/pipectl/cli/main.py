@@ -3,7 +3,8 @@ here once; no command module imports this one (no import cycle).
 
 - :mod:`pipectl.cli.compile_cmds`: render, lint, data example (compile layer, no I/O beyond files);
 - :mod:`pipectl.cli.run_cmd`: run (the local backend);
-- :mod:`pipectl.cli.cluster_cmds`: submit, templates, cron, list, status, logs, retry.
+- :mod:`pipectl.cli.cluster_cmds`: submit, templates, cron, list, status, logs, retry, stop, terminate, delete;
+- :mod:`pipectl.cli.completion_cmd`: completion (click's shell completion scripts).
 
 Exit codes (DESIGN.md): 0 ok; 1 the operation failed (a workflow that ends Failed); 2 usage or
 validation error; 3 a cluster or service unreachable or unauthorised.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import click
 
-from pipectl.cli import cluster_cmds, compile_cmds, run_cmd
+from pipectl.cli import cluster_cmds, compile_cmds, completion_cmd, run_cmd
 from pipectl.cli.common import Group
 
 
@@ -27,6 +28,7 @@ for _command in (
     compile_cmds.render, compile_cmds.lint, compile_cmds.data,
     run_cmd.run,
     cluster_cmds.submit, cluster_cmds.templates, cluster_cmds.cron, cluster_cmds.list_, cluster_cmds.status,
-    cluster_cmds.logs, cluster_cmds.retry,
+    cluster_cmds.logs, cluster_cmds.retry, cluster_cmds.stop, cluster_cmds.terminate, cluster_cmds.delete,
+    completion_cmd.completion,
 ):
     main.add_command(_command)

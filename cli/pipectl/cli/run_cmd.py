@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from pipectl.cli.common import console, launcher_option, output_option, parameter_option, training_parameters
+from pipectl.cli.common import console, launcher_option, needs_steps_extra, output_option, parameter_option, training_parameters
 from pipectl.components.errors import redact_credentials
 
 PIPELINES = ("training",)
@@ -31,9 +31,11 @@ _CAUSE = re.compile(r"^(error|hint): |^[A-Za-z_.]+(Error|Exception): ")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Folder for local state. [default: .pipectl]")
 @launcher_option
 @output_option
-def run(pipeline: str, params: tuple[str, ...], output_format: str, launcher: str | None, **opts: Any) -> None:
-    """Run PIPELINE on this machine with the embedded local backend (same compiled workflow)."""
-    parameters = training_parameters(params)
+@needs_steps_extra("pipectl run")
+def run(pipeline: str, params: tuple[str, ...], parameter_file: Path | None, output_format: str, launcher: str | None, **opts: Any) -> None:
+    """Run PIPELINE on this machine with the embedded local backend (same compiled workflow).
+    Needs the steps' dependencies: pip install 'pipectl[steps]'."""
+    parameters = training_parameters(params, parameter_file)
     result = _run_with_progress(parameters, {k: v for k, v in opts.items() if v is not None}, launcher, console())
     if output_format == "json":
         click.echo(json.dumps(result, indent=2, sort_keys=True))

@@ -59,6 +59,10 @@ SEMAPHORE_CONFIGMAP = "pipectl-lanes"
 
 # ---------------------------------------------------------------- objects, labels, paths
 
+DEFAULT_NAMESPACE = "pipectl"
+"""The namespace of the cluster commands when neither ``-n``, ``$PIPECTL_NAMESPACE`` nor the
+kubeconfig context names one."""
+
 TEMPLATE_NAME = "training-v1"
 """The training WorkflowTemplate (a major version in the name: DESIGN.md "Names")."""
 

@@ -10,6 +10,7 @@ CLI's exit codes: unreachable/unauthorised -> :class:`Unreachable` (3), rejected
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any, Callable, Iterator
 
@@ -21,21 +22,71 @@ from pipectl.pipelines.workflows import GROUP, VERSION
 TERMINAL = ("Succeeded", "Failed", "Error")
 
 
+def kubeconfig_files() -> list[str]:
+    """The kubeconfig files kubectl reads, those that exist: ``$KUBECONFIG`` (a list separated by
+    ``os.pathsep``, read now, not when the client library was imported), else ``~/.kube/config``."""
+    value = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    return [p for p in value.split(os.pathsep) if p and os.path.isfile(p)]
+
+
+def kubeconfig_context(context: str | None) -> tuple[str | None, str | None]:
+    """``(name, namespace)`` of the kubeconfig context ``context`` (None: the current one); the
+    namespace is None when the context sets none. ``(None, None)`` when there is no kubeconfig and
+    no context was asked for (in-cluster). Files merge as kubectl merges them: the first file
+    that names a context or sets ``current-context`` wins.
+
+    Raises :class:`ValidationFailed` (exit 2) for a ``context`` the kubeconfig does not define, or
+    asked for with no kubeconfig at all; :class:`Unreachable` (exit 3) for a kubeconfig that is
+    not YAML.
+    """
+    import yaml
+
+    files = kubeconfig_files()
+    if not files:
+        if context:
+            where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+            raise ValidationFailed(f"--context {context}: there is no kubeconfig ({where} does not exist)",
+                                   "set KUBECONFIG to the file that defines the context")
+        return None, None
+    contexts: dict[str, dict] = {}
+    current = None
+    for path in files:
+        try:
+            with open(path) as f:
+                doc = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise Unreachable(f"kubeconfig {path} cannot be read: {e}", "fix the file or point KUBECONFIG elsewhere") from e
+        for c in doc.get("contexts") or []:
+            contexts.setdefault(c.get("name"), c.get("context") or {})
+        current = current or doc.get("current-context") or None
+    if context and context not in contexts:
+        raise ValidationFailed(f"--context {context}: no such context in the kubeconfig ({os.pathsep.join(files)})",
+                               f"contexts there: {', '.join(sorted(map(str, contexts))) or 'none'} (kubectl config get-contexts)")
+    name = context or current
+    return name, (contexts.get(name) or {}).get("namespace") or None
+
+
 class ArgoCluster:
     """Kubernetes API access for Argo objects in one namespace."""
 
     def __init__(self, namespace: str, context: str | None = None) -> None:
+        """Credentials as kubectl finds them: the kubeconfig (``context``, else its current one);
+        in-cluster (a pod's service account) ONLY when there is no kubeconfig and no ``context``.
+        Raises :class:`ValidationFailed` (2) for an unknown ``context``, :class:`Unreachable` (3)
+        when no usable configuration is found."""
         from kubernetes import client, config
 
         self.namespace = namespace
+        files = kubeconfig_files()
+        kubeconfig_context(context)  # an unknown --context is a usage error, never a fallback
         try:
-            try:
-                # KUBECONFIG read now, not when the client library was imported
-                config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), context=context)
-            except config.ConfigException:
+            if files:
+                config.load_kube_config(config_file=os.pathsep.join(files), context=context)
+            else:
                 config.load_incluster_config()
         except config.ConfigException as e:
-            raise Unreachable(f"no Kubernetes configuration: {e}", "set KUBECONFIG or run inside a cluster") from e
+            where = f"kubeconfig {os.pathsep.join(files)}" if files else "no kubeconfig (KUBECONFIG unset, no ~/.kube/config) and not in a cluster"
+            raise Unreachable(f"no usable Kubernetes configuration: {where}: {e}", "set KUBECONFIG or run inside a cluster") from e
         self.api = client.CustomObjectsApi()
         self.core = client.CoreV1Api()
         self.host = client.Configuration.get_default_copy().host
@@ -116,6 +167,25 @@ class ArgoCluster:
     def patch(self, plural: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._call(f"patch {plural} {name}", self.api.patch_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, name, body)
 
+    def delete(self, plural: str, name: str) -> None:
+        """Delete ``name``; what it owns (a workflow's pods and gang jobs) goes with it (the
+        garbage collector, background propagation). Errors as :meth:`_call` (404: not found, 1)."""
+        self._call(f"delete {plural} {name}", self.api.delete_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, name,
+                   body={"propagationPolicy": "Background"})
+
+    def shutdown(self, name: str, strategy: str) -> dict[str, Any]:
+        """Set the Workflow's ``spec.shutdown`` as `argo stop` / `argo terminate` do (Argo docs,
+        "Workflow shutdown"): ``Stop`` ends running steps and runs the exit handlers, ``Terminate``
+        ends them and runs no exit handler. The controller does the rest.
+        Raises :class:`ValidationFailed` (2) for a workflow that has already ended (as Argo:
+        "cannot shutdown a completed workflow")."""
+        wf = self.get("workflows", name)
+        phase = wf.get("status", {}).get("phase")
+        if phase in TERMINAL:
+            raise ValidationFailed(f"workflow {name} has already ended ({phase}): nothing to {strategy.lower()}",
+                                   f"`pipectl delete {name}` removes it")
+        return self.patch("workflows", name, {"spec": {"shutdown": strategy}})
+
     def logs(self, workflow: str) -> Iterator[tuple[str, str]]:
         """(pod name, log text) for every pod of ``workflow`` (steps and gang pods), oldest first."""
         pods = self._call("list pods", self.core.list_namespaced_pod, self.namespace, label_selector=f"{WORKFLOW_LABEL}={workflow}")
@@ -123,6 +193,46 @@ class ArgoCluster:
             names = [c.name for c in pod.spec.containers]
             container = "main" if "main" in names else names[0]
             yield pod.metadata.name, self._call(f"logs of {pod.metadata.name}", self.core.read_namespaced_pod_log, pod.metadata.name, self.namespace, container=container)
+
+    def follow_logs(self, workflow: str, emit: Callable[[str, str], None], poll_s: float = 1.0) -> dict[str, Any]:
+        """Stream the log of every pod of ``workflow`` while it is written (``logs -f``), pods that
+        start later included (the next step, a retry, gang pods), until the workflow has ended and
+        every stream has closed. ``emit(pod, line)`` gets each line without its newline, from one
+        thread per pod (the caller serialises). A pod whose log cannot be read gets one line
+        ``(log unavailable: ...)``. Returns the ended Workflow. Errors of the polls as :meth:`_call`."""
+        streams: dict[str, threading.Thread] = {}
+        while True:
+            wf = self.get("workflows", workflow)
+            pods = self._call("list pods", self.core.list_namespaced_pod, self.namespace, label_selector=f"{WORKFLOW_LABEL}={workflow}")
+            for pod in sorted(pods.items, key=lambda p: p.metadata.creation_timestamp):
+                if pod.metadata.name not in streams and pod.status.phase in ("Running", "Succeeded", "Failed"):
+                    t = threading.Thread(target=self._stream_log, args=(pod, emit), daemon=True, name=f"log-{pod.metadata.name}")
+                    t.start()
+                    streams[pod.metadata.name] = t
+            if wf.get("status", {}).get("phase") in TERMINAL and not any(t.is_alive() for t in streams.values()):
+                return wf
+            time.sleep(poll_s)
+
+    def _stream_log(self, pod: Any, emit: Callable[[str, str], None]) -> None:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        names = [c.name for c in pod.spec.containers]
+        name = pod.metadata.name
+        try:
+            resp = self.core.read_namespaced_pod_log(name, self.namespace, container="main" if "main" in names else names[0],
+                                                     follow=True, _preload_content=False)
+            rest = b""
+            for chunk in resp.stream(4096):
+                *lines, rest = (rest + chunk).split(b"\n")
+                for line in lines:
+                    emit(name, line.decode(errors="replace"))
+            if rest:
+                emit(name, rest.decode(errors="replace"))
+            resp.release_conn()
+        except (ApiException, HTTPError, OSError) as e:
+            reason = f"{e.status} {e.reason}" if isinstance(e, ApiException) else str(e)
+            emit(name, f"(log unavailable: {reason})")
 
     def wait(self, name: str, on_change: Callable[[dict[str, Any]], None], poll_s: float = 2.0, timeout_s: float | None = None) -> dict[str, Any]:
         """Poll the Workflow until it ends; ``on_change`` gets it whenever a node phase changes."""

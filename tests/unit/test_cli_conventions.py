@@ -1,0 +1,197 @@
+"""Command-line conventions users bring from `argo` and `kubectl` (issue 16), the parts that need no
+cluster: --parameter-file, the kubeconfig context's namespace, an unknown --context, -o, shell
+completion. The real pipectl executable of this venv in a subprocess each time. Against the API
+server and the Argo controller: tests/cluster/test_cli_conventions.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+PIPECTL = str(Path(sys.executable).parent / "pipectl")
+
+
+def _run(*args, env=None, **kw) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "PIPECTL_NAMESPACE")}
+    return subprocess.run([PIPECTL, *map(str, args)], capture_output=True, text=True, timeout=60, env={**base, **(env or {})}, **kw)
+
+
+def _arguments(stdout: str) -> dict[str, str]:
+    wf = yaml.safe_load(stdout)
+    return {p["name"]: p["value"] for p in wf["spec"]["arguments"]["parameters"]}
+
+
+@pytest.fixture()
+def kubeconfig(tmp_path) -> Path:
+    """Contexts `team-a` (namespace team-a, current), `team-b` (namespace team-b), `bare` (none);
+    the server is a closed port: nothing here may need it."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "team-a",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "team-a", "context": {"cluster": "c", "user": "u", "namespace": "team-a"}},
+                     {"name": "team-b", "context": {"cluster": "c", "user": "u", "namespace": "team-b"}},
+                     {"name": "bare", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    return path
+
+
+# ---------------------------------------------------------------- --parameter-file
+
+
+@pytest.mark.parametrize("suffix, text", [
+    (".yaml", "epochs: 4\nlane: urgent\nlearning-rate: 0.01\nworkers: 2\n"),
+    (".json", json.dumps({"epochs": 4, "lane": "urgent", "learning_rate": 0.01, "workers": 2})),
+])
+def test_parameter_file_yaml_or_json_and_p_overrides_it(tmp_path, suffix, text):
+    f = tmp_path / f"params{suffix}"
+    f.write_text(text)
+    r = _run("submit", "training", "--dry-run", "--parameter-file", f)
+    assert r.returncode == 0, r.stderr
+    got = _arguments(r.stdout)
+    assert (got["epochs"], got["lane"], got["learning-rate"], got["workers"]) == ("4", "urgent", "0.01", "2")
+    r = _run("submit", "training", "--dry-run", "-f", f, "-p", "epochs=7", "--lane", "batch")
+    assert r.returncode == 0, r.stderr
+    got = _arguments(r.stdout)
+    assert (got["epochs"], got["lane"], got["workers"]) == ("7", "batch", "2")  # -p and --lane win, the rest stays
+
+
+def test_parameter_file_values_are_validated_like_p(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("workers: 0\n")
+    r = _run("submit", "training", "--dry-run", "--parameter-file", f)
+    assert r.returncode == 2 and "workers" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("- epochs\n- 5\n", "a list, not a mapping"),
+    ("epochs: [1, 2]\n", "parameter 'epochs' is a list"),
+    ("epochs:\n", "parameter 'epochs' is empty"),
+    ("epochs: {a: 1}\n", "parameter 'epochs' is a dict"),
+    ("epochs: 5\n  lane: [\n", "not YAML or JSON"),
+])
+def test_a_bad_parameter_file_exits_2_naming_the_file_and_the_problem(tmp_path, text, expected):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    r = _run("submit", "training", "--dry-run", "--parameter-file", f)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert str(f) in r.stderr and expected in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_a_missing_parameter_file_is_a_usage_error(tmp_path):
+    r = _run("submit", "training", "--dry-run", "--parameter-file", tmp_path / "nope.yaml")
+    assert r.returncode == 2 and "nope.yaml" in r.stderr and "does not exist" in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------- namespace and --context
+
+
+def _namespace(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 0, r.stderr
+    return yaml.safe_load(r.stdout)["metadata"]["namespace"]
+
+
+def test_the_kubeconfig_contexts_namespace_is_used_when_n_is_absent(kubeconfig):
+    env = {"KUBECONFIG": str(kubeconfig)}
+    assert _namespace(_run("submit", "training", "--dry-run", env=env)) == "team-a"  # the current context's
+    assert _namespace(_run("submit", "training", "--dry-run", "--context", "team-b", env=env)) == "team-b"
+    assert _namespace(_run("submit", "training", "--dry-run", "--context", "bare", env=env)) == "pipectl"
+    assert _namespace(_run("submit", "training", "--dry-run", "-n", "mine", env=env)) == "mine"  # -n wins
+    assert _namespace(_run("submit", "training", "--dry-run", env={**env, "PIPECTL_NAMESPACE": "from-env"})) == "from-env"
+    assert _namespace(_run("submit", "training", "--dry-run", env={"KUBECONFIG": str(kubeconfig.parent / "none")})) == "pipectl"
+    r = _run("templates", "apply", "--dry-run", env=env)
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load(r.stdout)["metadata"]["namespace"] == "team-a"
+
+
+def test_kubeconfig_files_merge_as_kubectl_merges_them(kubeconfig, tmp_path):
+    """KUBECONFIG=a:b: b's contexts are there too; a's current-context wins."""
+    other = tmp_path / "other"
+    other.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "current-context": "team-c",
+                                     "contexts": [{"name": "team-c", "context": {"cluster": "c", "user": "u", "namespace": "team-c"}}]}))
+    env = {"KUBECONFIG": f"{kubeconfig}{os.pathsep}{other}"}
+    assert _namespace(_run("submit", "training", "--dry-run", env=env)) == "team-a"
+    assert _namespace(_run("submit", "training", "--dry-run", "--context", "team-c", env=env)) == "team-c"
+
+
+@pytest.mark.parametrize("args", [("submit", "training", "--dry-run"), ("submit", "training"), ("list",), ("status", "x"),
+                                  ("stop", "x"), ("logs", "-f", "x")])
+def test_an_unknown_context_exits_2_naming_the_contexts_there_are(kubeconfig, args):
+    r = _run(*args, "--context", "tema-a", env={"KUBECONFIG": str(kubeconfig)})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--context tema-a: no such context" in r.stderr and "bare, team-a, team-b" in r.stderr, r.stderr
+
+
+def test_a_context_without_a_kubeconfig_never_falls_back_to_in_cluster_credentials(tmp_path):
+    # what a pod would see: the service account token and the in-cluster environment
+    env = {"KUBECONFIG": str(tmp_path / "none"), "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "9"}
+    r = _run("list", "--context", "prod", env=env)
+    assert r.returncode == 2, r.stderr
+    assert "--context prod: there is no kubeconfig" in r.stderr and "none does not exist" in r.stderr, r.stderr
+    r = _run("list", env=env)  # no --context and no kubeconfig: in-cluster is tried, and says so
+    assert r.returncode == 3 and "not in a cluster" in r.stderr, r.stderr
+
+
+def test_a_kubeconfig_that_is_not_yaml_exits_3_naming_it(tmp_path):
+    bad = tmp_path / "config"
+    bad.write_text("clusters: [\n")
+    r = _run("list", env={"KUBECONFIG": str(bad)})
+    assert r.returncode == 3 and f"kubeconfig {bad} cannot be read" in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------- -o and the new commands
+
+
+def test_o_is_offered_with_the_kubectl_formats():
+    for cmd in ("list", "status", "submit"):
+        r = _run(cmd, "--help")
+        assert "-o, --output [text|wide|json|yaml|name]" in r.stdout, r.stdout
+    r = _run("list", "-o", "table")
+    assert r.returncode == 2 and "'table' is not one of" in r.stderr, r.stderr
+
+
+def test_stop_terminate_delete_need_a_name():
+    for cmd in ("stop", "terminate", "delete"):
+        r = _run(cmd)
+        assert r.returncode == 2 and "Missing argument 'NAMES...'" in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------- shell completion
+
+
+def test_completion_prints_clicks_own_script_for_each_shell():
+    for shell in ("bash", "zsh", "fish"):
+        r = _run("completion", shell)
+        assert r.returncode == 0, r.stderr
+        source = _run(env={"_PIPECTL_COMPLETE": f"{shell}_source"})
+        assert r.stdout.strip() == source.stdout.strip() and f"_PIPECTL_COMPLETE={shell}_complete" in r.stdout.replace('"', "")
+    r = _run("completion", "tcsh")
+    assert r.returncode == 2 and "'tcsh' is not one of 'bash', 'zsh', 'fish'" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("pipectl su", {"submit"}),
+    ("pipectl st", {"status", "stop"}),
+    ("pipectl submit training --lane ", {"urgent", "standard", "batch"}),
+    ("pipectl list -o ", {"text", "wide", "json", "yaml", "name"}),
+    ("pipectl render training --launcher ", {"volcano", "pytorchjob"}),
+    ("pipectl completion ", {"bash", "zsh", "fish"}),
+])
+def test_bash_completes_commands_and_choices_through_the_printed_script(tmp_path, line, expected):
+    """A real bash sources `pipectl completion bash` and calls its completion function as <TAB> would."""
+    script = tmp_path / "pipectl.bash"
+    script.write_text(_run("completion", "bash").stdout)
+    words = line.split(" ")
+    code = (f"PATH={Path(PIPECTL).parent}:$PATH; source {script}; COMP_WORDS=({' '.join(repr(w) for w in words)}); "
+            f"COMP_CWORD={len(words) - 1}; _pipectl_completion pipectl; printf '%s\\n' \"${{COMPREPLY[@]}}\"")
+    r = subprocess.run(["bash", "--norc", "--noprofile", "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert set(r.stdout.split()) == expected, r.stdout + r.stderr
