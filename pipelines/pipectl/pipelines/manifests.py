@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from hera.workflows import CronWorkflow
-from hera.workflows.models import WorkflowTemplateRef
+from hera.workflows.models import Metadata, WorkflowTemplateRef
 
 from pipectl.components.names import PART_OF, SEMAPHORE_CONFIGMAP, STORE_CONFIGMAP, STORE_SECRET, TEMPLATE_NAME
 from pipectl.pipelines.launchers import LAUNCHERS
@@ -306,6 +306,8 @@ def retrain_cron(cfg: CompileConfig) -> CronWorkflow:
     DST-safe: the time is outside the hours a DST change skips or repeats, and ``when`` skips a
     run if the previous one started less than 20 hours ago (a repeated hour can never run twice).
     ``concurrencyPolicy: Forbid``: a retrain never overlaps the previous one.
+    ``workflowMetadata`` labels each run as pipectl's (``pipectl list``, the Argo UI's label filter);
+    the controller adds ``workflows.argoproj.io/cron-workflow: retrain`` itself.
     """
     return CronWorkflow(
         name="retrain",
@@ -321,7 +323,7 @@ def retrain_cron(cfg: CompileConfig) -> CronWorkflow:
         failed_jobs_history_limit=5,
         when="{{= cronworkflow.lastScheduledTime == nil || (now() - cronworkflow.lastScheduledTime).Hours() >= 20 }}",
         workflow_template_ref=WorkflowTemplateRef(name=TEMPLATE_NAME),
-        workflow_metadata=None,
+        workflow_metadata=Metadata(labels=dict(PART_OF)),
     )
 
 
