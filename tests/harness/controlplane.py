@@ -80,13 +80,14 @@ class TestCluster:
     __test__ = False  # not a pytest test class
 
     def __init__(self, run_dir: Path, *, nodes: int = 4, volcano: bool = True,
-                 argo_server: bool = False, start_timeout_s: float = 180.0,
+                 argo_server: bool = False, argo_links: str | None = None, start_timeout_s: float = 180.0,
                  remove_on_stop: bool = True, verbose: bool = True,
                  die_with_parent: bool = True) -> None:
         self.run_dir = Path(run_dir).absolute()
         self.nodes = nodes
         self.volcano = volcano
         self.argo_server = argo_server
+        self.argo_links = argo_links  # the controller config's `links` (YAML); None: the product's
         self.start_timeout_s = start_timeout_s
         self.remove_on_stop = remove_on_stop
         self.verbose = verbose
@@ -469,7 +470,10 @@ class TestCluster:
             cm["data"][key] = cm["data"][key].replace("METRICS_PORT", str(self.ports["argo-metrics"]))
         # the product's executor settings (requests; restricted securityContext: the pipectl
         # namespace enforces the restricted Pod Security Standard)
-        cm["data"]["executor"] = controller_config(CompileConfig())[0]["data"]["executor"]
+        product = controller_config(CompileConfig())[0]["data"]
+        cm["data"]["executor"] = product["executor"]
+        # the Argo UI's links (workflow -> its MLflow run); a test may point them elsewhere
+        cm["data"]["links"] = self.argo_links if self.argo_links is not None else product["links"]
         k.core.create_namespaced_config_map("argo", cm)
 
     def _start_kwok(self, k) -> None:
