@@ -16,6 +16,8 @@
 #   vc-scheduler             volcano.sh/volcano              writable copy (go.mod has replaces)
 #   vc-controller-manager
 #   kwok                     sigs.k8s.io/kwok/cmd/kwok       go install @version
+#   karpenter                sigs.k8s.io/karpenter/kwok      go install @version (Karpenter with its
+#                            KWOK cloud provider: NodeClaims become KWOK nodes)
 #
 # The real node (scripts/node-up.sh, tests/cluster/node.py) adds:
 #   kubelet                  k8s.io/kubernetes/cmd/kubelet   via k8s-wrapper/go.mod
@@ -55,6 +57,7 @@ ETCD_VERSION=v3.6.16         # go.etcd.io/etcd/server/v3 (keep in sync with etcd
 ARGO_VERSION=v4.0.5          # github.com/argoproj/argo-workflows/v4 (v3 is not on the proxy)
 VOLCANO_VERSION=v1.10.0      # volcano.sh/volcano (newer versions are not on the proxy)
 KWOK_VERSION=v0.8.0          # sigs.k8s.io/kwok
+KARPENTER_VERSION=v1.13.0    # sigs.k8s.io/karpenter (v1.14.3+ need go >= 1.26.10; this machine has 1.26.8)
 COREDNS_VERSION=v1.14.7      # github.com/coredns/coredns (pod DNS on the real node)
 PAUSE_TAG=3.10.1             # build/pause/Makefile TAG in k8s.io/kubernetes@K8S_VERSION
 
@@ -63,7 +66,7 @@ ALL_COMPONENTS=(
   kube-apiserver kube-controller-manager kube-scheduler
   workflow-controller argo
   vc-scheduler vc-controller-manager
-  kwok
+  kwok karpenter
   kubelet pause argoexec coredns
   kubectl
 )
@@ -334,6 +337,16 @@ build_kwok() {
   rm -rf "$gobin"
 }
 
+# Karpenter's controller with the KWOK cloud provider (its kwok/main.go): the autoscaler tests.
+build_karpenter() {
+  local gobin
+  gobin=$(mktemp -d "$WORK/gobin.XXXXXX")
+  (cd "$WORK" && GOBIN=$gobin "${NICE[@]}" go install "${GO_BUILD_FLAGS[@]}" -ldflags "-s -w" \
+    "sigs.k8s.io/karpenter/kwok@$KARPENTER_VERSION")
+  mv "$gobin/kwok" "$1"
+  rm -rf "$gobin"
+}
+
 version_of() {
   case $1 in
     etcd) echo "$ETCD_VERSION" ;;
@@ -342,6 +355,7 @@ version_of() {
     argo) echo "$ARGO_VERSION-ui" ;;   # -ui: with the real UI (binaries before it embedded a placeholder)
     vc-*) echo "$VOLCANO_VERSION" ;;
     kwok) echo "$KWOK_VERSION" ;;
+    karpenter) echo "$KARPENTER_VERSION" ;;
     kubelet|pause|kubectl) echo "$K8S_VERSION" ;;
     argoexec) echo "$ARGO_VERSION" ;;
     coredns) echo "$COREDNS_VERSION" ;;

@@ -24,6 +24,7 @@ VERSIONS = {
     "vc-scheduler": "v1.10.0",
     "vc-controller-manager": "v1.10.0",
     "kwok": "v0.8.0",
+    "karpenter": "v1.13.0",  # Karpenter with its KWOK cloud provider (only the autoscaler tests)
     "kubectl": K8S_VERSION,  # only for `kubectl apply -k argo/` as a user would
 }
 # Go modules whose manifests (CRDs, stages) are applied: module@version -> files inside it
@@ -31,11 +32,14 @@ MODULES = {
     "argo": "github.com/argoproj/argo-workflows/v4@" + VERSIONS["workflow-controller"],
     "volcano": "volcano.sh/volcano@" + VERSIONS["vc-scheduler"],
     "kwok": "sigs.k8s.io/kwok@" + VERSIONS["kwok"],
+    "karpenter": "sigs.k8s.io/karpenter@" + VERSIONS["karpenter"],
 }
 CRD_GLOBS = {
     "kwok": ["kustomize/crd/bases/kwok.x-k8s.io_stages.yaml"],
     "argo": ["manifests/base/crds/full/argoproj.io_*.yaml"],
     "volcano": ["config/crd/volcano/bases/*.yaml", "config/crd/jobflow/bases/*.yaml"],
+    # NodePool, NodeClaim, NodeOverlay and the KWOK provider's KWOKNodeClass
+    "karpenter": ["pkg/apis/crds/karpenter.sh_*.yaml", "kwok/apis/crds/*.yaml"],
 }
 REQUIRED_COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
                        "kwok", "workflow-controller"]
@@ -82,22 +86,22 @@ def crd_files(name: str) -> list[Path]:
     return sorted(p for g in CRD_GLOBS[name] for p in d.glob(g))
 
 
-def missing(volcano: bool = True) -> list[str]:
+def missing(volcano: bool = True, autoscaler: bool = False) -> list[str]:
     """What the cluster needs and cannot find: binaries in the cache, module CRDs."""
     out = []
-    for c in REQUIRED_COMPONENTS + (OPTIONAL_COMPONENTS if volcano else []):
+    for c in REQUIRED_COMPONENTS + (OPTIONAL_COMPONENTS if volcano else []) + (["karpenter"] if autoscaler else []):
         if not os.access(binary(c), os.X_OK):
             out.append(f"binary {binary(c)} (run tests/cluster/build.sh {c})")
-    for m in ["kwok", "argo"] + (["volcano"] if volcano else []):
+    for m in ["kwok", "argo"] + (["volcano"] if volcano else []) + (["karpenter"] if autoscaler else []):
         if not crd_files(m):
             out.append(f"CRDs of Go module {MODULES[m]} under {gomodcache()} "
                        f"(run: go mod download {MODULES[m]})")
     return out
 
 
-def ensure_available(volcano: bool = True) -> None:
+def ensure_available(volcano: bool = True, autoscaler: bool = False) -> None:
     """Raise ClusterNotAvailable naming everything `missing()` finds."""
-    m = missing(volcano)
+    m = missing(volcano, autoscaler)
     if m:
         raise ClusterNotAvailable("test cluster components missing: " + "; ".join(m))
 

@@ -17,6 +17,9 @@ Upstream binaries only (binaries.py; built by tests/cluster/build.sh):
   argo server               only with argo_server=True: auth mode server, plain http
   vc-scheduler              Volcano scheduler (optional: its failure is recorded, not fatal)
   vc-controller-manager     Volcano controllers (optional, same)
+  karpenter                 only with autoscaler=True: Karpenter with its KWOK cloud provider
+                            (karpenter.py); NodeClaims become KWOK nodes after
+                            ``node_registration_delay_s``. The test applies the NodePools.
   argoexec-stand-in         argoexec.py: writes each ended pod's WorkflowTaskResult and runs
                             resource templates, as Argo's executor would for pods that never run
 
@@ -50,24 +53,24 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.harness import kwok
+from tests.harness import karpenter, kwok
 from tests.harness.binaries import (OPTIONAL_COMPONENTS, VERSIONS, ClusterNotAvailable, binary, crd_files,
                                     ensure_available, load_yaml_docs)
 from tests.harness.components import Components
 from tests.harness.pki import write_kubeconfig, write_pki
-from pipectl.pipelines.backends.processes import ProcessError, free_ports
+from pipectl.pipelines.backends.processes import ProcessError, free_ports, http_ok
 
 AUDIT_POLICY = Path(__file__).resolve().parents[1] / "cluster" / "audit-policy.yaml"
 ADMISSION_CONFIG = Path(__file__).resolve().parents[2] / "argo" / "cluster" / "kube-apiserver" / "admission-configuration.yaml"
 ARGOEXEC_STAND_IN = Path(__file__).resolve().parent / "argoexec.py"
 CONTROLLER_CONFIGMAP = kwok.MANIFESTS / "workflow-controller-configmap.yaml"
-STOP_ORDER = ["argoexec-stand-in", "argo-server", "workflow-controller", "vc-controller-manager", "vc-scheduler",
+STOP_ORDER = ["karpenter", "argoexec-stand-in", "argo-server", "workflow-controller", "vc-controller-manager", "vc-scheduler",
               "kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]
 STATE_FILE = "cluster.json"
 EXECUTOR_IMAGE = "quay.io/argoproj/argoexec:" + VERSIONS["workflow-controller"]
 SERVICE_CIDR = "10.96.0.0/16"
 PORT_NAMES = ["etcd", "etcd-peer", "apiserver", "argo-metrics", "argo-server", "vc-sched-http",
-              "vc-sched-healthz", "vc-cm-healthz"]
+              "vc-sched-healthz", "vc-cm-healthz", "karpenter-metrics", "karpenter-health"]
 
 
 class ClusterStartError(ProcessError):
@@ -82,12 +85,15 @@ class TestCluster:
     def __init__(self, run_dir: Path, *, nodes: int = 4, volcano: bool = True,
                  argo_server: bool = False, argo_links: str | None = None, start_timeout_s: float = 180.0,
                  remove_on_stop: bool = True, verbose: bool = True,
-                 die_with_parent: bool = True) -> None:
+                 die_with_parent: bool = True, autoscaler: bool = False,
+                 node_registration_delay_s: int = 5) -> None:
         self.run_dir = Path(run_dir).absolute()
         self.nodes = nodes
         self.volcano = volcano
         self.argo_server = argo_server
         self.argo_links = argo_links  # the controller config's `links` (YAML); None: the product's
+        self.autoscaler = autoscaler
+        self.node_registration_delay_s = node_registration_delay_s
         self.start_timeout_s = start_timeout_s
         self.remove_on_stop = remove_on_stop
         self.verbose = verbose
@@ -147,6 +153,8 @@ class TestCluster:
         """Bring every component up (see the module docstring); returns self. Raises
         ClusterNotAvailable (a binary or CRD missing) or ClusterStartError; stops what it started."""
         ensure_available(volcano=False)
+        if self.autoscaler:
+            ensure_available(volcano=False, autoscaler=True)
         if self.argo_server and not os.access(binary("argo"), os.X_OK):
             raise ClusterNotAvailable(f"binary {binary('argo')} missing "
                                       "(run tests/cluster/build.sh argo)")
@@ -315,13 +323,15 @@ class TestCluster:
             self._start_argo()
             if self.volcano:
                 self._start_volcano()
+            if self.autoscaler:
+                self._start_karpenter(k)
             self._wait_ready(self._readiness_checks(k))
             k.api.close()
 
     def _crd_bodies(self) -> list[tuple[str, str, bytes]]:
         """(name, source file, JSON body) of every CRD: KWOK Stage, Argo (full schemas), Volcano."""
         out = []
-        for m in ["kwok", "argo"] + (["volcano"] if self.volcano else []):
+        for m in ["kwok", "argo"] + (["volcano"] if self.volcano else []) + (["karpenter"] if self.autoscaler else []):
             for f in crd_files(m):
                 for doc in load_yaml_docs(f):
                     if doc.get("kind") == "CustomResourceDefinition":
@@ -529,6 +539,14 @@ class TestCluster:
                 "--scheduler-name", "volcano", "--logtostderr",
             ])
 
+    def _start_karpenter(self, k) -> None:
+        """Its namespace and the KWOKNodeClass, then Karpenter (karpenter.py)."""
+        k.core.create_namespace({"metadata": {"name": karpenter.NAMESPACE}})
+        k.custom.create_cluster_custom_object("karpenter.kwok.sh", "v1alpha1", "kwoknodeclasses",
+                                              karpenter.node_class(self.node_registration_delay_s))
+        self._spawn("karpenter", karpenter.argv(), env=karpenter.env(
+            str(self.kubeconfig), self.ports["karpenter-metrics"], self.ports["karpenter-health"]))
+
     def _readiness_checks(self, k) -> dict:
         """name -> check (true when ready) of everything still to come up."""
         def nodes_ready():
@@ -556,6 +574,8 @@ class TestCluster:
                   "kwok": nodes_ready}  # fake nodes Ready and untainted
         if self.argo_server:
             checks["argo-server"] = argo_server_ok
+        if self.autoscaler:
+            checks["karpenter"] = lambda: http_ok(karpenter.health_url(self.ports["karpenter-health"]))
         if self.volcano and "vc-scheduler" not in self.errors:
             checks["vc-scheduler"] = default_queue
         if self.volcano and "vc-controller-manager" not in self.errors:
