@@ -55,7 +55,8 @@ def light_venv(tmp_path_factory) -> Path:
     r = _run([venv / "bin" / "pip", "install", "--quiet", src], timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     t2 = time.monotonic()
-    print(f"[timing] light install: venv {t1 - t0:.1f} s, pip install {t2 - t1:.1f} s", file=sys.stderr)
+    size = sum(f.stat().st_size for f in venv.rglob("*") if f.is_file() and not f.is_symlink())
+    print(f"[timing] light install: venv {t1 - t0:.1f} s, pip install {t2 - t1:.1f} s, {size / 2**20:.0f} MiB installed", file=sys.stderr)
     return venv
 
 

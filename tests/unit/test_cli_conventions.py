@@ -29,7 +29,8 @@ def _arguments(stdout: str) -> dict[str, str]:
 
 @pytest.fixture()
 def kubeconfig(tmp_path) -> Path:
-    """Contexts `team-a` (namespace team-a, current), `team-b` (namespace team-b), `bare` (none);
+    """Contexts `team-a` (namespace team-a, current), `team-b` (namespace team-b), `bare` (none),
+    `kind` (namespace default, as many generated kubeconfigs write it);
     the server is a closed port: nothing here may need it."""
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump({
@@ -38,7 +39,8 @@ def kubeconfig(tmp_path) -> Path:
         "users": [{"name": "u", "user": {"token": "t"}}],
         "contexts": [{"name": "team-a", "context": {"cluster": "c", "user": "u", "namespace": "team-a"}},
                      {"name": "team-b", "context": {"cluster": "c", "user": "u", "namespace": "team-b"}},
-                     {"name": "bare", "context": {"cluster": "c", "user": "u"}}],
+                     {"name": "bare", "context": {"cluster": "c", "user": "u"}},
+                     {"name": "kind", "context": {"cluster": "c", "user": "u", "namespace": "default"}}],
     }))
     return path
 
@@ -104,6 +106,9 @@ def test_the_kubeconfig_contexts_namespace_is_used_when_n_is_absent(kubeconfig):
     assert _namespace(_run("submit", "training", "--dry-run", env=env)) == "team-a"  # the current context's
     assert _namespace(_run("submit", "training", "--dry-run", "--context", "team-b", env=env)) == "team-b"
     assert _namespace(_run("submit", "training", "--dry-run", "--context", "bare", env=env)) == "pipectl"
+    # kubectl cannot tell an explicit `default` from none: both mean pipectl's own namespace
+    assert _namespace(_run("submit", "training", "--dry-run", "--context", "kind", env=env)) == "pipectl"
+    assert _namespace(_run("submit", "training", "--dry-run", "--context", "kind", "-n", "default", env=env)) == "default"
     assert _namespace(_run("submit", "training", "--dry-run", "-n", "mine", env=env)) == "mine"  # -n wins
     assert _namespace(_run("submit", "training", "--dry-run", env={**env, "PIPECTL_NAMESPACE": "from-env"})) == "from-env"
     assert _namespace(_run("submit", "training", "--dry-run", env={"KUBECONFIG": str(kubeconfig.parent / "none")})) == "pipectl"
@@ -127,7 +132,7 @@ def test_kubeconfig_files_merge_as_kubectl_merges_them(kubeconfig, tmp_path):
 def test_an_unknown_context_exits_2_naming_the_contexts_there_are(kubeconfig, args):
     r = _run(*args, "--context", "tema-a", env={"KUBECONFIG": str(kubeconfig)})
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "--context tema-a: no such context" in r.stderr and "bare, team-a, team-b" in r.stderr, r.stderr
+    assert "--context tema-a: no such context" in r.stderr and "bare, kind, team-a, team-b" in r.stderr, r.stderr
 
 
 def test_a_context_without_a_kubeconfig_never_falls_back_to_in_cluster_credentials(tmp_path):

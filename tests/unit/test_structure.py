@@ -120,6 +120,32 @@ def test_the_light_commands_import_none_of_the_steps_extra(argv):
     assert r.stderr.splitlines()[-1] == "[]", r.stderr[-2000:]
 
 
+def test_the_step_images_pin_the_steps_extra_and_the_cli_dependencies_they_use():
+    """The images install exact pins (images/requirements-*.txt) and the project with --no-deps: every
+    requirement of the `steps` extra (but moto, the embedded S3 of `pipectl run`) and of the CLI
+    the steps use is pinned there, at a version pyproject allows."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = {}
+    for f in sorted((ROOT / "images").glob("requirements-*.txt")):
+        for line in f.read_text().splitlines():
+            if line.split("#")[0].strip():
+                req = Requirement(line.split("#")[0].strip())
+                pins[canonicalize_name(req.name)] = next(iter(req.specifier)).version
+    wanted = [Requirement(r) for r in project["optional-dependencies"]["steps"] + project["dependencies"]]
+    not_in_images = {"moto", "jsonschema", "requests"}  # moto: not on a cluster; lint and the Argo Server API: CLI only
+    missing = [str(r) for r in wanted if canonicalize_name(r.name) not in pins and r.name not in not_in_images]
+    assert missing == [], f"pin these in images/requirements-*.txt: {missing}"
+    off = [f"{r} (image pins {pins[canonicalize_name(r.name)]})" for r in wanted
+           if canonicalize_name(r.name) in pins and pins[canonicalize_name(r.name)] not in r.specifier]
+    assert off == []
+    assert "moto" not in pins and {"torch", "mlflow", "nvidia-dali-cuda120"} <= set(pins)
+
+
 def test_steps_import_no_pipeline_or_cli_code():
     steps = [m for m in MODULES if m.startswith("pipectl.components")]
     bad = {m: sorted(n for n in IMPORTS[m] if _top(n) & STEP_FORBIDDEN) for m in steps}

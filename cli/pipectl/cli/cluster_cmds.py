@@ -351,18 +351,18 @@ def _rows(rows: list[dict] | dict, output_format: str, narrow: tuple[str, ...] =
         for r in rows:
             click.echo(next(iter(r.values())))
         return
-    from rich.console import Console
-    from rich.table import Table
-
     if not rows:
         console().print("nothing found")
         return
     if narrow and output_format != "wide":
         rows = [{k: r[k] for k in narrow} for r in rows]
-    table = Table(*rows[0].keys())
-    for r in rows:
-        table.add_row(*[str(v) if v is not None else "" for v in r.values()])
-    Console().print(table)
+    # kubectl's table: upper-case headers, columns padded to their widest cell, nothing cut (a
+    # table squeezed to the terminal, or to 80 columns in a pipe, would cut names `grep`/`awk` need)
+    header = [k.upper() for k in rows[0]]
+    cells = [["" if v is None else ",".join(map(str, v)) if isinstance(v, list) else str(v) for v in r.values()] for r in rows]
+    widths = [max(len(c[i]) for c in [header, *cells]) for i in range(len(header))]
+    for line in [header, *cells]:
+        click.echo("   ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
 
 
 def _follow(cluster: Any, name: str) -> dict:

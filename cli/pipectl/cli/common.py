@@ -178,8 +178,11 @@ def image_config(registry: str | None, images: Sequence[str]) -> dict[str, Any]:
 def cluster_options(fn: Callable) -> Callable:
     """``--namespace/-n`` and ``--context`` of commands that talk to the cluster. The command gets
     the namespace resolved as kubectl does: ``-n``, else ``$PIPECTL_NAMESPACE``, else the namespace
-    of the kubeconfig context (``--context`` or the current one), else ``pipectl``. An unknown
-    ``--context`` exits 2 naming the contexts there are (never a fallback to in-cluster credentials)."""
+    of the kubeconfig context (``--context`` or the current one), else ``pipectl``. A context's
+    ``default`` counts as none: kubectl cannot tell an explicit ``default`` from an unset one (many
+    generated kubeconfigs write it), and nothing of pipectl lives there (``-n default`` still
+    works). An unknown ``--context`` exits 2 naming the contexts there are (never a fallback to
+    in-cluster credentials)."""
 
     @functools.wraps(fn)
     def resolved(*args: Any, namespace: str | None, context: str | None, **kwargs: Any) -> Any:
@@ -187,7 +190,8 @@ def cluster_options(fn: Callable) -> Callable:
         from pipectl.pipelines.backends.kube import kubeconfig_context
 
         if namespace is None or context:  # an unknown --context exits 2 even with -n
-            namespace = namespace or kubeconfig_context(context)[1] or DEFAULT_NAMESPACE
+            context_namespace = kubeconfig_context(context)[1]
+            namespace = namespace or (context_namespace if context_namespace != "default" else None) or DEFAULT_NAMESPACE
         return fn(*args, namespace=namespace, context=context, **kwargs)
 
     resolved = click.option("--namespace", "-n", default=None, envvar="PIPECTL_NAMESPACE",
