@@ -25,6 +25,7 @@ CRDS = [
     ("volcano.sh/volcano", "v1.10.0", "config/crd/volcano/bases/batch.volcano.sh_jobs.yaml", "v1alpha1"),
     ("volcano.sh/volcano", "v1.10.0", "config/crd/volcano/bases/scheduling.volcano.sh_queues.yaml", "v1beta1"),
     ("github.com/kubeflow/training-operator", "v1.8.1", "manifests/base/crds/kubeflow.org_pytorchjobs.yaml", "v1"),
+    ("sigs.k8s.io/karpenter", "v1.13.0", "pkg/apis/crds/karpenter.sh_nodepools.yaml", "v1"),
     ("github.com/prometheus-operator/prometheus-operator", "v0.80.1", "example/prometheus-operator-crd-full/monitoring.coreos.com_prometheusrules.yaml", "v1"),
 ]
 
@@ -40,6 +41,7 @@ K8S_KINDS = [
     ("apis__rbac.authorization.k8s.io__v1_openapi.json", "rbac.authorization.k8s.io/v1", "Role", "io.k8s.api.rbac.v1.Role"),
     ("apis__rbac.authorization.k8s.io__v1_openapi.json", "rbac.authorization.k8s.io/v1", "RoleBinding", "io.k8s.api.rbac.v1.RoleBinding"),
     ("apis__scheduling.k8s.io__v1_openapi.json", "scheduling.k8s.io/v1", "PriorityClass", "io.k8s.api.scheduling.v1.PriorityClass"),
+    ("apis__apps__v1_openapi.json", "apps/v1", "Deployment", "io.k8s.api.apps.v1.Deployment"),
 ]
 
 

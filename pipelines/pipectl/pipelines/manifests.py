@@ -13,7 +13,9 @@ from hera.workflows import CronWorkflow
 from hera.workflows.models import Metadata, WorkflowTemplateRef
 
 from pipectl.components.names import PART_OF, SEMAPHORE_CONFIGMAP, STORE_CONFIGMAP, STORE_SECRET, TEMPLATE_NAME
+from pipectl.pipelines.autoscaling import buffer, node_pools
 from pipectl.pipelines.launchers import LAUNCHERS
+from pipectl.pipelines.launchers.base import GANG_SCHEDULER
 from pipectl.pipelines.policy import LANES, exported
 from pipectl.pipelines.security import POD_SECURITY_LABELS, restricted_container_security_context
 from pipectl.pipelines.training import CompileConfig, build_training
@@ -145,10 +147,18 @@ def volcano_queues() -> list[dict]:
 
 # Volcano scheduler configuration that makes the lanes work (Volcano v1.10 docs, "Scheduler
 # configuration", "Actions", "Plugins"):
-# - enqueue admits a job's PodGroup only when the cluster could run it (gang: no half-admitted jobs);
-# - allocate binds whole gangs (gang plugin: minAvailable or nothing);
+# - NO enqueue action: enqueue admits a PodGroup only when the resources the cluster has NOW could
+#   run it (overcommit and proportion compare with the current nodes' total), so on an autoscaled
+#   cluster with no GPU node a GPU gang is never admitted, its pods are never created, and no
+#   autoscaler ever sees a pending pod (seen on the test cluster with Karpenter: PodGroup Pending,
+#   no pods, no NodeClaim, for as long as we waited). Without enqueue, allocate admits every
+#   PodGroup (allocate.go: "If not config enqueue action, change Pending pg into Inqueue"), the
+#   pods exist, Volcano marks them PodScheduled=False/Unschedulable, and the autoscaler provisions;
+# - allocate binds whole gangs (gang plugin: minAvailable or nothing), so a partial scale-up
+#   binds nothing and holds no GPU;
 # - preempt lets a higher-priority job take resources from lower-priority ones in the SAME queue
-#   (priority plugin: PriorityClass values of the lanes);
+#   (priority plugin: PriorityClass values of the lanes): how an urgent gang takes the buffer's
+#   placeholder pods (pipelines/pipectl/pipelines/autoscaling.py);
 # - reclaim lets a queue under its deserved share (proportion plugin: queue weights of the lanes)
 #   take resources back from reclaimable queues that use more than theirs: how an urgent gang
 #   gets GPUs that batch work is holding;
@@ -158,10 +168,10 @@ def volcano_queues() -> list[dict]:
 # gang restarts whole (Volcano Job policy PodEvicted -> RestartJob, pipelines/pipectl/pipelines/launchers/volcano.py) and resumes
 # from its checkpoint. drf.enablePreemptable=false: fairness by dominant share must not veto lanes.
 VOLCANO_SCHEDULER_CONF = {
-    "actions": "enqueue, allocate, preempt, reclaim, backfill",
+    "actions": "allocate, preempt, reclaim, backfill",
     "tiers": [
         {"plugins": [{"name": "priority"}, {"name": "gang", "enablePreemptable": False}, {"name": "conformance"}]},
-        {"plugins": [{"name": "overcommit"}, {"name": "drf", "enablePreemptable": False}, {"name": "predicates"},
+        {"plugins": [{"name": "drf", "enablePreemptable": False}, {"name": "predicates"},
                      {"name": "proportion"}, {"name": "nodeorder"}, {"name": "binpack"}]},
     ],
 }
@@ -332,6 +342,11 @@ NAMESPACE_OWNER_DIR = "namespace"
 APISERVER_CONFIG = f"{CLUSTER_ADMIN_DIR}/kube-apiserver/admission-configuration.yaml"
 TEMPLATE_FILE = f"{NAMESPACE_OWNER_DIR}/workflowtemplates/{TEMPLATE_NAME}.yaml"
 CRON_FILE = f"{NAMESPACE_OWNER_DIR}/cronworkflows/retrain.yaml"
+KARPENTER_DIR = "autoscaling/karpenter"
+BUFFER_DIR = "autoscaling/buffer"
+KUSTOMIZATION_DIRS = (CLUSTER_ADMIN_DIR, NAMESPACE_OWNER_DIR, KARPENTER_DIR, BUFFER_DIR)
+"""Each its own kustomization; the top-level one has only the first two (a cluster runs Karpenter,
+the Cluster Autoscaler or neither: ``autoscaling/`` is applied on purpose)."""
 """Not a kustomization resource: a file for the API server's flags (see :func:`admission_configuration`)."""
 
 
@@ -342,7 +357,9 @@ def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]
     with its Pod Security labels and preempting-lane quota, PriorityClasses, Volcano queues and
     scheduler configuration, Argo controller settings; applied server-side, the shared ConfigMaps
     get only pipectl's keys and other tenants' keys stay), ``namespace/`` what the namespace owner
-    applies (RBAC, config, templates, cron, monitoring), all namespaced.
+    applies (RBAC, config, templates, cron, monitoring), all namespaced. ``autoscaling/karpenter/``
+    (NodePools) and ``autoscaling/buffer/`` (the urgent lane's headroom) are cluster-admin
+    kustomizations of their own, applied when the cluster runs an autoscaler (issue 14).
     """
     cfg = cfg or CompileConfig()
     admin, owner = CLUSTER_ADMIN_DIR, NAMESPACE_OWNER_DIR
@@ -359,6 +376,8 @@ def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]
         f"{owner}/monitoring/grafana-dashboard.yaml": grafana_dashboard(cfg),
         TEMPLATE_FILE: [build_training(cfg).to_dict()],
         CRON_FILE: [retrain_cron(cfg).to_dict()],
+        f"{KARPENTER_DIR}/nodepools.yaml": node_pools(cfg.autoscaling),
+        f"{BUFFER_DIR}/urgent-buffer.yaml": buffer(cfg.autoscaling, cfg.namespace, GANG_SCHEDULER),
     }
 
 
@@ -375,8 +394,8 @@ def render_files(cfg: CompileConfig | None = None) -> dict[str, str]:
     manifests = cluster_manifests(cfg)
     header = "# Rendered by `pipectl render cluster --write argo` (make golden). Do not edit by hand.\n"
     files = {path: header + yaml.safe_dump_all(objs, sort_keys=False) for path, objs in manifests.items()}
-    for folder in (CLUSTER_ADMIN_DIR, NAMESPACE_OWNER_DIR):
-        members = [p.split("/", 1)[1] for p in manifests if p.startswith(folder + "/") and p != APISERVER_CONFIG]
+    for folder in KUSTOMIZATION_DIRS:
+        members = [p[len(folder) + 1:] for p in manifests if p.startswith(folder + "/") and p != APISERVER_CONFIG]
         files[f"{folder}/kustomization.yaml"] = header + yaml.safe_dump(kustomization(members), sort_keys=False)
     files["kustomization.yaml"] = header + yaml.safe_dump(kustomization([CLUSTER_ADMIN_DIR, NAMESPACE_OWNER_DIR]), sort_keys=False)
     return files

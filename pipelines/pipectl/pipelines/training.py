@@ -72,6 +72,7 @@ from pipectl.components.names import (
 )
 from pipectl.pipelines.launchers import DEFAULT_LAUNCHER, LAUNCHERS, GangConfig
 from pipectl.pipelines.launchers.base import TRAIN_STEP_INPUTS
+from pipectl.pipelines.autoscaling import AutoscalingConfig
 from pipectl.pipelines.policy import RetryPolicy, lane_toleration_for, step_metrics
 from pipectl.pipelines.security import TMP_VOLUME, restricted_container_security_context, restricted_pod_security_context
 
@@ -111,6 +112,8 @@ class CompileConfig(BaseModel):
     preempting_max_gpus: int = Field(16, ge=0, description="GPUs those pods may request in all.")
     launcher: str = Field(DEFAULT_LAUNCHER, description=f"Gang job kind the train step creates: one of {', '.join(LAUNCHERS)}.")
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Retries by failure class; backoff from scale_up_s.")
+    autoscaling: AutoscalingConfig = Field(default_factory=AutoscalingConfig,
+                                           description="Karpenter NodePools and the urgent lane's buffer (argo/autoscaling/).")
 
     @field_validator("images")
     @classmethod

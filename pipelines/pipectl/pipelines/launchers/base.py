@@ -37,9 +37,14 @@ from pipectl.components.names import (
     kebab,
     lane_object_name,
 )
+from pipectl.pipelines.autoscaling import DO_NOT_DISRUPT, GPU_TOLERATION
 from pipectl.pipelines.security import TMP_VOLUME, restricted_container_security_context, restricted_pod_security_context
 
 MASTER_PORT = 29500
+GANG_SCHEDULER = "volcano"
+"""The scheduler that places every launcher's gang (Volcano; a PyTorchJob's through the training
+operator's gang-scheduler setting). Other pods that must take part in its preemption, such as
+the urgent lane's buffer placeholders (autoscaling.py), name it too."""
 JOB_NAME = "{{workflow.name}}-train-{{retries}}"
 """One job per attempt: Argo's ``{{retries}}`` is the attempt number of the train step."""
 
@@ -108,7 +113,8 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
     return {
         "metadata": {
             "labels": job_labels(),
-            "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"},
+            # no voluntary disruption under a running gang (Karpenter consolidation, CA scale-down)
+            "annotations": dict(DO_NOT_DISRUPT),
         },
         "spec": {
             "restartPolicy": "Never",
@@ -117,7 +123,8 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
             "automountServiceAccountToken": False,
             "securityContext": restricted_pod_security_context(),
             "priorityClassName": lane_object_name(param("lane")),
-            "tolerations": [{"key": LANE_TAINT_KEY, "operator": "Equal", "value": param("lane"), "effect": "NoSchedule"}],
+            "tolerations": [{"key": LANE_TAINT_KEY, "operator": "Equal", "value": param("lane"), "effect": "NoSchedule"},
+                            dict(GPU_TOLERATION)],
             "containers": [
                 {
                     "name": "pytorch",

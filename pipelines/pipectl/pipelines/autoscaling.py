@@ -1,0 +1,195 @@
+"""Autoscaled capacity as typed tables: Karpenter NodePools and the urgent lane's buffer.
+
+Pure: no I/O. :mod:`pipectl.pipelines.manifests` renders these under ``argo/autoscaling/``
+(``karpenter/``: NodePools, only for clusters that run Karpenter; ``buffer/``: headroom for the
+urgent lane, for Karpenter and the Cluster Autoscaler alike). Neither folder is in the top-level
+kustomization: a platform team applies the one its cluster uses.
+
+What the rest of the product does for autoscalers (one place each):
+
+- gang pods carry :data:`DO_NOT_DISRUPT` (Karpenter's ``karpenter.sh/do-not-disrupt`` and the
+  Cluster Autoscaler's ``safe-to-evict: "false"``) and :data:`GPU_TOLERATION`
+  (``pipectl.pipelines.launchers.base.pod_template``);
+- Volcano's scheduler runs without its ``enqueue`` action (``manifests.VOLCANO_SCHEDULER_CONF``):
+  with it, a gang whose GPUs exceed what the cluster has NOW is never enqueued, so no pod exists
+  and no autoscaler ever sees a pending pod (measured on the test cluster, README "Autoscaling");
+- retries back off for ``RetryPolicy.scale_up_s`` (policy.py).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipectl.components.names import PART_OF, Lane, lane_object_name
+
+GPU_RESOURCE = "nvidia.com/gpu"
+"""Extended resource of NVIDIA's device plugin."""
+
+GPU_TAINT = {"key": GPU_RESOURCE, "effect": "NoSchedule"}
+"""The taint GPU node groups carry so that only pods that asked for GPUs land there (Karpenter
+docs "NodePools: GPU", EKS/AKS GPU node groups; GKE adds ``nvidia.com/gpu=present``)."""
+
+GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+"""Tolerates :data:`GPU_TAINT` with or without a value (what Kubernetes' ExtendedResourceToleration
+admission plugin would add; written out because that plugin is off by default)."""
+
+DO_NOT_DISRUPT = {
+    "karpenter.sh/do-not-disrupt": "true",
+    "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+}
+"""Pod annotations that keep voluntary disruption (Karpenter consolidation/drift/expiry, Cluster
+Autoscaler scale-down) off a node while a gang pod runs on it. Involuntary loss (a deleted or
+interrupted node) still happens: the gang restarts whole from its checkpoint (Volcano policy
+PodEvicted -> RestartJob)."""
+
+BUFFER_PRIORITY_CLASS = lane_object_name("buffer")
+"""PriorityClass of the buffer's placeholder pods: below every lane, never preempts."""
+BUFFER_PRIORITY_VALUE = -10
+BUFFER_NAME = lane_object_name("urgent-buffer")
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+
+
+class NodeClassRef(BaseModel):
+    """The cloud's node class a NodePool launches with (Karpenter ``spec.template.spec.nodeClassRef``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    group: str = "karpenter.k8s.aws"
+    kind: str = "EC2NodeClass"
+    name: str = "default"
+
+
+KWOK_NODE_CLASS = NodeClassRef(group="karpenter.kwok.sh", kind="KWOKNodeClass", name="default")
+"""Karpenter's KWOK provider (the test cluster)."""
+
+
+class NodePoolSpec(BaseModel):
+    """One Karpenter NodePool.
+
+    - ``instance_types``: ``node.kubernetes.io/instance-type`` values it may launch (the cloud's
+      names; the KWOK provider's are in tests/harness/manifests/karpenter-instance-types.json);
+    - ``gpu``: the pool's nodes carry :data:`GPU_TAINT`;
+    - ``limit_cpu``/``limit_gpus``: the pool's ceiling (Karpenter ``spec.limits``);
+    - ``consolidation_policy``/``consolidate_after_s``: Karpenter ``spec.disruption``. GPU pools
+      consolidate only empty nodes: moving a gang is a restart of the whole gang;
+    - ``expire_after_h``: nodes are replaced after this long (drained like consolidation: pods
+      with :data:`DO_NOT_DISRUPT` block it until they end).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    gpu: bool
+    instance_types: tuple[str, ...] = Field(min_length=1)
+    capacity_types: tuple[Literal["on-demand", "spot", "reserved"], ...] = ("on-demand",)
+    limit_cpu: int | None = Field(default=None, ge=1)
+    limit_gpus: int | None = Field(default=None, ge=1)
+    consolidation_policy: Literal["WhenEmpty", "WhenEmptyOrUnderutilized"]
+    consolidate_after_s: int = Field(ge=0)
+    expire_after_h: int = Field(720, ge=1)
+
+
+class BufferSpec(BaseModel):
+    """Warm headroom for the urgent lane: ``nodes`` placeholder pods, each asking for a whole GPU
+    node (``gpus_per_node`` GPUs), scheduled by Volcano in the urgent lane's queue at
+    :data:`BUFFER_PRIORITY_CLASS`. An urgent gang preempts them at once (Volcano ``preempt``:
+    same queue, lower priority) and binds on their nodes; the Deployment recreates them, they
+    pend, and the autoscaler adds the nodes back: the headroom refills behind the urgent work
+    (the Cluster Autoscaler FAQ's "overprovisioning", here for gangs)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    nodes: int = Field(2, ge=0, le=64)
+    gpus_per_node: int = Field(8, ge=1, le=16)
+    cpu_per_node: float = Field(1.0, gt=0)
+    memory_gib_per_node: float = Field(1.0, gt=0)
+    lane: Lane = Lane.urgent
+
+
+class AutoscalingConfig(BaseModel):
+    """What ``argo/autoscaling/`` is rendered from. Defaults: an AWS Karpenter install (the
+    ``EC2NodeClass`` named ``default``; p5.48xlarge = 8 x H100 GPUs, m7i CPU nodes)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node_class: NodeClassRef = NodeClassRef()
+    node_pools: tuple[NodePoolSpec, ...] = (
+        NodePoolSpec(name="pipectl-cpu", gpu=False, instance_types=("m7i.2xlarge", "m7i.4xlarge"),
+                     limit_cpu=256, consolidation_policy="WhenEmptyOrUnderutilized", consolidate_after_s=60),
+        NodePoolSpec(name="pipectl-gpu", gpu=True, instance_types=("p5.48xlarge",),
+                     limit_gpus=64, consolidation_policy="WhenEmpty", consolidate_after_s=300),
+    )
+    buffer: BufferSpec = BufferSpec()
+
+
+def node_pools(cfg: AutoscalingConfig) -> list[dict]:
+    """Karpenter ``karpenter.sh/v1`` NodePools of ``cfg`` (Karpenter docs, "NodePools")."""
+    out = []
+    for pool in cfg.node_pools:
+        limits = {}
+        if pool.limit_cpu:
+            limits["cpu"] = str(pool.limit_cpu)
+        if pool.limit_gpus:
+            limits[GPU_RESOURCE] = str(pool.limit_gpus)
+        template_spec = {
+            "requirements": [
+                {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": list(pool.instance_types)},
+                {"key": "karpenter.sh/capacity-type", "operator": "In", "values": list(pool.capacity_types)},
+            ],
+            "nodeClassRef": cfg.node_class.model_dump(),
+            "expireAfter": f"{pool.expire_after_h}h",
+        }
+        if pool.gpu:
+            template_spec["taints"] = [dict(GPU_TAINT)]
+        out.append({
+            "apiVersion": "karpenter.sh/v1",
+            "kind": "NodePool",
+            "metadata": {"name": pool.name, "labels": dict(PART_OF)},
+            "spec": {
+                "template": {"metadata": {"labels": dict(PART_OF)}, "spec": template_spec},
+                "limits": limits,
+                "disruption": {"consolidationPolicy": pool.consolidation_policy,
+                               "consolidateAfter": f"{pool.consolidate_after_s}s"},
+            },
+        })
+    return out
+
+
+def buffer(cfg: AutoscalingConfig, namespace: str, scheduler_name: str) -> list[dict]:
+    """The urgent lane's buffer (:class:`BufferSpec`): its PriorityClass and placeholder Deployment,
+    whose pods ``scheduler_name`` (the gangs' scheduler) places, so that it may preempt them."""
+    from pipectl.pipelines.security import restricted_container_security_context, restricted_pod_security_context
+
+    b = cfg.buffer
+    labels = {**PART_OF, "app.kubernetes.io/name": BUFFER_NAME}
+    resources = {"cpu": str(b.cpu_per_node), "memory": f"{b.memory_gib_per_node:g}Gi", GPU_RESOURCE: str(b.gpus_per_node)}
+    return [
+        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+         "metadata": {"name": BUFFER_PRIORITY_CLASS, "labels": dict(PART_OF)},
+         "value": BUFFER_PRIORITY_VALUE, "preemptionPolicy": "Never", "globalDefault": False,
+         "description": "pipectl buffer placeholders: preempted by the urgent lane"},
+        {"apiVersion": "apps/v1", "kind": "Deployment",
+         "metadata": {"name": BUFFER_NAME, "namespace": namespace, "labels": dict(labels)},
+         "spec": {
+             "replicas": b.nodes,
+             "selector": {"matchLabels": {"app.kubernetes.io/name": BUFFER_NAME}},
+             "template": {
+                 # queue: Volcano's pod-group controller puts a bare pod's PodGroup in this queue
+                 "metadata": {"labels": dict(labels),
+                              "annotations": {"scheduling.volcano.sh/queue-name": lane_object_name(b.lane.value)}},
+                 "spec": {
+                     "schedulerName": scheduler_name,
+                     "priorityClassName": BUFFER_PRIORITY_CLASS,
+                     "terminationGracePeriodSeconds": 0,
+                     "automountServiceAccountToken": False,
+                     "securityContext": restricted_pod_security_context(),
+                     "tolerations": [dict(GPU_TOLERATION)],
+                     "containers": [{"name": "pause", "image": PAUSE_IMAGE,
+                                     "resources": {"requests": dict(resources), "limits": dict(resources)},
+                                     "securityContext": restricted_container_security_context()}],
+                 },
+             },
+         }},
+    ]

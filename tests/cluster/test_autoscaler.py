@@ -1,0 +1,144 @@
+"""The pipeline on an autoscaled cluster: Karpenter (KWOK cloud provider) grows and shrinks the
+nodes, Volcano gang-schedules, Argo runs the real training-v1 template (issue 14).
+
+The cluster starts with NO node: every node is created by Karpenter from the product's NodePools
+(pipelines/pipectl/pipelines/autoscaling.py, rendered with the KWOK node class and instance types
+of tests/harness/manifests/karpenter-instance-types.json). A node registers
+``NODE_REGISTRATION_DELAY_S`` after Karpenter launches it (the KWOKNodeClass's stand-in for a
+cloud VM's boot), so the scale-up times printed here are Karpenter's own loop plus that delay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from tests.cluster.cluster import TEST_OUTPUTS_CONFIGMAP, ClusterNotAvailable, TestCluster, ensure_available
+from tests.cluster.test_control_plane import TRAINING_STEP_OUTPUTS, _custom, _pipectl, _project_manifests, _wait_phase
+from tests.harness import karpenter
+
+pytestmark = pytest.mark.cluster
+
+NODE_REGISTRATION_DELAY_S = 5
+GPUS_PER_NODE = 8
+NS = "pipectl"
+
+
+@pytest.fixture(scope="module")
+def scaling_cluster(tmp_path_factory):
+    """No nodes, Karpenter, Volcano, the project's manifests and NodePools applied, the template
+    installed with `pipectl templates apply`, step outputs supplied for the argoexec stand-in."""
+    try:
+        ensure_available(volcano=True, autoscaler=True)
+    except ClusterNotAvailable as e:
+        if os.environ.get("PIPECTL_REQUIRE_CLUSTER") == "1":
+            pytest.fail(str(e))
+        pytest.skip(str(e))
+    from kubernetes import client
+
+    from pipectl.pipelines.autoscaling import node_pools
+
+    with TestCluster(tmp_path_factory.mktemp("k8s-autoscaled") / "run", nodes=0, autoscaler=True,
+                     node_registration_delay_s=NODE_REGISTRATION_DELAY_S) as c:
+        if not c.volcano_ok:
+            pytest.skip(f"Volcano did not start: {c.errors}")
+        c.apply([d for _, d in _project_manifests()], field_manager="pipectl-tests")
+        c.apply(node_pools(karpenter.autoscaling_config()), field_manager="pipectl-tests")
+        api = c.api_client()
+        core = client.CoreV1Api(api)
+        c.wait_for("default ServiceAccount in pipectl", lambda: core.read_namespaced_service_account("default", NS))
+        core.create_namespaced_config_map(NS, {"metadata": {"name": TEST_OUTPUTS_CONFIGMAP},
+                                               "data": {k: json.dumps(v) for k, v in TRAINING_STEP_OUTPUTS.items()}})
+        r = _pipectl(c, "templates", "apply", "-n", NS)
+        assert r.returncode == 0, r.stdout + r.stderr
+        c.core = core
+        c.custom = _custom(api)
+        yield c
+        api.close()
+
+
+def _gpu_nodes(core) -> list:
+    return core.list_node(label_selector="karpenter.sh/nodepool=pipectl-gpu").items
+
+
+def _ready(node) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or [])) and not any(
+        t.key == "karpenter.sh/unregistered" for t in (node.spec.taints or []))
+
+
+def _unschedulable(pod) -> bool:
+    """What an autoscaler looks for: PodScheduled=False with reason Unschedulable (Karpenter
+    pkg/utils/pod IsProvisionable; the Cluster Autoscaler filters the same way)."""
+    return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+               for c in (pod.status.conditions or []))
+
+
+def _submit(c, *params: str, lane: str = "standard") -> str:
+    args = ["submit", "training", "-n", NS, "--lane", lane, "--output", "json"]
+    for p in params:
+        args += ["-p", p]
+    r = _pipectl(c, *args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)["name"]
+
+
+def test_gang_scales_up_from_zero_binds_whole_and_the_workflow_succeeds(scaling_cluster):
+    """`pipectl submit training` with a 2 x 8-GPU gang and no GPU node: the gang's pods exist and
+    are marked Unschedulable (visible to the autoscaler: Volcano runs without its enqueue action),
+    Karpenter launches two GPU nodes from the pipectl-gpu NodePool, Volcano binds the whole gang
+    once they are Ready (never part of it for longer than one bind round), and the workflow
+    succeeds."""
+    c = scaling_cluster
+    core = c.core
+    assert _gpu_nodes(core) == []
+    t0 = time.monotonic()
+    name = _submit(c, "workers=2", f"gpus-per-worker={GPUS_PER_NODE}", f"processes-per-worker={GPUS_PER_NODE}",
+                   "cpu-per-worker=4", "memory-gib-per-worker=16")
+    job = f"{name}-train-0"
+    seen: dict[str, float] = {}
+    partial_since = None
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        pods = core.list_namespaced_pod(NS, label_selector=f"volcano.sh/job-name={job}").items
+        nodes = _gpu_nodes(core)
+        if len(pods) == 2 and "gang pods created" not in seen:
+            seen["gang pods created"] = now
+        if len(pods) == 2 and all(_unschedulable(p) for p in pods) and not nodes:
+            seen.setdefault("gang pods Unschedulable, no GPU node", now)
+        if c.custom.list_cluster_custom_object("karpenter.sh", "v1", "nodeclaims").get("items") and "nodeclaims" not in seen:
+            seen["nodeclaims"] = now
+        if len(nodes) >= 2 and all(_ready(n) for n in nodes):
+            seen.setdefault("GPU nodes Ready", now)
+        bound = sum(1 for p in pods if p.spec.node_name)
+        if 0 < bound < len(pods) or (pods and len(pods) < 2):
+            partial_since = partial_since or now
+            assert now - partial_since < 3.0, f"gang part-bound ({bound} of {len(pods)}) for 3 s"
+        else:
+            partial_since = None
+        if len(pods) == 2 and bound == 2:
+            seen["gang bound"] = now
+            break
+        time.sleep(0.2)
+    assert "gang bound" in seen, f"the gang never bound; saw {seen}"
+    assert "gang pods Unschedulable, no GPU node" in seen, (
+        f"the autoscaler must see the gang's pods pending before any GPU node exists; saw {seen}")
+    nodes = _gpu_nodes(core)
+    assert len(nodes) == 2, [n.metadata.name for n in nodes]
+    for n in nodes:
+        assert n.status.allocatable["nvidia.com/gpu"] == str(GPUS_PER_NODE)
+        assert {"key": "nvidia.com/gpu", "effect": "NoSchedule"} in [
+            {"key": t.key, "effect": t.effect} for t in n.spec.taints or []]
+    pods = core.list_namespaced_pod(NS, label_selector=f"volcano.sh/job-name={job}").items
+    assert {p.spec.node_name for p in pods} == {n.metadata.name for n in nodes}
+    wf = _wait_phase(c.api_client(), NS, name, {"Succeeded", "Failed", "Error"}, timeout_s=180)
+    assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")
+    created = seen["gang pods created"]
+    scale_up = seen["GPU nodes Ready"] - created
+    print(f"[timing] scale-up from zero: gang pods created -> 2 GPU nodes Ready {scale_up:.1f} s "
+          f"(node registration delay {NODE_REGISTRATION_DELAY_S:.0f} s), -> gang bound "
+          f"{seen['gang bound'] - created:.1f} s; submit -> gang bound {seen['gang bound'] - t0:.1f} s")
+    c.scale_up_s = scale_up
