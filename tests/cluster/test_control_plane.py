@@ -24,8 +24,9 @@ pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
 ARGO_DIR = REPO / "argo"
 # controller/ (namespace argo), monitoring/ (needs prometheus-operator CRDs) and volcano/ (namespace
-# volcano-system; the test cluster's vc-scheduler reads that file's configuration directly) are not applied.
-EXCLUDED_DIRS = {"controller", "monitoring", "volcano", "kube-apiserver"}
+# volcano-system; the test cluster's vc-scheduler reads that file's configuration directly) are not applied,
+# nor autoscaling/ (Karpenter's NodePools: tests/cluster/test_autoscaler.py applies them for the KWOK provider).
+EXCLUDED_DIRS = {"controller", "monitoring", "volcano", "kube-apiserver", "autoscaling"}
 PIPECTL = REPO / ".venv" / "bin" / "pipectl"
 TEST_NS = "cluster-test"
 NODE_GPUS = NODE_CAPACITY["nvidia.com/gpu"]
@@ -962,7 +963,8 @@ def test_kubectl_apply_k_argo_as_a_user_would(test_cluster, k8s_api, tmp_path):
     r = kc("apply", "--server-side", "--force-conflicts", "-k", str(ARGO_DIR))
     assert r.returncode == 0, r.stdout + r.stderr
     applied = [line for line in r.stdout.splitlines() if line.strip()]
-    expected = sum(1 for f in ARGO_DIR.rglob("*.yaml") if f.name != "kustomization.yaml" and "kube-apiserver" not in f.parts
+    expected = sum(1 for f in ARGO_DIR.rglob("*.yaml") if f.name != "kustomization.yaml"
+                   and not {"kube-apiserver", "autoscaling"} & set(f.parts)  # not in the top-level kustomization
                    for d in yaml.safe_load_all(f.read_text()) if d)
     assert len(applied) == expected, r.stdout
     after = core.read_namespaced_config_map("workflow-controller-configmap", "argo").data
