@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipectl.components.names import WORKFLOW_LABEL
+from pipectl.pipelines.launchers.base import JOB_NAME
 from pipectl.pipelines.manifests import TEMPLATE_FILE
 from tests.cluster.cluster import NODE_CAPACITY
 
@@ -231,6 +233,21 @@ def _volcano_job(name: str, ns: str, replicas: int, gpus: int) -> dict:
 def _vcjob(api, ns, name):
     return _custom(api).get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", ns, "jobs",
                                                      name)
+
+
+def _gang_jobs(api, workflow: str, ns: str = "pipectl") -> list[str]:
+    """Names of the workflow's Volcano Jobs, oldest first (a job's name is random per attempt:
+    launchers/base.py JOB_NAME; every job carries the workflow's label)."""
+    items = _custom(api).list_namespaced_custom_object("batch.volcano.sh", "v1alpha1", ns, "jobs",
+                                                       label_selector=f"{WORKFLOW_LABEL}={workflow}")["items"]
+    return [j["metadata"]["name"] for j in sorted(items, key=lambda j: j["metadata"]["creationTimestamp"])]
+
+
+def _gang_job(api, workflow: str, ns: str = "pipectl") -> str:
+    """The name of the workflow's one Volcano Job (AssertionError if there is not exactly one)."""
+    jobs = _gang_jobs(api, workflow, ns)
+    assert len(jobs) == 1, jobs
+    return jobs[0]
 
 
 def test_volcano_gang_binds_together_and_completes(test_cluster, k8s_api, test_namespace):
@@ -480,12 +497,13 @@ def test_training_pipeline_reaches_succeeded_under_submit_wait(project_applied, 
     pre = nodes["preprocess"]["inputs"]["parameters"]
     assert {p["name"]: p["value"] for p in pre}["manifest-uri"] == TRAINING_STEP_OUTPUTS["stage"]["manifest-uri"]
     # the gang: the Volcano Job the train step created, owned by the workflow, ran 2 pods together
-    job = _custom(k8s_api).get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs",
-                                                        f"{name}-train-0")
+    job_name = _gang_job(k8s_api, name)
+    assert job_name.startswith(f"{name}-train-0-"), job_name
+    job = _vcjob(k8s_api, "pipectl", job_name)
     assert job["status"]["state"]["phase"] == "Completed"
     assert job["metadata"]["ownerReferences"][0]["name"] == name
     assert job["spec"]["queue"] == "pipectl-standard" and job["spec"]["minAvailable"] == 2
-    pods = client.CoreV1Api(k8s_api).list_namespaced_pod("pipectl", label_selector=f"volcano.sh/job-name={name}-train-0").items
+    pods = client.CoreV1Api(k8s_api).list_namespaced_pod("pipectl", label_selector=f"volcano.sh/job-name={job_name}").items
     assert len(pods) == 2 and all(p.status.phase == "Succeeded" for p in pods)
     assert all(p.spec.containers[0].resources.limits["nvidia.com/gpu"] == "4" for p in pods)
     assert nodes["evaluate"]["startedAt"] >= nodes["train"]["finishedAt"]
@@ -498,7 +516,7 @@ def _lane_gang(name: str, lane: str, workers: int, gpus: int, run_duration: str)
     from pipectl.pipelines.training import CompileConfig
 
     text = LAUNCHERS["volcano"].manifest(CompileConfig().gang())
-    values = {"{{workflow.name}}-train-{{retries}}": name, "{{workflow.name}}": name, "{{inputs.parameters.lane}}": lane,
+    values = {JOB_NAME: name, "{{workflow.name}}": name, "{{inputs.parameters.lane}}": lane,
               "{{inputs.parameters.workers}}": str(workers), "{{inputs.parameters.gpus-per-worker}}": str(gpus),
               "{{inputs.parameters.processes-per-worker}}": str(gpus), "{{inputs.parameters.cpu-per-worker}}": "2.0",
               "{{inputs.parameters.memory-gib-per-worker}}": "8"}
@@ -542,7 +560,7 @@ def test_urgent_lane_preempts_batch_gangs_filling_every_gpu(project_applied, tra
         name = json.loads(r.stdout)["name"]
         bound_after = None
         while time.monotonic() - t0 < 120:
-            pods = core.list_namespaced_pod("pipectl", label_selector=f"volcano.sh/job-name={name}-train-0").items
+            pods = core.list_namespaced_pod("pipectl", label_selector=f"volcano.sh/job-name,{WORKFLOW_LABEL}={name}").items
             if len(pods) == 2 and all(p.spec.node_name for p in pods):
                 bound_after = time.monotonic() - t0
                 break
@@ -685,7 +703,7 @@ def test_evicted_gang_pod_restarts_the_whole_gang_and_the_workflow_succeeds(
                  "-p", "processes-per-worker=1", "--output", "json")
     assert r.returncode == 0, r.stderr
     name = json.loads(r.stdout)["name"]
-    job = f"{name}-train-0"
+    job = test_cluster.wait_for("the gang job", lambda: _gang_jobs(k8s_api, name), timeout_s=90)[0]
 
     def running_pods():
         pods = core.list_namespaced_pod("pipectl", label_selector=f"volcano.sh/job-name={job}").items
@@ -723,9 +741,9 @@ def test_code_failure_in_the_gang_fails_the_workflow_without_retries(
     wf = _training_wf(_custom(k8s_api), out["name"])
     train_attempts = [n for n in wf["status"]["nodes"].values() if n["type"] == "Pod" and n["displayName"].startswith("train(")]
     assert len(train_attempts) == 1 and train_attempts[0]["phase"] == "Failed", train_attempts
-    vj = _vcjob(k8s_api, "pipectl", f"{out['name']}-train-0")
+    vj = _vcjob(k8s_api, "pipectl", _gang_job(k8s_api, out["name"]))
     assert vj["status"]["state"]["phase"] == "Terminated" and vj["status"].get("retryCount", 0) == 0, vj["status"]
-    pods = client.CoreV1Api(k8s_api).list_namespaced_pod("pipectl", label_selector=f"volcano.sh/job-name={out['name']}-train-0").items
+    pods = client.CoreV1Api(k8s_api).list_namespaced_pod("pipectl", label_selector=f"volcano.sh/job-name={vj['metadata']['name']}").items
     assert not [p for p in pods if p.status.phase in ("Pending", "Running")]
     assert not any(n["type"] == "Pod" and n["displayName"].startswith("evaluate") for n in wf["status"]["nodes"].values())
 
@@ -774,16 +792,21 @@ def _train_template(path: Path = ARGO_DIR / TEMPLATE_FILE) -> tuple[dict, dict]:
     return wt, next(t for t in wt["spec"]["templates"] if t["name"] == "train")
 
 
-def _gang_manifest(wt: dict, train: dict, workflow: str, **params: str) -> str:
-    """The train step's manifest as Argo substitutes it: workflow parameters' defaults, then
-    ``params`` (kebab names), ``{{workflow.name}}`` and ``{{retries}}`` = 0."""
+def _gang_manifest(wt: dict, train: dict, job: str, **params: str) -> str:
+    """The train step's manifest as Argo substitutes it for a job named ``job`` (its random
+    per-attempt suffix: the tail of ``job``): workflow parameters' defaults, then ``params``
+    (kebab names), ``{{workflow.name}}`` (``job`` up to ``-train-``) and ``{{retries}}`` = 0."""
     import re
+
+    workflow = job.rsplit("-train-", 1)[0]
 
     values = {f"inputs.parameters.{p['name']}": str(p.get("value", "")) for p in wt["spec"]["arguments"]["parameters"]}
     values.update({"inputs.parameters.shards-uri": "s3://pipectl/runs/x/shards/", "inputs.parameters.run-uri": "s3://pipectl/runs/x"})
     values.update({f"inputs.parameters.{k}": v for k, v in params.items()})
     values.update({"workflow.name": workflow, "retries": "0"})
-    return re.sub(r"\{\{\s*([^}=]+?)\s*\}\}", lambda m: values[m.group(1)], train["resource"]["manifest"])
+    manifest = train["resource"]["manifest"]
+    assert manifest.count(JOB_NAME) == 1, manifest
+    return re.sub(r"\{\{\s*([^}=]+?)\s*\}\}", lambda m: values[m.group(1)], manifest.replace(JOB_NAME, job))
 
 
 def test_C16_gang_job_write_resent_after_a_lost_response_attaches_to_the_job(project_applied, test_cluster, k8s_api, tmp_path):
@@ -820,7 +843,7 @@ def test_C16_gang_job_write_resent_after_a_lost_response_attaches_to_the_job(pro
 
     def run(name: str, kubectl_flags: list[str]) -> tuple[subprocess.CompletedProcess, list, list]:
         manifest = tmp_path / f"{name}.yaml"
-        manifest.write_text(_gang_manifest(wt, train, name[: -len("-train-0")], workers="1"))
+        manifest.write_text(_gang_manifest(wt, train, name, workers="1"))
         with KubeFaultProxy(test_cluster.ports["apiserver"], test_cluster.pki,
                             fail=lambda m, p: m in ("POST", "PATCH") and "/jobs" in p) as px:
             kc = tmp_path / f"{name}.kubeconfig"

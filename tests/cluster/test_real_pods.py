@@ -162,6 +162,14 @@ def _custom(c):
     return client.CustomObjectsApi(nd._api(c.kubeconfig))
 
 
+def _gang_job(c, workflow: str) -> str:
+    """The workflow's one Volcano Job (its name is random per attempt: launchers/base.py JOB_NAME)."""
+    jobs = _custom(c).list_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs",
+                                                    label_selector=f"workflows.argoproj.io/workflow={workflow}")["items"]
+    assert len(jobs) == 1, [j["metadata"]["name"] for j in jobs]
+    return jobs[0]["metadata"]["name"]
+
+
 def _wait_workflow(c, name: str, timeout_s: float) -> dict:
     custom = _custom(c)
     deadline = time.monotonic() + timeout_s
@@ -353,7 +361,7 @@ def test_gang_pod_lost_mid_training_restarts_the_gang_from_its_checkpoint(servic
     with node.api_through_fault_proxy(c, fail=lambda m, p: m in ("POST", "PATCH") and "/batch.volcano.sh/" in p and "/jobs" in p) as px:
         name = _lose_a_gang_pod_mid_training(services, c, core)
         writes = px.writes()
-    job = f"{name}-train-0"
+    job = _gang_job(c, name)
     gang_writes = [(m, up, ans) for m, path, up, ans in writes if f"/jobs/{job}" in path or path.split("?")[0].endswith("/jobs")]
     audit = [a for a in _gang_job_writes(c, job) if a[2] == "system:serviceaccount:pipectl:pipectl-launcher"]
     print("gang job writes through the proxy:", gang_writes, "audit:", audit)
@@ -409,7 +417,7 @@ def _lose_a_gang_pod_mid_training(services, c, core) -> str:
     print("workflow", wf["status"]["phase"], "train attempts:", [(n["displayName"], n["phase"], n.get("message")) for n in train_attempts])
     assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")
     assert len(train_attempts) == 1, "the gang restarts inside its Volcano Job; Argo must not retry the step"
-    job = _custom(c).get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", f"{name}-train-0")
+    job = _custom(c).get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", _gang_job(c, name))
     print("volcano job status:", json.dumps({k: job["status"].get(k) for k in ("state", "retryCount", "version")}))
     assert job["status"].get("retryCount", 0) >= 1, job["status"]
     after = core.read_namespaced_pod_log(gang[0].metadata.name, NS)

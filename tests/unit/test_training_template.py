@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from pipectl.components.contracts import TrainingParameters
-from pipectl.pipelines.substitution import substitute
+from pipectl.pipelines.substitution import expand_k8s_vars, substitute
 from pipectl.pipelines.training import CompileConfig, build_training
 
 
@@ -93,12 +93,29 @@ def test_C04_torchrun_counts_processes_not_pods(wt, wt_pytorchjob):
     assert cmd[:3] == ["python", "-m", "pipectl.components.train.launch"]  # torchrun, exit code kept
     assert "--nnodes=2" in cmd and "--nproc-per-node=4" in cmd  # torchrun: WORLD_SIZE = 2 x 4 = 8
     assert "--node-rank=$(VC_TASK_INDEX)" in cmd  # RANK = node_rank x 4 + local_rank
-    env = {e["name"]: e["value"] for e in pod["env"]}
-    assert env["MASTER_ADDR"] == "training-abcde-train-0-worker-0.training-abcde-train-0"  # rank-0 pod, every pod
+    # MASTER_ADDR: the rank-0 pod of this job, every pod; the job's name (random per attempt) comes
+    # from the job-name label Volcano puts on its pods, expanded by Kubernetes ($(VAR) of an earlier var)
+    name = job["metadata"]["name"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["env"]}
+    assert env["PIPECTL_GANG_JOB"] == {"fieldRef": {"fieldPath": "metadata.labels['volcano.sh/job-name']"}}
+    assert expand_k8s_vars(env["MASTER_ADDR"], {"PIPECTL_GANG_JOB": name}) == f"{name}-worker-0.{name}"
     ptj = _job(wt_pytorchjob, workers="2", **{"processes-per-worker": "4"})
     for group in ("Master", "Worker"):
         cmd = ptj["spec"]["pytorchReplicaSpecs"][group]["template"]["spec"]["containers"][0]["command"]
         assert "--nnodes=2" in cmd and "--nproc-per-node=4" in cmd and "--node-rank=$(RANK)" in cmd
+
+
+def test_gang_job_name_is_unique_per_attempt_even_after_a_workflow_retry(wt, wt_pytorchjob):
+    """An in-place retry (Argo UI RETRY, `argo retry`) starts {{retries}} at 0 again: the job name
+    carries a random suffix, evaluated once per attempt, and appears once in the manifest (each
+    {{=...}} is evaluated on its own)."""
+    import re
+
+    for template in (wt, wt_pytorchjob):
+        manifest = _templates(template)["train"]["resource"]["manifest"]
+        assert manifest.count("randAlphaNum") == 1, manifest
+        names = {_job(template)["metadata"]["name"] for _ in range(5)}
+        assert len(names) == 5 and all(re.fullmatch(r"training-abcde-train-0-[a-z0-9]{5}", n) for n in names), names
 
 
 def test_C06_training_and_preprocess_pods_mount_memory_backed_shm(wt):

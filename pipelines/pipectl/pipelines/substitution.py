@@ -1,5 +1,5 @@
 """Argo's substitution, as far as pipectl's compiled workflows use it: ``{{name}}`` tags,
-``{{=expr}}`` integer arithmetic, a task's ``when`` (``A == B`` / ``A != B``), and Kubernetes'
+``{{=expr}}`` integer arithmetic and a random name suffix, a task's ``when`` (``A == B`` / ``A != B``), and Kubernetes'
 ``$(VAR)`` expansion in commands.
 
 Pure. Used by ``pipectl lint`` (gang manifests rendered with every lane) and by the local backend
@@ -21,17 +21,29 @@ class TemplateError(ValueError):
 
 def _eval_expression(expr: str, values: dict[str, str], where: str) -> str:
     """Evaluate an Argo ``{{=...}}`` expression tag: integer arithmetic (+ - * //, /) over
-    ``asInt(name)``/``asFloat(name)`` and number literals. Anything else is an error here
+    ``asInt(name)``/``asFloat(name)`` and number literals, and ``sprig.randAlphaNum(n)`` /
+    ``sprig.lower(...)`` (the gang job's per-attempt suffix). Anything else is an error here
     (the local backend does not embed expr-lang)."""
     import ast
+    import secrets
+    import string
 
-    def ev(node: ast.AST) -> float | int:
+    def ev(node: ast.AST) -> float | int | str:
         if isinstance(node, ast.Expression):
             return ev(node.body)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "sprig" and len(node.args) == 1):
+            arg = ev(node.args[0])
+            if node.func.attr == "randAlphaNum" and isinstance(arg, int):
+                return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(arg))
+            if node.func.attr == "lower" and isinstance(arg, str):
+                return arg.lower()
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
             return node.value
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Div)):
             a, b = ev(node.left), ev(node.right)
+            if isinstance(a, str) or isinstance(b, str):
+                raise TemplateError(f"{where}: expression {expr!r}: arithmetic on a string")
             return {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
                     ast.FloorDiv: lambda: a // b, ast.Div: lambda: a / b}[type(node.op)]()
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("asInt", "asFloat")
@@ -47,6 +59,8 @@ def _eval_expression(expr: str, values: dict[str, str], where: str) -> str:
     except SyntaxError as e:
         raise TemplateError(f"{where}: bad expression {expr!r}: {e}") from e
     result = ev(tree)
+    if isinstance(result, str):
+        return result
     return str(int(result)) if float(result).is_integer() else str(result)
 
 

@@ -217,12 +217,18 @@ class LocalRunner:
             raise LocalBackendError(f"command {exe!r} not found next to {sys.executable} or on PATH")
         return [found, *argv[1:]]
 
-    def _container_env(self, container: dict, where: str) -> dict[str, str]:
+    def _container_env(self, container: dict, where: str, fields: dict[str, str] | None = None) -> dict[str, str]:
+        """The container's env over the runner's; ``valueFrom.fieldRef`` from ``fields`` (what the
+        operator would put on the pod), ``$(VAR)`` of earlier variables expanded as Kubernetes does."""
         env = dict(self.env)
         for item in container.get("env", []) or []:
-            if "value" not in item:
+            path = (item.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
+            if "value" in item:
+                env[item["name"]] = expand_k8s_vars(str(item["value"]), env)
+            elif path in (fields or {}):
+                env[item["name"]] = (fields or {})[path]
+            else:
                 raise LocalBackendError(f"{where}: env {item['name']} uses valueFrom, not supported locally")
-            env[item["name"]] = str(item["value"])
         return env
 
     def _run_container(self, task: str, tmpl: dict, scope: dict[str, str], taskdir: Path) -> NodeResult:
@@ -277,7 +283,7 @@ class LocalRunner:
                 raise LocalBackendError(f"task {task}: local pods must have exactly one container")
             c = group.pod_spec["containers"][0]
             for index in range(group.replicas):
-                env = self._container_env(c, f"task {task} pod {group.name}-{index}")
+                env = self._container_env(c, f"task {task} pod {group.name}-{index}", launcher.pod_fields(job))
                 env.update(launcher.local_env(group.name, index, rank, total, port))
                 rank += 1
                 for k, v in list(env.items()):

@@ -45,8 +45,15 @@ GANG_SCHEDULER = "volcano"
 """The scheduler that places every launcher's gang (Volcano; a PyTorchJob's through the training
 operator's gang-scheduler setting). Other pods that must take part in its preemption, such as
 the urgent lane's buffer placeholders (autoscaling.py), name it too."""
-JOB_NAME = "{{workflow.name}}-train-{{retries}}"
-"""One job per attempt: Argo's ``{{retries}}`` is the attempt number of the train step."""
+ATTEMPT_ID = "{{=sprig.lower(sprig.randAlphaNum(5))}}"
+JOB_NAME = "{{workflow.name}}-train-{{retries}}-" + ATTEMPT_ID
+"""One job per attempt. ``{{retries}}`` is the step's attempt number, but an in-place retry of
+the workflow (the Argo UI's RETRY, ``argo retry``) starts it at 0 again — seen on the v4.0.5
+controller (tests/cluster/test_ui.py): the retried step re-applied the failed attempt's job and
+failed at once. The random suffix is evaluated when Argo creates the step's pod (the substituted
+manifest travels in the pod), so every attempt creates its own job and re-sends of one attempt's
+apply (C16) still name the same job. Each ``{{=…}}`` is evaluated on its own: the name must
+appear ONCE in a manifest; pods learn it from a label (:meth:`Launcher.pod_fields`)."""
 
 TRAIN_FIXED = {"workflow_name": "{{workflow.name}}"}
 """TrainInput fields the template fixes instead of taking them as step inputs."""
@@ -262,6 +269,11 @@ class Launcher(ABC):
     @abstractmethod
     def gang_fields(self, job: dict) -> tuple[Any, Any]:
         """``(minAvailable, queue)`` of the job's gang scheduling."""
+
+    def pod_fields(self, job: str) -> dict[str, str]:
+        """Downward-API fields (``fieldRef.fieldPath`` -> value) the operator gives the job's pods,
+        for the local backend: e.g. the job-name label the pods' env reads."""
+        return {}
 
     @abstractmethod
     def local_env(self, group: str, index: int, rank: int, pods: int, master_port: str) -> dict[str, str]:

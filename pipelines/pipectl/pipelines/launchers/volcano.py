@@ -18,6 +18,9 @@ from pipectl.pipelines.launchers.base import (
     pod_template,
 )
 
+# the label Volcano's job controller puts on every pod of a job (volcano.sh/apis batch.JobNameKey)
+JOB_NAME_FIELD = "metadata.labels['volcano.sh/job-name']"
+
 # Volcano Job lifecycle policies (volcano.sh docs, "Job lifecycle policies"; first match wins,
 # job_controller_util.go applyPolicies): what broke the infrastructure restarts the WHOLE gang
 # (DDP cannot continue with a replaced member; every pod resumes from the last checkpoint), what
@@ -50,8 +53,11 @@ class VolcanoJob(Launcher):
     failure_condition = "status.state.phase in (Failed, Aborted, Terminated)"
 
     def manifest(self, cfg: GangConfig) -> str:
+        # the job's name is random per attempt (JOB_NAME): read it from the label Volcano puts on
+        # its pods; Kubernetes expands $(VAR) of earlier variables in an env value
         env = [
-            {"name": "MASTER_ADDR", "value": f"{JOB_NAME}-worker-0.{JOB_NAME}"},
+            {"name": "PIPECTL_GANG_JOB", "valueFrom": {"fieldRef": {"fieldPath": JOB_NAME_FIELD}}},
+            {"name": "MASTER_ADDR", "value": "$(PIPECTL_GANG_JOB)-worker-0.$(PIPECTL_GANG_JOB)"},
             {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
         ]
         lane_objects = lane_object_name(param("lane"))
@@ -77,6 +83,9 @@ class VolcanoJob(Launcher):
 
     def gang_fields(self, job: dict) -> tuple[Any, Any]:
         return job["spec"].get("minAvailable"), job["spec"].get("queue")
+
+    def pod_fields(self, job: str) -> dict[str, str]:
+        return {JOB_NAME_FIELD: job}
 
     def local_env(self, group: str, index: int, rank: int, pods: int, master_port: str) -> dict[str, str]:
         return {"VC_TASK_INDEX": str(index), "VK_TASK_INDEX": str(index)}
