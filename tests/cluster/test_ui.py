@@ -21,6 +21,7 @@ import pytest
 from pipectl.components.names import WORKFLOW_LABEL
 from pipectl.pipelines.manifests import MLFLOW_URI
 from tests.cluster.test_control_plane import (  # noqa: F401 - fixtures shared with the control-plane tests
+    TRAINING_STEP_OUTPUTS,
     _argo_server,
     _custom,
     _pipectl,
@@ -131,7 +132,7 @@ def test_ui_template_parameters_submit_urgent_dag_succeeds_and_mlflow_link(
     """WorkflowTemplates list -> training-v1 -> Submit: every parameter is shown with its
     description (the ? tooltip), each parameter with an enum (lane, promotion-metric, ...) is a
     drop-down of exactly its values, lane=urgent is chosen there, Submit opens the workflow, its DAG
-    reaches Succeeded, and the workflow's "MLflow run" link leads to the MLflow search for its run."""
+    reaches Succeeded, and the workflow's "MLflow run" link opens its MLflow run (#/runs/<run id>)."""
     if not test_cluster.volcano_ok:
         pytest.skip(f"Volcano did not start: {test_cluster.errors}")
     t0 = time.monotonic()
@@ -211,9 +212,11 @@ def test_ui_template_parameters_submit_urgent_dag_succeeds_and_mlflow_link(
         page.wait_for_timeout(200)
         landed = [pg.url for pg in ui.ctx.pages if pg.url.startswith(MLFLOW_URI)]  # this tab or a new one
     assert opened and landed, f"clicking 'MLflow run' opened nothing: requests {opened}, pages {[pg.url for pg in ui.ctx.pages]}"
-    # MLflow's UI routes in the fragment, which the browser never sends: check where the tab is
-    q = urllib.parse.unquote(landed[0])
-    assert f"#/experiments?searchFilter=tags.`pipectl.workflow`='{name}'" in q, landed
+    # the run id: the workflow's output mlflow-run-id (exported by evaluate, whose output the
+    # test supplied); MLflow's UI routes in the fragment, which the browser never sends
+    outputs = {p["name"]: p.get("value") for p in done["status"].get("outputs", {}).get("parameters", [])}
+    assert outputs.get("mlflow-run-id") == TRAINING_STEP_OUTPUTS["evaluate"]["mlflow-run-id"], done["status"].get("outputs")
+    assert landed[0] == f"{MLFLOW_URI}/#/runs/{outputs['mlflow-run-id']}", landed
     assert not ui.errors, ui.errors
     print(f"[timing] UI template -> submit -> Succeeded -> MLflow link: {time.monotonic() - t0:.1f}s")
 

@@ -96,11 +96,12 @@ class TaskResultReporter:
         return json.loads((cm.data or {}).get(key, "{}"))
 
     def supplied_outputs(self, pod, tmpl: dict) -> dict:
-        declared = [x["name"] for x in (tmpl.get("outputs") or {}).get("parameters", [])]
+        declared = (tmpl.get("outputs") or {}).get("parameters", [])
         if not declared:
             return {}
         values = self._test_data(pod, tmpl.get("name", ""))
-        params = [{"name": n, "value": str(values[n])} for n in declared if n in values]
+        # as argoexec reports them: the template's parameter (globalName, valueFrom...) with its value
+        params = [{**p, "value": str(values[p["name"]])} for p in declared if p["name"] in values]
         return {"parameters": params} if params else {}
 
     def test_pod_annotations(self, pod, tmpl: dict) -> dict:

@@ -279,3 +279,16 @@ def test_images_from_a_registry_by_digest_or_content_tag():
     for bad in ("step-light=latest", "step-gpu=c-1", "step-train"):
         r = subprocess.run([pipectl, "render", "training", "--image", bad], capture_output=True, text=True)
         assert r.returncode == 2 and r.stdout == "", (bad, r.stderr)
+
+
+def test_the_argo_ui_link_opens_the_workflows_mlflow_run(wt):
+    """The controller config's link reads the run id from the workflow's outputs: evaluate exports
+    mlflow-run-id (globalName), and it is the workflow's only output (the link takes the first)."""
+    from pipectl.pipelines.manifests import MLFLOW_URI, controller_config
+    from pipectl.pipelines.training import CompileConfig
+
+    exported = [(t["name"], p["globalName"]) for t in wt["spec"]["templates"]
+                for p in (t.get("outputs") or {}).get("parameters", []) if p.get("globalName")]
+    assert exported == [("evaluate", "mlflow-run-id")], exported
+    links = yaml.safe_load(controller_config(CompileConfig())[0]["data"]["links"])
+    assert links == [{"name": "MLflow run", "scope": "workflow", "url": MLFLOW_URI + "/#/runs/${workflow.status.outputs.parameters.0.value}"}]

@@ -244,12 +244,15 @@ def controller_config(cfg: CompileConfig) -> list[dict]:
             # and restricted container fields (issue 13; the pod-level ones come from the workflow)
             "executor": yaml.safe_dump({"resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
                                         "securityContext": restricted_container_security_context(read_only_root=False)}),
-            # Argo UI: a link from every workflow to its MLflow run (the train step tags the run
-            # with pipectl.workflow=<workflow name>).
+            # Argo UI: a link from every workflow to its MLflow run. The run id is the workflow's
+            # output `mlflow-run-id` (evaluate exports it: training.WORKFLOW_OUTPUTS; the UI offers
+            # a workflow link `status` with only startedAt/finishedAt, the whole object as
+            # `workflow`); MLflow's #/runs/<id> opens the run itself (seen with a browser: the earlier
+            # #/experiments?searchFilter=tags... landed on the list of experiments, not the run).
             "links": yaml.safe_dump([{
                 "name": "MLflow run",
                 "scope": "workflow",
-                "url": MLFLOW_URI + "/#/experiments?searchFilter=tags.%60pipectl.workflow%60%3D%27${metadata.name}%27",
+                "url": MLFLOW_URI + "/#/runs/${workflow.status.outputs.parameters.0.value}",
             }]),
         },
     }]

@@ -164,9 +164,16 @@ def _cli_args(names: list[str]) -> list[str]:
     return args
 
 
+WORKFLOW_OUTPUTS = ("mlflow_run_id",)
+"""Step outputs also exported as the workflow's own outputs (``globalName``; Argo keeps them in
+``status.outputs.parameters``): the Argo UI's link to the MLflow run reads the run id from there
+(manifests.controller_config ``links``; it must stay the only one: the link takes the first)."""
+
+
 def _outputs(model: type[BaseModel]) -> list[Parameter]:
     return [
-        Parameter(name=kebab(n), value_from=ValueFrom(path=f"{OUTPUTS_DIR}/{kebab(n)}"))
+        Parameter(name=kebab(n), value_from=ValueFrom(path=f"{OUTPUTS_DIR}/{kebab(n)}"),
+                  global_name=kebab(n) if n in WORKFLOW_OUTPUTS else None)
         for n in model.model_fields
     ]
 
