@@ -6,20 +6,23 @@
 #   node     the real test node and its images (issue 5): Docker engine + debootstrap for
 #            `make images`; containerd, runc, CNI plugins, socat, iptables for `make node-up`
 #            (~60 MB, ~30 s)
+#   ui       Debian's Chromium + chromium-driver: the browser tests of the Argo UI drive it with
+#            Playwright through /usr/bin/chromium (Playwright never downloads a browser)
 #   bench    the peers of the storage benchmark (rclone)
-# Usage: scripts/system-deps.sh [GROUP...]   (default: ceph alluxio node; `--bench` = bench)
+# Usage: scripts/system-deps.sh [GROUP...]   (default: ceph alluxio node ui; `--bench` = bench)
 set -euo pipefail
 groups=()
 for a in "$@"; do [ "$a" = --bench ] && groups+=(bench) || groups+=("$a"); done
-[ ${#groups[@]} -gt 0 ] || groups=(ceph alluxio node)
+[ ${#groups[@]} -gt 0 ] || groups=(ceph alluxio node ui)
 need=()
 for g in "${groups[@]}"; do
   case $g in
     ceph) bins="ceph-mon:ceph-mon ceph-mgr:ceph-mgr ceph-osd:ceph-osd radosgw:radosgw ceph:ceph-common ceph-mds:ceph-mds ceph-fuse:ceph-fuse" ;;
     alluxio) bins="java:default-jre-headless mvn:maven" ;;
     node|images) bins="dockerd:docker.io debootstrap:debootstrap containerd:containerd ctr:containerd runc:runc socat:socat iptables:iptables /usr/lib/cni/bridge:containernetworking-plugins" ;;
+    ui) bins="chromium:chromium chromedriver:chromium-driver" ;;
     bench) bins="rclone:rclone" ;;
-    *) echo "system-deps: unknown group '$g' (ceph, alluxio, node, bench)" >&2; exit 2 ;;
+    *) echo "system-deps: unknown group '$g' (ceph, alluxio, node, ui, bench)" >&2; exit 2 ;;
   esac
   for bin in $bins; do
     b=${bin%%:*}

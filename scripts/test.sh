@@ -51,7 +51,7 @@ table() {
 }
 trap table EXIT
 
-run_phase system-deps bash scripts/system-deps.sh ceph alluxio node || exit 1
+run_phase system-deps bash scripts/system-deps.sh ceph alluxio node ui || exit 1
 
 # Independent, and each mostly waits on a different thing (PyPI, the Go compiler, Docker builds).
 # node-images (the step images into the real node's cached containerd store, minutes cold) starts
