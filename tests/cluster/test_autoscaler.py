@@ -142,3 +142,94 @@ def test_gang_scales_up_from_zero_binds_whole_and_the_workflow_succeeds(scaling_
           f"(node registration delay {NODE_REGISTRATION_DELAY_S:.0f} s), -> gang bound "
           f"{seen['gang bound'] - created:.1f} s; submit -> gang bound {seen['gang bound'] - t0:.1f} s")
     c.scale_up_s = scale_up
+
+
+def _plain_gpu_deployment(name: str) -> dict:
+    """One pod holding a whole GPU node, WITHOUT the gang's do-not-disrupt annotation: the control
+    that shows consolidation acting."""
+    from pipectl.pipelines.autoscaling import GPU_TOLERATION
+
+    res = {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": str(GPUS_PER_NODE)}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}, "annotations": {"pipectl.io/run-duration": "1h"}},
+                                  "spec": {"tolerations": [dict(GPU_TOLERATION)],
+                                           "containers": [{"name": "c", "image": "busybox",
+                                                           "resources": {"requests": res, "limits": res}}]}}}}
+
+
+def _running_on(core, ns: str, selector: str) -> list[str]:
+    return [p.spec.node_name for p in core.list_namespaced_pod(ns, label_selector=selector).items
+            if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+
+
+def test_consolidation_never_evicts_a_running_gang_and_a_lost_node_restarts_it_whole(scaling_cluster):
+    """The GPU NodePool is switched to the most aggressive consolidation (WhenEmptyOrUnderutilized,
+    5 s; the shipped pool consolidates only empty nodes). Control: a pod without the annotation is
+    moved off its Karpenter node onto a static GPU node as soon as one has room (consolidation is
+    live). A running gang pod (the product's Volcano Job, carrying karpenter.sh/do-not-disrupt) in
+    the same position stays put: its node is not disrupted and the job never restarts. Then the
+    gang's node is deleted anyway (an interrupted instance): Volcano restarts the WHOLE job (policy
+    PodEvicted -> RestartJob), with the same command, so the new pods resume from the same
+    checkpoint, and it runs again on another node."""
+    from kubernetes import client
+
+    from tests.cluster.test_control_plane import _lane_gang
+    from tests.harness.kwok import fake_node
+
+    c = scaling_cluster
+    core, custom = c.core, c.custom
+    apps = client.AppsV1Api(c.api_client())
+    custom.patch_cluster_custom_object("karpenter.sh", "v1", "nodepools", "pipectl-gpu", {
+        "spec": {"disruption": {"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s"}}})
+    karpenter_nodes = {n.metadata.name for n in _gpu_nodes(core)}
+
+    # control: a plain pod on a Karpenter node moves to a static node once that has room
+    apps.create_namespaced_deployment("default", _plain_gpu_deployment("plain"))
+    first = c.wait_for("plain pod running on a Karpenter GPU node",
+                       lambda: [n for n in _running_on(core, "default", "app=plain") if n not in karpenter_nodes],
+                       timeout_s=90)[0]
+    core.create_node(fake_node("static-gpu-0", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]))
+    t0 = time.monotonic()
+    c.wait_for("plain pod consolidated onto the static node, its Karpenter node removed",
+               lambda: _running_on(core, "default", "app=plain") == ["static-gpu-0"]
+               and first not in {n.metadata.name for n in core.list_node().items}, timeout_s=120)
+    consolidated_s = time.monotonic() - t0
+
+    # the gang: same position (the static node will have room), but do-not-disrupt
+    gang = _lane_gang("gang-dnd", "batch", 1, GPUS_PER_NODE, "1h")
+    assert gang["spec"]["tasks"][0]["template"]["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", gang)
+    selector = "volcano.sh/job-name=gang-dnd"
+    try:
+        gang_node = c.wait_for("gang running on a new Karpenter node",
+                               lambda: [n for n in _running_on(core, NS, selector) if n != "static-gpu-0"],
+                               timeout_s=90)[0]
+        apps.delete_namespaced_deployment("plain", "default")  # the static node is empty now
+        c.wait_for("static node empty", lambda: not _running_on(core, "default", "app=plain"), timeout_s=30)
+        # give consolidation three times what it needed for the control pod
+        watch_s = max(30.0, 3 * consolidated_s)
+        deadline = time.monotonic() + watch_s
+        while time.monotonic() < deadline:
+            assert _running_on(core, NS, selector) == [gang_node], "consolidation moved the running gang"
+            time.sleep(1)
+        assert gang_node in {n.metadata.name for n in core.list_node().items}
+        job = custom.get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", "gang-dnd")
+        assert job["status"].get("retryCount", 0) == 0
+        command = core.list_namespaced_pod(NS, label_selector=selector).items[0].spec.containers[0].command
+
+        # the node is lost anyway (instance interrupted / deleted): the gang restarts whole
+        t1 = time.monotonic()
+        core.delete_node(gang_node)
+        c.wait_for("gang restarted and running on another node", lambda: (
+            custom.get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", "gang-dnd")["status"]
+            .get("retryCount", 0) >= 1 and [n for n in _running_on(core, NS, selector) if n != gang_node]), timeout_s=120)
+        restarted_s = time.monotonic() - t1
+        pods = core.list_namespaced_pod(NS, label_selector=selector).items
+        assert [p.spec.containers[0].command for p in pods if p.status.phase == "Running"] == [command]
+        print(f"[timing] consolidation of an unannotated pod: {consolidated_s:.1f} s; a running gang untouched "
+              f"for {watch_s:.0f} s; its node deleted -> gang running again {restarted_s:.1f} s")
+    finally:
+        custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", "gang-dnd")
+        custom.patch_cluster_custom_object("karpenter.sh", "v1", "nodepools", "pipectl-gpu", {
+            "spec": {"disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "5s"}}})

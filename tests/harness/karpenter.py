@@ -45,11 +45,13 @@ def node_class(registration_delay_s: int) -> dict:
 
 def autoscaling_config(**buffer: object):
     """The product's AutoscalingConfig for this cluster: its NodePools over the KWOK catalogue,
-    consolidating after 5 s (so that a test sees consolidation happen), and ``buffer`` overrides."""
+    consolidating after 5 s and deleting do-not-disrupt pods 10 s into a node's termination (so
+    that a test sees both happen), and ``buffer`` overrides."""
     from pipectl.pipelines.autoscaling import KWOK_NODE_CLASS, AutoscalingConfig, BufferSpec
 
     default = AutoscalingConfig()
-    pools = tuple(p.model_copy(update={"instance_types": instance_type_names(p.gpu), "consolidate_after_s": 5})
+    pools = tuple(p.model_copy(update={"instance_types": instance_type_names(p.gpu), "consolidate_after_s": 5,
+                                       "termination_grace_period_s": 10 if p.gpu else None})
                   for p in default.node_pools)
     return AutoscalingConfig(node_class=KWOK_NODE_CLASS, node_pools=pools, buffer=BufferSpec(**buffer))
 

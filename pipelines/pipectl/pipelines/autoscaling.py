@@ -74,8 +74,13 @@ class NodePoolSpec(BaseModel):
     - ``limit_cpu``/``limit_gpus``: the pool's ceiling (Karpenter ``spec.limits``);
     - ``consolidation_policy``/``consolidate_after_s``: Karpenter ``spec.disruption``. GPU pools
       consolidate only empty nodes: moving a gang is a restart of the whole gang;
-    - ``expire_after_h``: nodes are replaced after this long (drained like consolidation: pods
-      with :data:`DO_NOT_DISRUPT` block it until they end).
+    - ``expire_after_h``: nodes are replaced after this long;
+    - ``termination_grace_period_s``: once a node's deletion has begun (expired, interrupted,
+      deleted by hand), how long pods with :data:`DO_NOT_DISRUPT` may hold it before Karpenter
+      deletes them (Karpenter docs, "NodePools: terminationGracePeriod"). Without it a deleted
+      node waits for a running gang to end, however long (seen on the test cluster: the Node
+      stayed Terminating with the gang running). A gang deleted this way restarts whole from its
+      checkpoint (Volcano PodEvicted -> RestartJob).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -89,6 +94,7 @@ class NodePoolSpec(BaseModel):
     consolidation_policy: Literal["WhenEmpty", "WhenEmptyOrUnderutilized"]
     consolidate_after_s: int = Field(ge=0)
     expire_after_h: int = Field(720, ge=1)
+    termination_grace_period_s: int | None = Field(default=None, ge=0)
 
 
 class BufferSpec(BaseModel):
@@ -119,7 +125,8 @@ class AutoscalingConfig(BaseModel):
         NodePoolSpec(name="pipectl-cpu", gpu=False, instance_types=("m7i.2xlarge", "m7i.4xlarge"),
                      limit_cpu=256, consolidation_policy="WhenEmptyOrUnderutilized", consolidate_after_s=60),
         NodePoolSpec(name="pipectl-gpu", gpu=True, instance_types=("p5.48xlarge",),
-                     limit_gpus=64, consolidation_policy="WhenEmpty", consolidate_after_s=300),
+                     limit_gpus=64, consolidation_policy="WhenEmpty", consolidate_after_s=300,
+                     termination_grace_period_s=3600),
     )
     buffer: BufferSpec = BufferSpec()
 
@@ -143,6 +150,8 @@ def node_pools(cfg: AutoscalingConfig) -> list[dict]:
         }
         if pool.gpu:
             template_spec["taints"] = [dict(GPU_TAINT)]
+        if pool.termination_grace_period_s is not None:
+            template_spec["terminationGracePeriod"] = f"{pool.termination_grace_period_s}s"
         out.append({
             "apiVersion": "karpenter.sh/v1",
             "kind": "NodePool",
