@@ -233,3 +233,81 @@ def test_consolidation_never_evicts_a_running_gang_and_a_lost_node_restarts_it_w
         custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", "gang-dnd")
         custom.patch_cluster_custom_object("karpenter.sh", "v1", "nodepools", "pipectl-gpu", {
             "spec": {"disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "5s"}}})
+
+
+def _restarted(custom, names: list[str]) -> int:
+    return sum(1 for n in names if custom.get_namespaced_custom_object(
+        "batch.volcano.sh", "v1alpha1", NS, "jobs", n)["status"].get("retryCount", 0) >= 1)
+
+
+def _urgent_against_batch(c, batch: int, label: str) -> tuple[float, int, set[str]]:
+    """``batch`` batch gangs (2 x 8 GPUs, running 1 h) fill the GPU pool to its limit; then an
+    urgent 2 x 8-GPU gang (the product's Volcano Job) is created. Returns the seconds from its
+    creation to both pods bound, how many batch gangs were restarted, and the urgent pods' nodes."""
+    from tests.cluster.test_control_plane import _lane_gang
+
+    core, custom = c.core, c.custom
+    names = [f"{label}-batch-{i}" for i in range(batch)]
+    for n in names:
+        custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", _lane_gang(n, "batch", 2, GPUS_PER_NODE, "1h"))
+    c.wait_for("batch gangs running", lambda: all(len(_running_on(core, NS, f"volcano.sh/job-name={n}")) == 2 for n in names),
+               timeout_s=120)
+    urgent = f"{label}-urgent"
+    t0 = time.monotonic()
+    custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", _lane_gang(urgent, "urgent", 2, GPUS_PER_NODE, "1h"))
+    nodes = c.wait_for("urgent gang bound", lambda: (
+        ns := [p.spec.node_name for p in core.list_namespaced_pod(NS, label_selector=f"volcano.sh/job-name={urgent}").items
+               if p.spec.node_name]) and len(ns) == 2 and ns, timeout_s=120, interval_s=0.1)
+    bound_s = time.monotonic() - t0
+    time.sleep(3)  # what the same scheduling cycles did to the batch gangs
+    restarted = _restarted(custom, names)
+    for n in names + [urgent]:
+        custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", n)
+    return bound_s, restarted, set(nodes)
+
+
+def test_urgent_gang_with_and_without_the_warm_buffer_while_batch_fills_the_gpu_pool(scaling_cluster):
+    """Equal GPU capacity (4 nodes, 32 GPUs) both ways, batch work holding all that is not reserved:
+    - no buffer: the GPU pool's limit is 32 GPUs, two batch gangs fill it, and an urgent gang can
+      only get GPUs by Volcano reclaiming them from a batch gang (which restarts);
+    - buffer: the product's static NodePool keeps 2 tainted GPU nodes warm (StaticCapacity), the
+      GPU pool is limited to the other 16 GPUs, one batch gang fills it; the urgent gang binds on
+      the buffer at once and no batch gang restarts.
+    Prints both submit->bound times (README, "Autoscaling": the urgent-with-buffer row)."""
+    from pipectl.pipelines.autoscaling import BUFFER_NAME, buffer_node_pool
+
+    c = scaling_cluster
+    core, custom = c.core, c.custom
+
+    def gpu_limit(gpus: int) -> None:
+        custom.patch_cluster_custom_object("karpenter.sh", "v1", "nodepools", "pipectl-gpu",
+                                           {"spec": {"limits": {"nvidia.com/gpu": str(gpus)}}})
+
+    try:
+        gpu_limit(4 * GPUS_PER_NODE)
+        no_buffer_s, no_buffer_restarted, _ = _urgent_against_batch(c, 2, "nobuf")
+        assert no_buffer_restarted >= 1, "without a buffer the urgent gang can only have reclaimed a batch gang's GPUs"
+
+        # the emptied GPU nodes go (consolidation: WhenEmpty after 5 s) before the pool shrinks
+        c.wait_for("empty GPU nodes consolidated away", lambda: not _gpu_nodes(core), timeout_s=180)
+        gpu_limit(2 * GPUS_PER_NODE)
+        (pool,) = buffer_node_pool(karpenter.autoscaling_config(nodes=2))
+        c.apply([pool], field_manager="pipectl-tests")
+        c.wait_for("2 warm buffer nodes Ready", lambda: len([
+            n for n in core.list_node(label_selector=f"karpenter.sh/nodepool={BUFFER_NAME}").items if _ready(n)]) == 2,
+            timeout_s=120)
+        buffer_nodes = {n.metadata.name for n in core.list_node(label_selector=f"karpenter.sh/nodepool={BUFFER_NAME}").items}
+        # nothing else lands on them: they carry the urgent lane's taint
+        assert all({"key": "pipectl.io/lane", "value": "urgent", "effect": "NoSchedule"} in [
+            {"key": t.key, "value": t.value, "effect": t.effect} for t in n.spec.taints or []]
+            for n in core.list_node(label_selector=f"karpenter.sh/nodepool={BUFFER_NAME}").items)
+        buffer_s, buffer_restarted, urgent_nodes = _urgent_against_batch(c, 1, "buf")
+        assert urgent_nodes == buffer_nodes
+        assert buffer_restarted == 0, "with the buffer no batch gang may be evicted"
+        print(f"[timing] urgent 2x8-GPU gang created -> bound, batch filling the GPU pool (32 GPUs in all): "
+              f"without buffer {no_buffer_s:.1f} s ({no_buffer_restarted} batch gang evicted and restarted); "
+              f"with a 2-node warm buffer {buffer_s:.1f} s (0 evicted)")
+    finally:
+        custom.delete_cluster_custom_object("karpenter.sh", "v1", "nodepools", BUFFER_NAME) if custom.list_cluster_custom_object(
+            "karpenter.sh", "v1", "nodepools", field_selector=f"metadata.name={BUFFER_NAME}")["items"] else None
+        gpu_limit(64)

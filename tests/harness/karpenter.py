@@ -66,6 +66,9 @@ def env(kubeconfig: str, metrics_port: int, health_port: int) -> dict[str, str]:
         "METRICS_PORT": str(metrics_port),
         "HEALTH_PROBE_PORT": str(health_port),
         "LOG_LEVEL": "info",
+        # Karpenter's defaults, plus StaticCapacity: the urgent lane's warm buffer is a static NodePool
+        "FEATURE_GATES": "NodeRepair=false,ReservedCapacity=true,SpotToSpotConsolidation=false,"
+                         "NodeOverlay=false,StaticCapacity=true",
     }
 
 

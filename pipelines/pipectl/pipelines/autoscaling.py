@@ -1,9 +1,8 @@
 """Autoscaled capacity as typed tables: Karpenter NodePools and the urgent lane's buffer.
 
 Pure: no I/O. :mod:`pipectl.pipelines.manifests` renders these under ``argo/autoscaling/``
-(``karpenter/``: NodePools, only for clusters that run Karpenter; ``buffer/``: headroom for the
-urgent lane, for Karpenter and the Cluster Autoscaler alike). Neither folder is in the top-level
-kustomization: a platform team applies the one its cluster uses.
+(``karpenter/``: the NodePools, the urgent lane's warm buffer among them, for clusters that run
+Karpenter). It is not in the top-level kustomization: a platform team applies it on purpose.
 
 What the rest of the product does for autoscalers (one place each):
 
@@ -22,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipectl.components.names import PART_OF, Lane, lane_object_name
+from pipectl.components.names import LANE_TAINT_KEY, PART_OF, Lane, lane_object_name
 
 GPU_RESOURCE = "nvidia.com/gpu"
 """Extended resource of NVIDIA's device plugin."""
@@ -44,11 +43,8 @@ Autoscaler scale-down) off a node while a gang pod runs on it. Involuntary loss 
 interrupted node) still happens: the gang restarts whole from its checkpoint (Volcano policy
 PodEvicted -> RestartJob)."""
 
-BUFFER_PRIORITY_CLASS = lane_object_name("buffer")
-"""PriorityClass of the buffer's placeholder pods: below every lane, never preempts."""
-BUFFER_PRIORITY_VALUE = -10
 BUFFER_NAME = lane_object_name("urgent-buffer")
-PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+"""The urgent lane's warm NodePool."""
 
 
 class NodeClassRef(BaseModel):
@@ -98,20 +94,22 @@ class NodePoolSpec(BaseModel):
 
 
 class BufferSpec(BaseModel):
-    """Warm headroom for the urgent lane: ``nodes`` placeholder pods, each asking for a whole GPU
-    node (``gpus_per_node`` GPUs), scheduled by Volcano in the urgent lane's queue at
-    :data:`BUFFER_PRIORITY_CLASS`. An urgent gang preempts them at once (Volcano ``preempt``:
-    same queue, lower priority) and binds on their nodes; the Deployment recreates them, they
-    pend, and the autoscaler adds the nodes back: the headroom refills behind the urgent work
-    (the Cluster Autoscaler FAQ's "overprovisioning", here for gangs)."""
+    """Warm headroom for the urgent lane: a NodePool of ``nodes`` GPU nodes that Karpenter keeps
+    running whether or not anything runs on them (static capacity: ``spec.replicas``, Karpenter's
+    ``StaticCapacity`` feature gate), tainted ``pipectl.io/lane=<lane>:NoSchedule`` so that only
+    the lanes with ``tolerates_reserved`` (policy.LANES: urgent) land there. An urgent gang binds on
+    them in Volcano's first action (allocate), with no preemption and no scale-up; batch work never
+    occupies them. Placeholder pods that urgent gangs preempt (the Cluster Autoscaler FAQ's
+    "overprovisioning") were tried first and are NOT used: in the same scheduling cycle Volcano's
+    preempt action evicted the placeholders AND its reclaim action evicted a batch gang, and the
+    recreated placeholders took the batch gang's nodes (seen on the test cluster). With the Cluster
+    Autoscaler the equivalent is a node group with this taint and a minimum size of ``nodes``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     nodes: int = Field(2, ge=0, le=64)
-    gpus_per_node: int = Field(8, ge=1, le=16)
-    cpu_per_node: float = Field(1.0, gt=0)
-    memory_gib_per_node: float = Field(1.0, gt=0)
     lane: Lane = Lane.urgent
+    name: str = BUFFER_NAME
 
 
 class AutoscalingConfig(BaseModel):
@@ -166,39 +164,22 @@ def node_pools(cfg: AutoscalingConfig) -> list[dict]:
     return out
 
 
-def buffer(cfg: AutoscalingConfig, namespace: str, scheduler_name: str) -> list[dict]:
-    """The urgent lane's buffer (:class:`BufferSpec`): its PriorityClass and placeholder Deployment,
-    whose pods ``scheduler_name`` (the gangs' scheduler) places, so that it may preempt them."""
-    from pipectl.pipelines.security import restricted_container_security_context, restricted_pod_security_context
+def buffer_node_pool(cfg: AutoscalingConfig) -> list[dict]:
+    """The urgent lane's buffer (:class:`BufferSpec`) as a static NodePool: the GPU pool's template
+    (instance types, node class, GPU taint) with ``replicas`` and the lane taint; [] when
+    ``buffer.nodes`` is 0."""
+    from pipectl.pipelines.policy import LANES
 
     b = cfg.buffer
-    labels = {**PART_OF, "app.kubernetes.io/name": BUFFER_NAME}
-    resources = {"cpu": str(b.cpu_per_node), "memory": f"{b.memory_gib_per_node:g}Gi", GPU_RESOURCE: str(b.gpus_per_node)}
-    return [
-        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-         "metadata": {"name": BUFFER_PRIORITY_CLASS, "labels": dict(PART_OF)},
-         "value": BUFFER_PRIORITY_VALUE, "preemptionPolicy": "Never", "globalDefault": False,
-         "description": "pipectl buffer placeholders: preempted by the urgent lane"},
-        {"apiVersion": "apps/v1", "kind": "Deployment",
-         "metadata": {"name": BUFFER_NAME, "namespace": namespace, "labels": dict(labels)},
-         "spec": {
-             "replicas": b.nodes,
-             "selector": {"matchLabels": {"app.kubernetes.io/name": BUFFER_NAME}},
-             "template": {
-                 # queue: Volcano's pod-group controller puts a bare pod's PodGroup in this queue
-                 "metadata": {"labels": dict(labels),
-                              "annotations": {"scheduling.volcano.sh/queue-name": lane_object_name(b.lane.value)}},
-                 "spec": {
-                     "schedulerName": scheduler_name,
-                     "priorityClassName": BUFFER_PRIORITY_CLASS,
-                     "terminationGracePeriodSeconds": 0,
-                     "automountServiceAccountToken": False,
-                     "securityContext": restricted_pod_security_context(),
-                     "tolerations": [dict(GPU_TOLERATION)],
-                     "containers": [{"name": "pause", "image": PAUSE_IMAGE,
-                                     "resources": {"requests": dict(resources), "limits": dict(resources)},
-                                     "securityContext": restricted_container_security_context()}],
-                 },
-             },
-         }},
-    ]
+    if not b.nodes:
+        return []
+    if not LANES[b.lane].tolerates_reserved:
+        raise ValueError(f"buffer lane {b.lane.value!r}: its pods do not tolerate reserved nodes (policy.LANES)")
+    gpu_pool = next(p for p in cfg.node_pools if p.gpu)
+    (pool,) = node_pools(cfg.model_copy(update={"node_pools": (gpu_pool.model_copy(update={"name": b.name}),)}))
+    spec = pool["spec"]
+    spec["template"]["spec"]["taints"].append({"key": LANE_TAINT_KEY, "value": b.lane.value, "effect": "NoSchedule"})
+    spec["replicas"] = b.nodes
+    spec["limits"] = {"nodes": str(b.nodes)}  # the only limit a static pool takes
+    del spec["disruption"]  # ignored with replicas
+    return [pool]

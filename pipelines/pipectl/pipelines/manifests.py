@@ -13,9 +13,8 @@ from hera.workflows import CronWorkflow
 from hera.workflows.models import Metadata, WorkflowTemplateRef
 
 from pipectl.components.names import PART_OF, SEMAPHORE_CONFIGMAP, STORE_CONFIGMAP, STORE_SECRET, TEMPLATE_NAME
-from pipectl.pipelines.autoscaling import buffer, node_pools
+from pipectl.pipelines.autoscaling import buffer_node_pool, node_pools
 from pipectl.pipelines.launchers import LAUNCHERS
-from pipectl.pipelines.launchers.base import GANG_SCHEDULER
 from pipectl.pipelines.policy import LANES, exported
 from pipectl.pipelines.security import POD_SECURITY_LABELS, restricted_container_security_context
 from pipectl.pipelines.training import CompileConfig, build_training
@@ -157,8 +156,7 @@ def volcano_queues() -> list[dict]:
 # - allocate binds whole gangs (gang plugin: minAvailable or nothing), so a partial scale-up
 #   binds nothing and holds no GPU;
 # - preempt lets a higher-priority job take resources from lower-priority ones in the SAME queue
-#   (priority plugin: PriorityClass values of the lanes): how an urgent gang takes the buffer's
-#   placeholder pods (pipelines/pipectl/pipelines/autoscaling.py);
+#   (priority plugin: PriorityClass values of the lanes);
 # - reclaim lets a queue under its deserved share (proportion plugin: queue weights of the lanes)
 #   take resources back from reclaimable queues that use more than theirs: how an urgent gang
 #   gets GPUs that batch work is holding;
@@ -346,8 +344,7 @@ APISERVER_CONFIG = f"{CLUSTER_ADMIN_DIR}/kube-apiserver/admission-configuration.
 TEMPLATE_FILE = f"{NAMESPACE_OWNER_DIR}/workflowtemplates/{TEMPLATE_NAME}.yaml"
 CRON_FILE = f"{NAMESPACE_OWNER_DIR}/cronworkflows/retrain.yaml"
 KARPENTER_DIR = "autoscaling/karpenter"
-BUFFER_DIR = "autoscaling/buffer"
-KUSTOMIZATION_DIRS = (CLUSTER_ADMIN_DIR, NAMESPACE_OWNER_DIR, KARPENTER_DIR, BUFFER_DIR)
+KUSTOMIZATION_DIRS = (CLUSTER_ADMIN_DIR, NAMESPACE_OWNER_DIR, KARPENTER_DIR)
 """Each its own kustomization; the top-level one has only the first two (a cluster runs Karpenter,
 the Cluster Autoscaler or neither: ``autoscaling/`` is applied on purpose)."""
 """Not a kustomization resource: a file for the API server's flags (see :func:`admission_configuration`)."""
@@ -361,8 +358,8 @@ def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]
     scheduler configuration, Argo controller settings; applied server-side, the shared ConfigMaps
     get only pipectl's keys and other tenants' keys stay), ``namespace/`` what the namespace owner
     applies (RBAC, config, templates, cron, monitoring), all namespaced. ``autoscaling/karpenter/``
-    (NodePools) and ``autoscaling/buffer/`` (the urgent lane's headroom) are cluster-admin
-    kustomizations of their own, applied when the cluster runs an autoscaler (issue 14).
+    (NodePools, the urgent lane's warm buffer among them) is a cluster-admin kustomization of its
+    own, applied when the cluster runs Karpenter (issue 14).
     """
     cfg = cfg or CompileConfig()
     admin, owner = CLUSTER_ADMIN_DIR, NAMESPACE_OWNER_DIR
@@ -379,8 +376,7 @@ def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]
         f"{owner}/monitoring/grafana-dashboard.yaml": grafana_dashboard(cfg),
         TEMPLATE_FILE: [build_training(cfg).to_dict()],
         CRON_FILE: [retrain_cron(cfg).to_dict()],
-        f"{KARPENTER_DIR}/nodepools.yaml": node_pools(cfg.autoscaling),
-        f"{BUFFER_DIR}/urgent-buffer.yaml": buffer(cfg.autoscaling, cfg.namespace, GANG_SCHEDULER),
+        f"{KARPENTER_DIR}/nodepools.yaml": node_pools(cfg.autoscaling) + buffer_node_pool(cfg.autoscaling),
     }
 
 

@@ -41,10 +41,6 @@ from pipectl.pipelines.autoscaling import DO_NOT_DISRUPT, GPU_TOLERATION
 from pipectl.pipelines.security import TMP_VOLUME, restricted_container_security_context, restricted_pod_security_context
 
 MASTER_PORT = 29500
-GANG_SCHEDULER = "volcano"
-"""The scheduler that places every launcher's gang (Volcano; a PyTorchJob's through the training
-operator's gang-scheduler setting). Other pods that must take part in its preemption, such as
-the urgent lane's buffer placeholders (autoscaling.py), name it too."""
 ATTEMPT_ID = "{{=sprig.lower(sprig.randAlphaNum(5))}}"
 JOB_NAME = "{{workflow.name}}-train-{{retries}}-" + ATTEMPT_ID
 """One job per attempt. ``{{retries}}`` is the step's attempt number, but an in-place retry of
