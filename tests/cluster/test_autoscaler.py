@@ -76,6 +76,13 @@ def _unschedulable(pod) -> bool:
                for c in (pod.status.conditions or []))
 
 
+def _gang_selector(workflow: str) -> str:
+    """The train gang's pods of ``workflow`` (the job's name is random per attempt)."""
+    from pipectl.components.names import STEP_LABEL, WORKFLOW_LABEL
+
+    return f"{WORKFLOW_LABEL}={workflow},{STEP_LABEL}=train"
+
+
 def _submit(c, *params: str, lane: str = "standard") -> str:
     args = ["submit", "training", "-n", NS, "--lane", lane, "--output", "json"]
     for p in params:
@@ -97,13 +104,13 @@ def test_gang_scales_up_from_zero_binds_whole_and_the_workflow_succeeds(scaling_
     t0 = time.monotonic()
     name = _submit(c, "workers=2", f"gpus-per-worker={GPUS_PER_NODE}", f"processes-per-worker={GPUS_PER_NODE}",
                    "cpu-per-worker=4", "memory-gib-per-worker=16")
-    job = f"{name}-train-0"
+    gang = _gang_selector(name)
     seen: dict[str, float] = {}
     partial_since = None
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         now = time.monotonic()
-        pods = core.list_namespaced_pod(NS, label_selector=f"volcano.sh/job-name={job}").items
+        pods = core.list_namespaced_pod(NS, label_selector=gang).items
         nodes = _gpu_nodes(core)
         if len(pods) == 2 and "gang pods created" not in seen:
             seen["gang pods created"] = now
@@ -132,7 +139,7 @@ def test_gang_scales_up_from_zero_binds_whole_and_the_workflow_succeeds(scaling_
         assert n.status.allocatable["nvidia.com/gpu"] == str(GPUS_PER_NODE)
         assert {"key": "nvidia.com/gpu", "effect": "NoSchedule"} in [
             {"key": t.key, "effect": t.effect} for t in n.spec.taints or []]
-    pods = core.list_namespaced_pod(NS, label_selector=f"volcano.sh/job-name={job}").items
+    pods = core.list_namespaced_pod(NS, label_selector=gang).items
     assert {p.spec.node_name for p in pods} == {n.metadata.name for n in nodes}
     wf = _wait_phase(c.api_client(), NS, name, {"Succeeded", "Failed", "Error"}, timeout_s=180)
     assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")
@@ -311,3 +318,58 @@ def test_urgent_gang_with_and_without_the_warm_buffer_while_batch_fills_the_gpu_
         custom.delete_cluster_custom_object("karpenter.sh", "v1", "nodepools", BUFFER_NAME) if custom.list_cluster_custom_object(
             "karpenter.sh", "v1", "nodepools", field_selector=f"metadata.name={BUFFER_NAME}")["items"] else None
         gpu_limit(64)
+
+
+def test_a_pending_gang_waits_through_a_scale_up_and_one_that_never_fits_fails_within_the_timeout(scaling_cluster):
+    """The template compiled with a short retry policy (scale_up_s 30, step_timeout_s 60: each
+    train attempt may take 90 s, Pending included). Nodes now take 20 s to register. A gang that
+    fits waits Pending through the scale-up and the workflow succeeds: the measured
+    Pending -> Ready time is inside the policy's scale_up_s. A gang that can never fit (16 GPUs per
+    pod; the largest instance type has 8) fails once its attempt's timeout passes, is not retried
+    (a timeout is not an infrastructure failure), and `pipectl status` says why: the autoscaler's
+    own reason for not launching a node."""
+    from pipectl.pipelines.policy import RetryPolicy
+    from pipectl.pipelines.training import CompileConfig, build_training
+
+    c = scaling_cluster
+    core, custom = c.core, c.custom
+    policy = RetryPolicy(scale_up_s=30, step_timeout_s=60)
+    # the shipped policy's claim: its first four delays together outlast one scale-up
+    assert sum(RetryPolicy().delays_s()[:4]) >= RetryPolicy().scale_up_s
+    c.apply([{**build_training(CompileConfig(retry=policy)).to_dict(), "metadata": {"name": "training-v1", "namespace": NS}}],
+            field_manager="pipectl-tests")
+    custom.patch_cluster_custom_object("karpenter.kwok.sh", "v1alpha1", "kwoknodeclasses", "default",
+                                       {"spec": {"nodeRegistrationDelay": "20s"}})
+    try:
+        c.wait_for("no GPU node left", lambda: not _gpu_nodes(core), timeout_s=180)
+        name = _submit(c, "workers=2", f"gpus-per-worker={GPUS_PER_NODE}", f"processes-per-worker={GPUS_PER_NODE}")
+        selector = _gang_selector(name)
+        c.wait_for("gang pods created", lambda: len(core.list_namespaced_pod(NS, label_selector=selector).items) == 2,
+                   timeout_s=120)
+        t0 = time.monotonic()
+        c.wait_for("2 GPU nodes Ready", lambda: len(ns := _gpu_nodes(core)) >= 2 and all(_ready(n) for n in ns), timeout_s=120)
+        scale_up_s = time.monotonic() - t0
+        assert scale_up_s < policy.scale_up_s, f"scale-up took {scale_up_s:.0f} s, the policy assumes {policy.scale_up_s} s"
+        wf = _wait_phase(c.api_client(), NS, name, {"Succeeded", "Failed", "Error"}, timeout_s=180)
+        assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")
+
+        never = _submit(c, "workers=1", "gpus-per-worker=16", "processes-per-worker=16")
+        t1 = time.monotonic()
+        wf = _wait_phase(c.api_client(), NS, never, {"Succeeded", "Failed", "Error"},
+                         timeout_s=policy.attempt_timeout_s + 120)
+        failed_after = time.monotonic() - t1
+        assert wf["status"]["phase"] == "Failed"
+        train = [n for n in wf["status"]["nodes"].values() if n["type"] == "Pod" and n["displayName"].startswith("train(")]
+        assert len(train) == 1, [n["displayName"] for n in train]  # not retried
+        assert "deadline" in train[0].get("message", ""), train[0]
+        r = _pipectl(c, "status", never, "-n", NS)
+        assert r.returncode == 1
+        out = r.stdout + r.stderr
+        assert "was never scheduled" in out and "karpenter" in out and "nodepool" in out, out
+        print(f"[timing] a Pending gang waited through a {scale_up_s:.1f} s scale-up (node registration delay 20 s) "
+              f"and succeeded; a gang that never fits failed {failed_after:.0f} s after submit "
+              f"(attempt timeout {policy.attempt_timeout_s} s)")
+    finally:
+        custom.patch_cluster_custom_object("karpenter.kwok.sh", "v1alpha1", "kwoknodeclasses", "default",
+                                           {"spec": {"nodeRegistrationDelay": f"{NODE_REGISTRATION_DELAY_S}s"}})
+        assert _pipectl(c, "templates", "apply", "-n", NS).returncode == 0

@@ -206,8 +206,9 @@ class TaskResultReporter:
         self.running[key] = {"api": rapi, "name": obj["metadata"]["name"], "ns": ns, "tmpl": tmpl, "pod": pod}
         print(f"resource {key}: created {obj['kind']} {ns}/{obj['metadata']['name']}", flush=True)
 
-    def finish(self, pod, exit_code: int, message: str) -> None:
-        """End a resource pod as argoexec would: its result reported, containers terminated."""
+    def finish(self, pod, exit_code: int, message: str, pod_reason: str = "") -> None:
+        """End a resource pod as argoexec would: its result reported, containers terminated
+        (``pod_reason``: the pod's own status.reason/message, as the kubelet sets them)."""
         from kubernetes import client
 
         key = _key(pod)
@@ -222,6 +223,7 @@ class TaskResultReporter:
             self.write_result(pod, {})
             self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": {
                 "phase": phase,
+                **({"reason": pod_reason, "message": message} if pod_reason else {}),
                 "containerStatuses": [{"name": c.name, "image": c.image, "ready": False,
                                        "restartCount": 0, "state": {"terminated": term}}
                                       for c in pod.spec.containers]}})
@@ -247,6 +249,14 @@ class TaskResultReporter:
                 self.done.add(key)
                 return
             raise
+        pod = r["pod"]
+        deadline = pod.spec.active_deadline_seconds
+        if deadline and pod.status.start_time and (
+                datetime.datetime.now(datetime.timezone.utc) - pod.status.start_time).total_seconds() > deadline:
+            # what the kubelet does with Argo's template timeout (activeDeadlineSeconds) on a real node
+            with self.lock:
+                self.finish(pod, 143, "Pod was active on the node longer than the specified deadline", "DeadlineExceeded")
+            return
         try:
             obj = r["api"].get(name=r["name"], namespace=r["ns"]).to_dict()
         except client.ApiException as e:

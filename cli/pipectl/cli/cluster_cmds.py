@@ -215,6 +215,9 @@ def status(name: str, namespace: str, context: str | None, output_format: str) -
     phase = wf.get("status", {}).get("phase")
     console().print(f"workflow {name}: {phase}")
     if phase in ("Failed", "Error"):
+        # a train step that timed out Pending: say why its gang never got nodes
+        for pod, why in _cluster(namespace, context).unscheduled_gang_pods(name).items():
+            console().print(f"gang pod {pod} was never scheduled: {why}", markup=False)
         sys.exit(1)
 
 

@@ -113,8 +113,9 @@ class RetryPolicy(BaseModel):
       code unless ``retry_oom``.
 
     Backoff is derived from ``scale_up_s``, the time the Cluster Autoscaler needs to add a node:
-    delays start at scale_up_s/16 and double, capped at scale_up_s per delay, so the first four
-    retries together wait ~scale_up_s (a replacement node has arrived); ``step_timeout_s`` plus
+    delays start at scale_up_s/15 (rounded up) and double, capped at scale_up_s per delay, so the
+    first four retries together wait at least scale_up_s (1+2+4+8 = 15 parts: a replacement node
+    has arrived; tests/cluster/test_autoscaler.py checks it against a measured scale-up); ``step_timeout_s`` plus
     ``scale_up_s`` bounds each attempt (Argo's template ``timeout`` counts Pending time).
     """
 
@@ -134,7 +135,7 @@ class RetryPolicy(BaseModel):
 
     @property
     def backoff_duration_s(self) -> int:
-        return max(5, self.scale_up_s // 16)
+        return max(5, -(-self.scale_up_s // 15))
 
     @property
     def backoff_cap_s(self) -> int:

@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from pipectl.components.errors import PipectlError, Unreachable, ValidationFailed
-from pipectl.components.names import WORKFLOW_LABEL
+from pipectl.components.names import STEP_LABEL, WORKFLOW_LABEL
 from pipectl.pipelines.launchers import LAUNCHERS
 from pipectl.pipelines.workflows import GROUP, VERSION
 
@@ -153,6 +153,26 @@ class ArgoCluster:
                             raise PipectlError(f"{plural} {name} still terminating after 120 s", "check its pods, then retry again")
                         time.sleep(0.5)
         return deleted
+
+    def unscheduled_gang_pods(self, workflow: str) -> dict[str, str]:
+        """Gang pods of ``workflow`` that never got a node: pod name -> why, from the pod's latest
+        scheduling events (Volcano's "pod group is not ready", an autoscaler's "Failed to schedule
+        pod, incompatible with nodepool ..."), one line per reporting component. What `pipectl
+        status` shows for a train step that timed out Pending: a gang that can never fit."""
+        pods = self._call(f"list gang pods of {workflow}", self.core.list_namespaced_pod, self.namespace,
+                          label_selector=f"{WORKFLOW_LABEL}={workflow},{STEP_LABEL}=train").items
+        out = {}
+        for pod in pods:
+            if pod.spec.node_name:
+                continue
+            events = self._call(f"events of pod {pod.metadata.name}", self.core.list_namespaced_event, self.namespace,
+                                field_selector=f"involvedObject.name={pod.metadata.name},involvedObject.kind=Pod").items
+            latest: dict[str, Any] = {}
+            for e in sorted(events, key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp):
+                if e.type == "Warning":
+                    latest[e.reporting_component or (e.source.component if e.source else "") or "?"] = e
+            out[pod.metadata.name] = "; ".join(f"{who}: {e.message}" for who, e in sorted(latest.items())) or "no scheduling event"
+        return out
 
     def create_workflow(self, wf: dict[str, Any]) -> dict[str, Any]:
         return self._call("create Workflow", self.api.create_namespaced_custom_object, GROUP, VERSION, self.namespace, "workflows", wf)
