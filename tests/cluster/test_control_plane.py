@@ -47,6 +47,14 @@ def _project_manifests() -> list[tuple[Path, dict]]:
     return sorted(docs, key=lambda x: KIND_ORDER.get(x[1]["kind"], 99))
 
 
+def _last_json(text: str):
+    """The last JSON document `pipectl … -o json` printed (pretty-printed, as kubectl -o json)."""
+    dec, i, last = json.JSONDecoder(), 0, None
+    while (j := text.find("{", i)) >= 0:
+        last, i = dec.raw_decode(text, j)
+    return last
+
+
 def _custom(api):
     from kubernetes import client
 
@@ -736,7 +744,7 @@ def test_code_failure_in_the_gang_fails_the_workflow_without_retries(
     r = _pipectl(test_cluster, "submit", "training", "-p", "workers=2", "-p", "gpus-per-worker=1",
                  "-p", "processes-per-worker=1", "--wait", "--output", "json")
     assert r.returncode == 1, r.stdout + r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = _last_json(r.stdout)
     assert out["phase"] == "Failed"
     wf = _training_wf(_custom(k8s_api), out["name"])
     train_attempts = [n for n in wf["status"]["nodes"].values() if n["type"] == "Pod" and n["displayName"].startswith("train(")]
@@ -761,7 +769,7 @@ def test_pipectl_retry_in_place_through_the_argo_server_and_resubmit(
     r = _pipectl(test_cluster, "submit", "training", "-p", "workers=2", "-p", "gpus-per-worker=1",
                  "-p", "processes-per-worker=1", "--wait", "--output", "json")
     assert r.returncode == 1, r.stderr
-    name = json.loads(r.stdout.strip().splitlines()[-1])["name"]
+    name = _last_json(r.stdout)["name"]
     train_pod_annotations({})  # the "fix"
     env = {**os.environ, "KUBECONFIG": str(test_cluster.kubeconfig),
            "ARGO_SERVER": test_cluster.argo_server_url.split("://", 1)[1], "ARGO_SECURE": "false"}

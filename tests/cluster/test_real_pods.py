@@ -44,6 +44,8 @@ KIND_ORDER = {"Namespace": 0, "PriorityClass": 1, "ServiceAccount": 2, "Role": 3
 BASE_IMAGE_REPO = "pipectl/debian-base"
 # A 2-pod gang that fits the one 2-core node beside a step pod (Guaranteed: requests = limits).
 ONE_NODE_GANG = ("-p", "cpu-per-worker=0.6", "-p", "memory-gib-per-worker=3")
+# Workflows a test ran and later tests look at (the Argo UI test opens the training run's).
+RUNS: dict[str, str] = {}
 
 
 def _require_or_skip(what: str) -> None:
@@ -136,7 +138,8 @@ def _apply_project(c) -> None:
     docs = []
     for f in sorted((REPO / "argo").rglob("*.yaml")):
         rel = f.relative_to(REPO / "argo")
-        if set(rel.parts) & {"controller", "monitoring", "kube-apiserver", "workflowtemplates"} or f.name == "kustomization.yaml":
+        # autoscaling/: not in the top-level kustomization (needs Karpenter's CRDs; the autoscaler tests apply it)
+        if set(rel.parts) & {"controller", "monitoring", "kube-apiserver", "workflowtemplates", "autoscaling"} or f.name == "kustomization.yaml":
             continue
         docs += [d for d in yaml.safe_load_all(f.read_text()) if d]
     c.apply(sorted(docs, key=lambda d: KIND_ORDER.get(d["kind"], 99)), field_manager="pipectl-tests")
@@ -154,6 +157,14 @@ def project(real_cluster, core):
     c.wait_for("ServiceAccount pipectl-workflow",
                lambda: core.read_namespaced_service_account("pipectl-workflow", NS))
     return c
+
+
+def _last_json(text: str):
+    """The last JSON document `pipectl … -o json` printed (pretty-printed, as kubectl -o json)."""
+    dec, i, last = json.JSONDecoder(), 0, None
+    while (j := text.find("{", i)) >= 0:
+        last, i = dec.raw_decode(text, j)
+    return last
 
 
 def _custom(c):
@@ -289,7 +300,7 @@ def test_training_pipeline_on_real_pods(services, project, core):
                    "-p", "epochs=3", "--output", "json")
     wall = time.monotonic() - t0
     print(sub.stdout[-5000:], sub.stderr[-5000:])
-    result = json.loads(sub.stdout.strip().splitlines()[-1])
+    result = _last_json(sub.stdout)
     name = result["name"]
     _timings_line("e2e training run (s)", {"workflow": name, "wall_s": round(wall, 1),
                                           "phase": result["phase"]})
@@ -299,6 +310,7 @@ def test_training_pipeline_on_real_pods(services, project, core):
     assert sub.returncode == 0 and result["phase"] == "Succeeded", steps
     for step in ("stage", "preprocess", "train", "evaluate", "register"):
         assert steps.get(step, ("missing",))[0] == "Succeeded", (step, steps)
+    RUNS["training"] = name
 
     # the gang: two pods of one Volcano Job, both ran on the real node and completed
     gang = core.list_namespaced_pod(NS, label_selector=f"workflows.argoproj.io/workflow={name},pipectl.io/step=train").items
@@ -337,6 +349,93 @@ def test_training_pipeline_on_real_pods(services, project, core):
     stage_log = s3.get_object(Bucket="pipectl-artifacts", Key=f"{name}/{stage_pod}/main.log")["Body"].read().decode()
     lines = [ln.strip() for ln in stage_log.splitlines() if ln.strip()]
     assert lines and any(ln in logs.stdout for ln in lines), stage_log[-2000:]  # the same log pipectl showed
+
+
+def test_argo_ui_shows_a_step_log_archived_on_ceph_and_links_to_the_mlflow_run(services, project, core, tmp_path):
+    """The Argo UI (the real UI in `argo server`, tests/cluster/build.sh) on the training run of
+    test_training_pipeline_on_real_pods, in headless Chromium: the DAG is Succeeded; the stage
+    step's pod is deleted (as pod GC does) and its LOGS still show the log argoexec archived on Ceph
+    RGW (the UI fetches it through the server's artifact route); the workflow's "MLflow run" link
+    opens that run in the real MLflow UI (run id, the pipectl.workflow tag)."""
+    import urllib.request
+
+    from kubernetes import client
+
+    from pipectl.pipelines.backends.processes import free_port, spawn, stop, wait_until
+    from pipectl.pipelines.manifests import MLFLOW_URI
+    from tests.cluster.browser import UI, launch_chromium
+
+    name = RUNS.get("training")
+    assert name, "needs the workflow of test_training_pipeline_on_real_pods (it failed or did not run)"
+    c = project
+    t0 = time.monotonic()
+    # `argo server` reads its links once at start: one with the product's controller config, its
+    # MLflow link pointed at the MLflow server on this host (the product: mlflow.mlflow.svc)
+    conf = core.read_namespaced_config_map("workflow-controller-configmap", "argo").data
+    conf = {**conf, "links": conf["links"].replace(MLFLOW_URI, services["mlflow_url"])}
+    assert services["mlflow_url"] in conf["links"], conf["links"]
+    try:
+        core.delete_namespaced_config_map("pipectl-ui-test", "argo")
+    except client.ApiException:
+        pass
+    core.create_namespaced_config_map("argo", {"metadata": {"name": "pipectl-ui-test"}, "data": conf})
+    port = free_port()
+    log = tmp_path / "argo-server.log"
+    server = spawn([str(cl.binary("argo")), "server", "--kubeconfig", str(c.kubeconfig), "--namespace", "argo",
+                    "--configmap", "pipectl-ui-test", "--auth-mode", "server", "--secure=false", "--port", str(port)], log)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until("argo server", lambda: urllib.request.urlopen(base + "/api/v1/version", timeout=2).status == 200,
+                   60, procs=[("argo server", server, log)])
+        wf = _custom(c).get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
+        stage = next(n for n in wf["status"]["nodes"].values() if n["type"] == "Pod" and n["displayName"] == "stage(0)")
+        stage_pod = next(p.metadata.name for p in core.list_namespaced_pod(NS, label_selector=f"workflows.argoproj.io/workflow={name}").items
+                         if (p.metadata.annotations or {}).get("workflows.argoproj.io/node-id") == stage["id"])
+        archived = services["ceph"].s3_client().get_object(Bucket="pipectl-artifacts", Key=f"{name}/{stage_pod}/main.log")["Body"].read().decode()
+        expected = [ln.strip() for ln in archived.splitlines() if ln.strip()][-1]
+        core.delete_namespaced_pod(stage_pod, NS, grace_period_seconds=0)  # only Ceph has its log now
+        c.wait_for("stage pod gone", lambda: not [p for p in core.list_namespaced_pod(NS).items if p.metadata.name == stage_pod])
+
+        with launch_chromium() as browser:
+            ui = UI(browser, base, "real_pods")
+            page = ui.page
+            log_requests: list[tuple[str, int]] = []
+            page.on("response", lambda r: log_requests.append((r.url, r.status)) if "main-logs" in r.url else None)
+            ui.open(f"/workflows/{NS}/{name}")
+            assert ui.wait_node_phase(name, {"Succeeded", "Failed", "Error"}, timeout_s=60) == "Succeeded"
+            graph = ui.graph()
+            assert all(graph.get(f"{s}(0)") == "Succeeded" for s in ("stage", "preprocess", "train", "evaluate", "register")), graph
+            ui.shot("dag-succeeded")
+            ui.click_node("stage(0)")
+            page.locator(".workflow-details__step-info").get_by_role("button", name="Logs").click()  # the step's
+            # the viewer (xterm) wraps long lines into rows of ~50 characters and draws spaces as
+            # no-break spaces: compare the first 30 characters, spaces normalised
+            fragment = expected[:30]
+            deadline = time.monotonic() + 30
+            while fragment not in (shown := page.inner_text("body").replace("\xa0", " ")) and time.monotonic() < deadline:
+                page.wait_for_timeout(500)
+            ui.shot("stage-log-from-ceph")
+            assert fragment in shown, (fragment, log_requests, shown[-3000:])
+            assert any(status == 200 for _, status in log_requests), log_requests
+            page.keyboard.press("Escape")
+            ui.open(f"/workflows/{NS}/{name}")
+            page.get_by_role("button", name="MLflow run").click()
+            run_id = next(p["value"] for p in wf["status"]["outputs"]["parameters"] if p["name"] == "mlflow-run-id")
+            deadline = time.monotonic() + 20
+            while not [pg for pg in ui.ctx.pages if pg.url.startswith(services["mlflow_url"])] and time.monotonic() < deadline:
+                page.wait_for_timeout(200)
+            mlflow_page = next(pg for pg in ui.ctx.pages if pg.url.startswith(services["mlflow_url"]))
+            assert mlflow_page.url == f"{services['mlflow_url']}/#/runs/{run_id}", mlflow_page.url
+            mlflow_page.get_by_text(name).first.wait_for(timeout=30000)  # the run's pipectl.workflow tag
+            mlflow_page.get_by_text(run_id).first.wait_for(timeout=10000)
+            ui.page = mlflow_page
+            ui.shot("mlflow-run")
+            print(f"[ui] screenshots: {[str(p) for p in ui.shots]}; main-logs requests: {log_requests}")
+            ui.close()
+    finally:
+        stop(server, grace_s=5)
+        core.delete_namespaced_config_map("pipectl-ui-test", "argo")
+    _timings_line("Argo UI on real pods (s)", {"wall_s": round(time.monotonic() - t0, 1)})
 
 
 def _gang_job_writes(c, job: str) -> list[tuple[str, int, str]]:
@@ -382,7 +481,7 @@ def _lose_a_gang_pod_mid_training(services, c, core) -> str:
     sub = _pipectl(c, "submit", "training", "-p", "workers=2", "-p", "processes-per-worker=1", *ONE_NODE_GANG, "-p", "epochs=40",
                    "-p", f"checkpoint-every-steps={every}", "--output", "json", timeout_s=120)
     assert sub.returncode == 0, sub.stderr
-    name = json.loads(sub.stdout.strip().splitlines()[-1])["name"]
+    name = _last_json(sub.stdout)["name"]
     latest_key = f"runs/{name}/checkpoints/latest.json"
 
     def checkpointed():
@@ -470,7 +569,7 @@ def test_step_exit_1_is_not_retried(services, project, core):
     sub = _pipectl(c, "submit", "training", "--wait", "-p", "dataset-uri=s3://pipectl/no-such-dataset/",
                    "--output", "json", timeout_s=600)
     print(sub.stdout[-3000:], sub.stderr[-3000:])
-    result = json.loads(sub.stdout.strip().splitlines()[-1])
+    result = _last_json(sub.stdout)
     assert sub.returncode == 1 and result["phase"] == "Failed", result
     wf = _custom(c).get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", result["name"])
     attempts = [n for n in wf["status"]["nodes"].values()
@@ -527,7 +626,7 @@ def test_stage_killed_mid_copy_is_retried_and_the_bucket_is_identical(services, 
     _apply_templates_for_one_node(c)
     sub = _pipectl(c, "submit", "training", "--output", "json", timeout_s=120)
     assert sub.returncode == 0, sub.stderr
-    name = json.loads(sub.stdout.strip().splitlines()[-1])["name"]
+    name = _last_json(sub.stdout)["name"]
     try:
         _kill_stage_mid_copy_and_check(c, core, s3, name, clean)
     finally:

@@ -6,20 +6,19 @@ controller, Volcano): pods do not run, so logs and the MLflow run itself are che
 (test_real_pods.py); here the MLflow link is followed and its target URL checked.
 
 Each stage is saved as a screenshot under ``$PIPECTL_TEST_LOGS/ui`` (default
-``.pipectl/test-logs/ui``)."""
+``.pipectl/test-logs/ui``; tests/cluster/browser.py)."""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.parse
-from pathlib import Path
 
 import pytest
 
 from pipectl.components.names import WORKFLOW_LABEL
 from pipectl.pipelines.manifests import MLFLOW_URI
+from tests.cluster.browser import UI, launch_chromium
 from tests.cluster.test_control_plane import (  # noqa: F401 - fixtures shared with the control-plane tests
     TRAINING_STEP_OUTPUTS,
     _argo_server,
@@ -33,84 +32,10 @@ from tests.cluster.test_control_plane import (  # noqa: F401 - fixtures shared w
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[2]
-CHROMIUM = os.environ.get("PIPECTL_CHROMIUM", "/usr/bin/chromium")
-SHOTS = Path(os.environ.get("PIPECTL_TEST_LOGS", REPO / ".pipectl" / "test-logs")) / "ui"
-
-
-def _require_or_skip(what: str) -> None:
-    if os.environ.get("PIPECTL_REQUIRE_CLUSTER") == "1":
-        pytest.fail(what)
-    pytest.skip(what)
-
-
 @pytest.fixture(scope="module")
 def browser():
-    """Headless Chromium from Debian (never a downloaded one)."""
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _require_or_skip("playwright is not installed (the dev extra in pyproject.toml)")
-    if not os.access(CHROMIUM, os.X_OK):
-        _require_or_skip(f"{CHROMIUM} missing (Debian packages chromium, chromium-driver: scripts/system-deps.sh ui)")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        # --no-sandbox: the tests run as root (CI), where Chromium's sandbox refuses to start
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+    with launch_chromium() as b:
         yield b
-        b.close()
-
-
-class UI:
-    """One browser page on the Argo UI, with what a user does and sees."""
-
-    def __init__(self, browser, base: str, test: str) -> None:
-        self.ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
-        self.page = self.ctx.new_page()
-        self.errors: list[str] = []
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.base = base
-        self.test = test
-        self.shots: list[Path] = []
-
-    def open(self, path: str) -> None:
-        self.page.goto(self.base + path, wait_until="networkidle")
-        for _ in range(3):  # the first-visit modals ("Tell us what you want to use Argo for", ...)
-            close = self.page.locator(".modal-close")
-            if not close.count():
-                break
-            close.first.click()
-            self.page.wait_for_timeout(300)
-
-    def shot(self, stage: str) -> Path:
-        path = SHOTS / f"{self.test}-{len(self.shots) + 1:02d}-{stage}.png"
-        self.page.screenshot(path=str(path))
-        self.shots.append(path)
-        return path
-
-    def graph(self) -> dict[str, str]:
-        """{node label: phase} of the workflow graph as drawn (each node: <title>ID (label)</title>
-        beside <g class="node PHASE">)."""
-        return self.page.locator("g:has(> title) > g.node").evaluate_all("""els => Object.fromEntries(els.map(e => [
-            e.parentElement.querySelector(':scope > title').textContent.replace(/^.*? \\((.*)\\)$/, '$1'),
-            (e.getAttribute('class') || '').split(' ').filter(c => c && c !== 'node').join(' ')]))""")
-
-    def node_phase(self, workflow: str) -> str:
-        """The phase the graph shows for the workflow's own node."""
-        return self.graph().get(workflow, "")
-
-    def wait_node_phase(self, workflow: str, phases: set[str], timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
-        phase = ""
-        while time.monotonic() < deadline:
-            phase = self.node_phase(workflow)
-            if phase in phases:
-                return phase
-            self.page.wait_for_timeout(1000)
-        raise AssertionError(f"the UI did not show {workflow} in {phases} within {timeout_s}s (last: {phase!r})")
-
-    def close(self) -> None:
-        self.ctx.close()
 
 
 @pytest.fixture()
