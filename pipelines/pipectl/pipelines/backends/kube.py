@@ -126,10 +126,11 @@ class ArgoCluster:
     def delete_failed_gang_jobs(self, workflow: str) -> list[str]:
         """Delete the gang jobs (Volcano Jobs, PyTorchJobs) of ``workflow`` that ended failed.
 
-        Needed before an in-place retry: the train step applies ``<workflow>-train-<retries>``,
-        and an in-place retry starts the step's retries at 0 again, so argoexec's `kubectl apply`
-        would attach to the failed attempt's job and fail the step at once. Checkpoints live in
-        the store, not in the job, so nothing is lost. Returns the deleted names.
+        Housekeeping before an in-place retry (`pipectl retry`): the retried step creates a job of
+        its own (``<workflow>-train-<retries>-<random>``: an in-place retry starts ``{{retries}}``
+        at 0 again, so the name alone would collide: launchers/base.py JOB_NAME), so this is no
+        longer needed for the retry to work — the Argo UI's RETRY works without it. Checkpoints
+        live in the store, not in the job, so nothing is lost. Returns the deleted names.
         Errors as :meth:`_call` (401/403 → :class:`Unreachable`, exit 3); a kind whose CRD is not
         installed is skipped.
         """
