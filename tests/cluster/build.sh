@@ -263,7 +263,7 @@ build_argo_ui() {  # build_argo_ui OUT_DIR: OUT_DIR/app is the bundle
   mv dist/app "$1.partial/app"
   rm -rf "$1"
   mv "$1.partial" "$1"
-  cd / && rm -rf "$w"                               # node_modules: ~700 MB
+  cd / && rm -rf "$w" "$WORK/yarn-cache"           # node_modules ~700 MB, yarn cache ~940 MB: rebuilt only on a version change
 }
 build_argo() {
   local dir ui=$BIN_ROOT/argo-ui-$ARGO_VERSION
