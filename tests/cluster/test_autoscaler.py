@@ -181,21 +181,36 @@ def test_consolidation_never_evicts_a_running_gang_and_a_lost_node_restarts_it_w
     checkpoint, and it runs again on another node."""
     from kubernetes import client
 
-    from tests.cluster.test_control_plane import _lane_gang
-    from tests.harness.kwok import fake_node
-
     c = scaling_cluster
     core, custom = c.core, c.custom
     apps = client.AppsV1Api(c.api_client())
+    c.wait_for("no GPU node left", lambda: not _gpu_nodes(core), timeout_s=180)
     custom.patch_cluster_custom_object("karpenter.sh", "v1", "nodepools", "pipectl-gpu", {
         "spec": {"disruption": {"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s"}}})
-    karpenter_nodes = {n.metadata.name for n in _gpu_nodes(core)}
+    try:
+        _consolidation_and_node_loss(c, core, custom, apps)
+    finally:
+        custom.patch_cluster_custom_object("karpenter.sh", "v1", "nodepools", "pipectl-gpu", {
+            "spec": {"disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "5s"}}})
+        for delete in (lambda: apps.delete_namespaced_deployment("plain", "default"),
+                       lambda: custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", "gang-dnd"),
+                       lambda: core.delete_node("static-gpu-0")):
+            try:
+                delete()
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
+
+
+def _consolidation_and_node_loss(c, core, custom, apps) -> None:
+    from tests.cluster.test_control_plane import _lane_gang
+    from tests.harness.kwok import fake_node
 
     # control: a plain pod on a Karpenter node moves to a static node once that has room
     apps.create_namespaced_deployment("default", _plain_gpu_deployment("plain"))
     first = c.wait_for("plain pod running on a Karpenter GPU node",
-                       lambda: [n for n in _running_on(core, "default", "app=plain") if n not in karpenter_nodes],
-                       timeout_s=90)[0]
+                       lambda: [n for n in _running_on(core, "default", "app=plain")
+                                if n in {g.metadata.name for g in _gpu_nodes(core)}], timeout_s=90)[0]
     core.create_node(fake_node("static-gpu-0", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]))
     t0 = time.monotonic()
     c.wait_for("plain pod consolidated onto the static node, its Karpenter node removed",
@@ -208,38 +223,33 @@ def test_consolidation_never_evicts_a_running_gang_and_a_lost_node_restarts_it_w
     assert gang["spec"]["tasks"][0]["template"]["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
     custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", gang)
     selector = "volcano.sh/job-name=gang-dnd"
-    try:
-        gang_node = c.wait_for("gang running on a new Karpenter node",
-                               lambda: [n for n in _running_on(core, NS, selector) if n != "static-gpu-0"],
-                               timeout_s=90)[0]
-        apps.delete_namespaced_deployment("plain", "default")  # the static node is empty now
-        c.wait_for("static node empty", lambda: not _running_on(core, "default", "app=plain"), timeout_s=30)
-        # give consolidation three times what it needed for the control pod
-        watch_s = max(30.0, 3 * consolidated_s)
-        deadline = time.monotonic() + watch_s
-        while time.monotonic() < deadline:
-            assert _running_on(core, NS, selector) == [gang_node], "consolidation moved the running gang"
-            time.sleep(1)
-        assert gang_node in {n.metadata.name for n in core.list_node().items}
-        job = custom.get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", "gang-dnd")
-        assert job["status"].get("retryCount", 0) == 0
-        command = core.list_namespaced_pod(NS, label_selector=selector).items[0].spec.containers[0].command
+    gang_node = c.wait_for("gang running on a new Karpenter node",
+                           lambda: [n for n in _running_on(core, NS, selector) if n != "static-gpu-0"],
+                           timeout_s=90)[0]
+    apps.delete_namespaced_deployment("plain", "default")  # the static node is empty now
+    c.wait_for("static node empty", lambda: not _running_on(core, "default", "app=plain"), timeout_s=30)
+    # give consolidation three times what it needed for the control pod
+    watch_s = max(30.0, 3 * consolidated_s)
+    deadline = time.monotonic() + watch_s
+    while time.monotonic() < deadline:
+        assert _running_on(core, NS, selector) == [gang_node], "consolidation moved the running gang"
+        time.sleep(1)
+    assert gang_node in {n.metadata.name for n in core.list_node().items}
+    job = custom.get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", "gang-dnd")
+    assert job["status"].get("retryCount", 0) == 0
+    command = core.list_namespaced_pod(NS, label_selector=selector).items[0].spec.containers[0].command
 
-        # the node is lost anyway (instance interrupted / deleted): the gang restarts whole
-        t1 = time.monotonic()
-        core.delete_node(gang_node)
-        c.wait_for("gang restarted and running on another node", lambda: (
-            custom.get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", "gang-dnd")["status"]
-            .get("retryCount", 0) >= 1 and [n for n in _running_on(core, NS, selector) if n != gang_node]), timeout_s=120)
-        restarted_s = time.monotonic() - t1
-        pods = core.list_namespaced_pod(NS, label_selector=selector).items
-        assert [p.spec.containers[0].command for p in pods if p.status.phase == "Running"] == [command]
-        print(f"[timing] consolidation of an unannotated pod: {consolidated_s:.1f} s; a running gang untouched "
-              f"for {watch_s:.0f} s; its node deleted -> gang running again {restarted_s:.1f} s")
-    finally:
-        custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", "gang-dnd")
-        custom.patch_cluster_custom_object("karpenter.sh", "v1", "nodepools", "pipectl-gpu", {
-            "spec": {"disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "5s"}}})
+    # the node is lost anyway (instance interrupted / deleted): the gang restarts whole
+    t1 = time.monotonic()
+    core.delete_node(gang_node)
+    c.wait_for("gang restarted and running on another node", lambda: (
+        custom.get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", "gang-dnd")["status"]
+        .get("retryCount", 0) >= 1 and [n for n in _running_on(core, NS, selector) if n != gang_node]), timeout_s=120)
+    restarted_s = time.monotonic() - t1
+    pods = core.list_namespaced_pod(NS, label_selector=selector).items
+    assert [p.spec.containers[0].command for p in pods if p.status.phase == "Running"] == [command]
+    print(f"[timing] consolidation of an unannotated pod: {consolidated_s:.1f} s; a running gang untouched "
+          f"for {watch_s:.0f} s; its node deleted -> gang running again {restarted_s:.1f} s")
 
 
 def _restarted(custom, names: list[str]) -> int:
@@ -290,6 +300,7 @@ def test_urgent_gang_with_and_without_the_warm_buffer_while_batch_fills_the_gpu_
         custom.patch_cluster_custom_object("karpenter.sh", "v1", "nodepools", "pipectl-gpu",
                                            {"spec": {"limits": {"nvidia.com/gpu": str(gpus)}}})
 
+    c.wait_for("no GPU node left", lambda: not _gpu_nodes(core), timeout_s=180)
     try:
         gpu_limit(4 * GPUS_PER_NODE)
         no_buffer_s, no_buffer_restarted, _ = _urgent_against_batch(c, 2, "nobuf")
@@ -373,3 +384,38 @@ def test_a_pending_gang_waits_through_a_scale_up_and_one_that_never_fits_fails_w
         custom.patch_cluster_custom_object("karpenter.kwok.sh", "v1alpha1", "kwoknodeclasses", "default",
                                            {"spec": {"nodeRegistrationDelay": f"{NODE_REGISTRATION_DELAY_S}s"}})
         assert _pipectl(c, "templates", "apply", "-n", NS).returncode == 0
+
+
+def test_a_partial_scale_up_binds_none_of_the_gang(scaling_cluster):
+    """The GPU pool may grow by one node only (limit 8 GPUs) and a 2 x 8-GPU gang arrives: Karpenter
+    launches the one node it may, and Volcano binds NO pod of the gang on it (a half-bound gang
+    would hold 8 GPUs doing nothing); once the limit is raised the second node comes and the whole
+    gang binds."""
+    from tests.cluster.test_control_plane import _lane_gang
+
+    c = scaling_cluster
+    core, custom = c.core, c.custom
+
+    def gpu_limit(gpus: int) -> None:
+        custom.patch_cluster_custom_object("karpenter.sh", "v1", "nodepools", "pipectl-gpu",
+                                           {"spec": {"limits": {"nvidia.com/gpu": str(gpus)}}})
+
+    c.wait_for("no GPU node left", lambda: not _gpu_nodes(core), timeout_s=180)
+    gpu_limit(GPUS_PER_NODE)
+    custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs",
+                                           _lane_gang("gang-partial", "standard", 2, GPUS_PER_NODE, "1h"))
+    selector = "volcano.sh/job-name=gang-partial"
+    try:
+        c.wait_for("one GPU node Ready", lambda: len(ns := _gpu_nodes(core)) == 1 and _ready(ns[0]), timeout_s=120)
+        deadline = time.monotonic() + 20  # 20 Volcano sessions with a free 8-GPU node in reach
+        while time.monotonic() < deadline:
+            pods = core.list_namespaced_pod(NS, label_selector=selector).items
+            assert len(pods) == 2 and not any(p.spec.node_name for p in pods), [p.spec.node_name for p in pods]
+            time.sleep(0.5)
+        assert len(_gpu_nodes(core)) == 1
+        gpu_limit(64)
+        c.wait_for("whole gang bound", lambda: len([p for p in core.list_namespaced_pod(NS, label_selector=selector).items
+                                                    if p.spec.node_name]) == 2, timeout_s=120)
+    finally:
+        custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", "gang-partial")
+        gpu_limit(64)

@@ -17,7 +17,6 @@ node it creates has that capacity. The GPU taint comes from the NodePool (the pr
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from tests.harness.binaries import binary
 from tests.harness.kwok import MANIFESTS
