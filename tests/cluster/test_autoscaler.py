@@ -175,7 +175,7 @@ def test_consolidation_never_evicts_a_running_gang_and_a_lost_node_restarts_it_w
     5 s; the shipped pool consolidates only empty nodes). Control: a pod without the annotation is
     moved off its Karpenter node onto a static GPU node as soon as one has room (consolidation is
     live). A running gang pod (the product's Volcano Job, carrying karpenter.sh/do-not-disrupt) in
-    the same position stays put: its node is not disrupted and the job never restarts. Then the
+    the same position stays put for twice that long: its node is not disrupted and the job never restarts. Then the
     gang's node is deleted anyway (an interrupted instance): Volcano restarts the WHOLE job (policy
     PodEvicted -> RestartJob), with the same command, so the new pods resume from the same
     checkpoint, and it runs again on another node."""
@@ -228,8 +228,8 @@ def _consolidation_and_node_loss(c, core, custom, apps) -> None:
                            timeout_s=90)[0]
     apps.delete_namespaced_deployment("plain", "default")  # the static node is empty now
     c.wait_for("static node empty", lambda: not _running_on(core, "default", "app=plain"), timeout_s=30)
-    # give consolidation three times what it needed for the control pod
-    watch_s = max(30.0, 3 * consolidated_s)
+    # give consolidation twice what it needed for the control pod
+    watch_s = max(30.0, 2 * consolidated_s)
     deadline = time.monotonic() + watch_s
     while time.monotonic() < deadline:
         assert _running_on(core, NS, selector) == [gang_node], "consolidation moved the running gang"
