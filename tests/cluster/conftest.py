@@ -34,6 +34,16 @@ def pytest_configure(config):
         "markers",
         "cluster: needs the loopback Kubernetes control plane (etcd, kube-apiserver, Argo, KWOK)",
     )
+    config.addinivalue_line(
+        "markers",
+        "session_last: runs after every other test of the session (it changes the shared cluster for good)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``session_last`` go to the end of the run, whatever file they are in (the
+    shared test cluster is used by several files, which run in name order)."""
+    items.sort(key=lambda item: item.get_closest_marker("session_last") is not None)
 
 
 @pytest.fixture(scope="session")

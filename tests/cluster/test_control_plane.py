@@ -940,6 +940,7 @@ def test_least_privilege_auth_can_i_list_per_service_account(project_applied, te
 PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator@v0.80.1"
 
 
+@pytest.mark.session_last  # applies the product's controller configuration: later workflows on KWOK never end
 def test_kubectl_apply_k_argo_as_a_user_would(test_cluster, k8s_api, tmp_path):
     """`kubectl apply --server-side -k argo/` (kubectl v1.34.4 built by build.sh, its own kustomize)
     on a cluster that has what argo/ expects installed: Argo (namespace argo), Volcano (namespace
