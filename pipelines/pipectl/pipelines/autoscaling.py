@@ -38,10 +38,10 @@ DO_NOT_DISRUPT = {
     "karpenter.sh/do-not-disrupt": "true",
     "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
 }
-"""Pod annotations that keep voluntary disruption (Karpenter consolidation/drift/expiry, Cluster
-Autoscaler scale-down) off a node while a gang pod runs on it. Involuntary loss (a deleted or
-interrupted node) still happens: the gang restarts whole from its checkpoint (Volcano policy
-PodEvicted -> RestartJob)."""
+"""Pod annotations that keep voluntary disruption (Karpenter consolidation and drift, Cluster
+Autoscaler scale-down) off a node while a gang pod runs on it. A node that goes anyway (expired,
+interrupted, deleted: Karpenter drains it within the pool's terminationGracePeriod) takes the gang
+with it, which restarts whole from its checkpoint (Volcano policy PodEvicted -> RestartJob)."""
 
 BUFFER_NAME = lane_object_name("urgent-buffer")
 """The urgent lane's warm NodePool."""
