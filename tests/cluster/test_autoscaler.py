@@ -76,6 +76,12 @@ def _unschedulable(pod) -> bool:
                for c in (pod.status.conditions or []))
 
 
+def _gpu_limit(custom, gpus: int) -> None:
+    """Cap the pipectl-gpu NodePool at ``gpus`` GPUs (Karpenter ``spec.limits``)."""
+    custom.patch_cluster_custom_object("karpenter.sh", "v1", "nodepools", "pipectl-gpu",
+                                       {"spec": {"limits": {"nvidia.com/gpu": str(gpus)}}})
+
+
 def _gang_selector(workflow: str) -> str:
     """The train gang's pods of ``workflow`` (the job's name is random per attempt)."""
     from pipectl.components.names import STEP_LABEL, WORKFLOW_LABEL
@@ -296,19 +302,15 @@ def test_urgent_gang_with_and_without_the_warm_buffer_while_batch_fills_the_gpu_
     c = scaling_cluster
     core, custom = c.core, c.custom
 
-    def gpu_limit(gpus: int) -> None:
-        custom.patch_cluster_custom_object("karpenter.sh", "v1", "nodepools", "pipectl-gpu",
-                                           {"spec": {"limits": {"nvidia.com/gpu": str(gpus)}}})
-
     c.wait_for("no GPU node left", lambda: not _gpu_nodes(core), timeout_s=180)
     try:
-        gpu_limit(4 * GPUS_PER_NODE)
+        _gpu_limit(custom, 4 * GPUS_PER_NODE)
         no_buffer_s, no_buffer_restarted, _ = _urgent_against_batch(c, 2, "nobuf")
         assert no_buffer_restarted >= 1, "without a buffer the urgent gang can only have reclaimed a batch gang's GPUs"
 
         # the emptied GPU nodes go (consolidation: WhenEmpty after 5 s) before the pool shrinks
         c.wait_for("empty GPU nodes consolidated away", lambda: not _gpu_nodes(core), timeout_s=180)
-        gpu_limit(2 * GPUS_PER_NODE)
+        _gpu_limit(custom, 2 * GPUS_PER_NODE)
         (pool,) = buffer_node_pool(karpenter.autoscaling_config(nodes=2))
         c.apply([pool], field_manager="pipectl-tests")
         c.wait_for("2 warm buffer nodes Ready", lambda: len([
@@ -328,7 +330,7 @@ def test_urgent_gang_with_and_without_the_warm_buffer_while_batch_fills_the_gpu_
     finally:
         custom.delete_cluster_custom_object("karpenter.sh", "v1", "nodepools", BUFFER_NAME) if custom.list_cluster_custom_object(
             "karpenter.sh", "v1", "nodepools", field_selector=f"metadata.name={BUFFER_NAME}")["items"] else None
-        gpu_limit(64)
+        _gpu_limit(custom, 64)
 
 
 def test_a_pending_gang_waits_through_a_scale_up_and_one_that_never_fits_fails_within_the_timeout(scaling_cluster):
@@ -396,12 +398,8 @@ def test_a_partial_scale_up_binds_none_of_the_gang(scaling_cluster):
     c = scaling_cluster
     core, custom = c.core, c.custom
 
-    def gpu_limit(gpus: int) -> None:
-        custom.patch_cluster_custom_object("karpenter.sh", "v1", "nodepools", "pipectl-gpu",
-                                           {"spec": {"limits": {"nvidia.com/gpu": str(gpus)}}})
-
     c.wait_for("no GPU node left", lambda: not _gpu_nodes(core), timeout_s=180)
-    gpu_limit(GPUS_PER_NODE)
+    _gpu_limit(custom, GPUS_PER_NODE)
     custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs",
                                            _lane_gang("gang-partial", "standard", 2, GPUS_PER_NODE, "1h"))
     selector = "volcano.sh/job-name=gang-partial"
@@ -413,9 +411,9 @@ def test_a_partial_scale_up_binds_none_of_the_gang(scaling_cluster):
             assert len(pods) == 2 and not any(p.spec.node_name for p in pods), [p.spec.node_name for p in pods]
             time.sleep(0.5)
         assert len(_gpu_nodes(core)) == 1
-        gpu_limit(64)
+        _gpu_limit(custom, 64)
         c.wait_for("whole gang bound", lambda: len([p for p in core.list_namespaced_pod(NS, label_selector=selector).items
                                                     if p.spec.node_name]) == 2, timeout_s=120)
     finally:
         custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", "gang-partial")
-        gpu_limit(64)
+        _gpu_limit(custom, 64)
