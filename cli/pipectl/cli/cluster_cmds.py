@@ -203,7 +203,8 @@ def list_(namespace: str, context: str | None, output_format: str) -> None:
 def status(name: str, namespace: str, context: str | None, output_format: str) -> None:
     """Phase of workflow NAME and of each of its steps (exit 1 when it Failed; -o name prints just
     NAME, for scripts that want the exit status)."""
-    wf = _cluster(namespace, context).get("workflows", name)
+    cluster = _cluster(namespace, context)
+    wf = cluster.get("workflows", name)
     nodes = sorted((wf.get("status", {}).get("nodes") or {}).values(), key=lambda n: n.get("startedAt") or "")
     rows = [{"step": n.get("displayName"), "type": n.get("type"), "phase": n.get("phase"), "message": n.get("message", ""),
              "node": n.get("hostNodeName"), "started": n.get("startedAt"), "finished": n.get("finishedAt"), "id": n.get("id")}
@@ -216,7 +217,7 @@ def status(name: str, namespace: str, context: str | None, output_format: str) -
     console().print(f"workflow {name}: {phase}")
     if phase in ("Failed", "Error"):
         # a train step that timed out Pending: say why its gang never got nodes
-        for pod, why in _cluster(namespace, context).unscheduled_gang_pods(name).items():
+        for pod, why in cluster.unscheduled_gang_pods(name).items():
             console().print(f"gang pod {pod} was never scheduled: {why}", markup=False)
         sys.exit(1)
 

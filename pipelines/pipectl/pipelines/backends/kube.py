@@ -66,6 +66,12 @@ def kubeconfig_context(context: str | None) -> tuple[str | None, str | None]:
     return name, (contexts.get(name) or {}).get("namespace") or None
 
 
+def _log_container(pod: Any) -> str:
+    """The container whose log is the step's: Argo's ``main`` (beside its ``wait``), else the only one."""
+    names = [c.name for c in pod.spec.containers]
+    return "main" if "main" in names else names[0]
+
+
 class ArgoCluster:
     """Kubernetes API access for Argo objects in one namespace."""
 
@@ -77,8 +83,8 @@ class ArgoCluster:
         from kubernetes import client, config
 
         self.namespace = namespace
-        files = kubeconfig_files()
         kubeconfig_context(context)  # an unknown --context is a usage error, never a fallback
+        files = kubeconfig_files()
         try:
             if files:
                 config.load_kube_config(config_file=os.pathsep.join(files), context=context)
@@ -211,9 +217,8 @@ class ArgoCluster:
         """(pod name, log text) for every pod of ``workflow`` (steps and gang pods), oldest first."""
         pods = self._call("list pods", self.core.list_namespaced_pod, self.namespace, label_selector=f"{WORKFLOW_LABEL}={workflow}")
         for pod in sorted(pods.items, key=lambda p: p.metadata.creation_timestamp):
-            names = [c.name for c in pod.spec.containers]
-            container = "main" if "main" in names else names[0]
-            yield pod.metadata.name, self._call(f"logs of {pod.metadata.name}", self.core.read_namespaced_pod_log, pod.metadata.name, self.namespace, container=container)
+            yield pod.metadata.name, self._call(f"logs of {pod.metadata.name}", self.core.read_namespaced_pod_log, pod.metadata.name,
+                                                self.namespace, container=_log_container(pod))
 
     def follow_logs(self, workflow: str, emit: Callable[[str, str], None], poll_s: float = 1.0) -> dict[str, Any]:
         """Stream the log of every pod of ``workflow`` while it is written (``logs -f``), pods that
@@ -238,10 +243,9 @@ class ArgoCluster:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
-        names = [c.name for c in pod.spec.containers]
         name = pod.metadata.name
         try:
-            resp = self.core.read_namespaced_pod_log(name, self.namespace, container="main" if "main" in names else names[0],
+            resp = self.core.read_namespaced_pod_log(name, self.namespace, container=_log_container(pod),
                                                      follow=True, _preload_content=False)
             rest = b""
             for chunk in resp.stream(4096):
