@@ -7,7 +7,9 @@
 #            `make images`; containerd, runc, CNI plugins, socat, iptables for `make node-up`
 #            (~60 MB, ~30 s)
 #   ui       Debian's Chromium + chromium-driver: the browser tests of the Argo UI drive it with
-#            Playwright through /usr/bin/chromium (Playwright never downloads a browser)
+#            Playwright through /usr/bin/chromium (Playwright never downloads a browser); and
+#            Debian's Prometheus 2.42 with promtool: tests/cluster/test_monitoring.py scrapes the
+#            test cluster and runs the dashboards' and alerts' queries (~19 MB, ~5 s)
 #   bench    the peers of the storage benchmark (rclone)
 # Usage: scripts/system-deps.sh [GROUP...]   (default: ceph alluxio node ui; `--bench` = bench)
 set -euo pipefail
@@ -20,7 +22,7 @@ for g in "${groups[@]}"; do
     ceph) bins="ceph-mon:ceph-mon ceph-mgr:ceph-mgr ceph-osd:ceph-osd radosgw:radosgw ceph:ceph-common ceph-mds:ceph-mds ceph-fuse:ceph-fuse" ;;
     alluxio) bins="java:default-jre-headless mvn:maven" ;;
     node|images) bins="dockerd:docker.io debootstrap:debootstrap containerd:containerd ctr:containerd runc:runc socat:socat iptables:iptables /usr/lib/cni/bridge:containernetworking-plugins" ;;
-    ui) bins="chromium:chromium chromedriver:chromium-driver" ;;
+    ui) bins="chromium:chromium chromedriver:chromium-driver prometheus:prometheus promtool:prometheus" ;;
     bench) bins="rclone:rclone" ;;
     *) echo "system-deps: unknown group '$g' (ceph, alluxio, node, ui, bench)" >&2; exit 2 ;;
   esac
