@@ -85,15 +85,23 @@ def test_killed_training_resumes_from_its_last_checkpoint(settings, s3, shards_u
     assert json.loads((tmp_path / "out3" / "output.json").read_text()) == out.model_dump(mode="json")
 
 
-@pytest.mark.parametrize(("worker_exit", "expected"), [(75, 75), (1, 1), (0, 0)])
-def test_launcher_keeps_the_workers_exit_code(tmp_path, worker_exit, expected):
+@pytest.mark.parametrize(("worker_exit", "retry_oom", "expected"), [
+    ("sys.exit(75)", False, 75), ("sys.exit(1)", False, 1), ("sys.exit(0)", False, 0),
+    # issue 12: the container's only code-failure value is 1 (the Volcano policy ends the job on 1
+    # and restarts it on anything else): any other worker exit, a crash, an in-container OOM kill
+    ("sys.exit(2)", False, 1), ("os.kill(os.getpid(), signal.SIGSEGV)", False, 1),
+    ("os.kill(os.getpid(), signal.SIGKILL)", False, 1),  # what the kernel's OOM killer does to a worker
+    ("os.kill(os.getpid(), signal.SIGKILL)", True, 137),  # ... restarted only with the policy's retry_oom
+])
+def test_launcher_keeps_the_workers_exit_code(tmp_path, worker_exit, retry_oom, expected):
     """torchrun exits 1 for any failed worker; the gang's retry rules need 75 (transient) to stay
-    75 (components/pipectl/components/train/launch.py). Rank 1 of 2 exits with ``worker_exit``."""
+    75, and every code failure to be exactly 1 (components/pipectl/components/train/launch.py).
+    Rank 1 of 2 ends with ``worker_exit``."""
     script = tmp_path / "w.py"
-    script.write_text(f"import os, sys\nsys.exit({worker_exit} if os.environ['RANK'] == '1' else 0)\n")
+    script.write_text(f"import os, signal, sys\nif os.environ['RANK'] == '1':\n    {worker_exit}\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **({"PIPECTL_RETRY_OOM": "1"} if retry_oom else {})}
     r = subprocess.run([sys.executable, "-m", "pipectl.components.train.launch", "--standalone",
-                        "--nproc-per-node=2", str(script)], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+                        "--nproc-per-node=2", str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == expected, r.stderr[-2000:]
 
 

@@ -27,6 +27,23 @@ C01 = {
                        "pipectl-bogus was found", "-1", False),
     "g-quota-frees-up": ("Error", 'pods "x" is forbidden: exceeded quota: gpu, requested: nvidia.com/gpu=8', "-1", True),
     "h-invalid-field": ("Error", 'Pod "x" is invalid: spec.containers[0].resources.limits: Invalid value', "-1", False),
+    # issue 12: the messages exactly as the kubelet writes them into the pod's status (Argo keeps
+    # the pod's message as the node's). Node-pressure eviction's never contains "Evicted" (that is
+    # the pod's reason): before the fix it was read as a code failure and never retried.
+    "i-node-pressure-eviction": ("Failed", "The node was low on resource: memory. Threshold quantity: 100Mi, available: "
+                                 "51200Ki. Container main was using 2Gi, request is 1Gi, has larger consumption of memory. ",
+                                 "137", True),
+    "j-node-pressure-eviction-disk": ("Failed", "The node was low on resource: ephemeral-storage. Threshold quantity: "
+                                      "1Gi, available: 524288Ki. ", "-1", True),
+    "k-graceful-node-shutdown": ("Failed", "Pod was terminated in response to imminent node shutdown.", "143", True),
+    "l-admission-rejected-after-node-restart": ("Failed", "Pod was rejected: Node didn't have enough resource: cpu, "
+                                                "requested: 250, used: 1900, capacity: 2000", "-1", True),
+    "m-gpu-device-plugin-not-ready": ("Failed", "Allocate failed due to no healthy devices present; cannot allocate "
+                                      "unhealthy devices nvidia.com/gpu, which is unexpected", "-1", True),
+    # evictions the POD caused (its own limits): the same reason Evicted, but retrying repeats them
+    "n-own-ephemeral-storage-limit": ("Failed", "Pod ephemeral local storage usage exceeds the total limit of "
+                                      "containers 1Gi. ", "-1", False),
+    "o-own-shm-limit": ("Failed", 'Usage of EmptyDir volume "dshm" exceeds the limit "2Gi". ', "-1", False),
 }
 
 

@@ -160,11 +160,16 @@ def _volcano_action(job: dict, event: str, exit_code: int | None) -> str:
 
 
 @pytest.mark.parametrize(("event", "exit_code", "action"), [
-    ("PodEvicted", None, "RestartJob"),     # preempted, drained, scaled down
+    ("PodEvicted", None, "RestartJob"),     # preempted, drained, scaled down, node deleted (pod deleted)
     ("PodFailed", 75, "RestartJob"),        # EX_TEMPFAIL kept by the launcher
     ("PodFailed", 143, "RestartJob"),       # SIGTERM from the kubelet (node shutdown)
-    ("PodFailed", 1, "TerminateJob"),       # the code
-    ("PodFailed", 137, "TerminateJob"),     # OOM kill
+    # issue 12 / C07: the kubelet's node-pressure eviction leaves the pod Failed (not deleted), its
+    # container SIGKILLed (137) or with no terminated state (Volcano reads exit code 0); a preemption
+    # past its grace period the same (137); an admission rejection after a node restart: no exit code
+    ("PodFailed", 137, "RestartJob"),
+    ("PodFailed", 0, "RestartJob"),
+    ("PodFailed", 1, "TerminateJob"),       # the code (the launcher maps every code failure to 1, an OOM kill too)
+    ("PodFailed", 127, "TerminateJob"),     # the image cannot run the command
 ])
 def test_gang_restarts_whole_for_infrastructure_and_ends_for_code(wt, event, exit_code, action):
     job = _job(wt)

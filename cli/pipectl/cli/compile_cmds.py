@@ -20,11 +20,20 @@ RENDERABLE = ("training", "cluster")
 @image_options
 @click.option("--write", "write_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="(cluster) write every manifest under this folder (argo/) instead of printing.")
+@click.option("--accept-no-gang-restart", is_flag=True, default=False,
+              help="Render a launcher that cannot restart the whole gang after an infrastructure loss "
+                   "(a lost pod then fails the training attempt).")
 def render(what: str, bucket: str | None, launcher: str | None, registry: str | None, images: tuple[str, ...],
-           write_dir: Path | None) -> None:
+           write_dir: Path | None, accept_no_gang_restart: bool) -> None:
     """Print the WorkflowTemplate of a pipeline (what submit sends and run executes), or with
     `cluster` every manifest of argo/ (namespace, RBAC, lanes, config, alerts, templates, cron)."""
     cfg = compile_config(bucket, launcher, **image_config(registry, images))
+    from pipectl.pipelines.launchers import LAUNCHERS
+
+    limitation = LAUNCHERS[cfg.launcher].gang_restart_limitation
+    if limitation and not accept_no_gang_restart:
+        fail(f"launcher {cfg.launcher!r} cannot restart the whole gang after an infrastructure loss: {limitation}",
+             "use --launcher volcano (whole-gang restart from the checkpoint), or add --accept-no-gang-restart", code=2)
     if what == "training":
         from pipectl.pipelines.training import build_training
 

@@ -84,3 +84,9 @@ LANE_LABEL = "pipectl.io/lane"
 OUTPUTS_DIR = "/tmp/outputs"
 """Folder in a step's container for its output parameters, one file per field (kebab name); Argo
 reads them with ``valueFrom.path``, the local backend maps it to a per-task folder."""
+
+
+RETRY_OOM_ENV = "PIPECTL_RETRY_OOM"
+"""``1`` in the gang's pods when the retry policy retries OOM kills (``RetryPolicy.retry_oom``): the
+launcher (components/pipectl/components/train/launch.py) then exits 137, not 1, for a worker the
+OOM killer ended, and the gang restarts instead of ending."""

@@ -73,14 +73,25 @@ def lane_toleration_for(lane_expr: str) -> Toleration:
     return Toleration(key=LANE_TAINT_KEY, operator="Equal", value=lane_expr, effect="NoSchedule")
 
 
-# Messages Argo records on a node when the infrastructure, not the code, ended the pod.
-# Sources: REFERENCE.md §5 and field case C01 ("Pod was terminated due to imminent node shutdown",
-# "pod deleted", kubelet "Evicted"), Kubernetes pod disruption conditions (DisruptionTarget:
-# PreemptionByScheduler, DeletionByTaintManager, TerminationByKubelet), cluster-autoscaler scale-down.
+# Messages Argo records on a node when the infrastructure, not the code, ended the pod. Argo
+# records the POD's status message when it has one (controller operator.go inferFailedReason), so
+# these are the kubelet's and the control plane's own words. Sources: REFERENCE.md §5 and field
+# case C01 ("Pod was terminated due to imminent node shutdown", "pod deleted", "Evicted");
+# kubelet: node-pressure eviction "The node was low on resource: memory. ..." (pkg/kubelet/eviction
+# helpers.go nodeLowMessageFmt — the pod's reason is Evicted but its MESSAGE, the one Argo keeps,
+# never says so: issue 12), graceful node shutdown "Pod was terminated in response to imminent
+# node shutdown." (nodeshutdown), admission after a node restart "Pod was rejected: ..." and a
+# device plugin not ready yet "Allocate failed due to ..." (UnexpectedAdmissionError), critical-pod
+# preemption "Preempted in order to admit critical pod"; Kubernetes pod disruption conditions
+# (DisruptionTarget: PreemptionByScheduler, DeletionByTaintManager, TerminationByKubelet);
+# cluster-autoscaler scale-down.
 INFRA_MESSAGE_PATTERNS = (
     "imminent node shutdown",
     "pod deleted",
     "evicted",
+    "the node was low on resource",
+    "pod was rejected",
+    "allocate failed",
     "preempt",
     "node shutdown",
     "deletionbytaintmanager",

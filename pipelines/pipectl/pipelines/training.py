@@ -150,7 +150,7 @@ class CompileConfig(BaseModel):
 
     def gang(self) -> GangConfig:
         return GangConfig(image=self.train_image, service_account=self.training_service_account, shm_gib=self.shm_gib,
-                          max_restarts=self.retry.infra_limit)
+                          max_restarts=self.retry.infra_limit, retry_oom=self.retry.retry_oom)
 
 
 def _input_params(names: list[str]) -> list[Parameter]:

@@ -7,10 +7,20 @@ traceback and exit 1. The gang's retry rules (Volcano Job policies in pipelines/
 retryStrategy in pipelines/pipectl/pipelines/policy.py) tell infrastructure from code by exit code, so this wrapper
 runs torchrun's own ``main`` unchanged and maps its outcome:
 
-- a worker failed (``ChildFailedError``): the first failure's exit code (the failure torchrun
-  reports as root cause); a worker killed by signal N: 128 + N (shell convention);
-- torchrun itself got SIGTERM/SIGINT/... (``SignalException``): 128 + the signal number;
+- torchrun itself got SIGTERM/SIGINT/... (``SignalException``): 128 + the signal number (143 for
+  the kubelet's SIGTERM: node shutdown, eviction, preemption) — the infrastructure ended the pod;
+- a worker exited 75 (EX_TEMPFAIL): 75, declared transient;
+- a worker killed by SIGKILL while this process lives: the kernel's OOM killer inside the
+  container (the kubelet and the runtime kill the whole container, this process first): a code
+  failure, 1, unless ``PIPECTL_RETRY_OOM=1`` (the retry policy's ``retry_oom``), then 137;
+- any other worker failure (exit 1, 2, a traceback, SIGSEGV, SIGBUS from a full /dev/shm): 1;
 - success: 0.
+
+So the container's exit code has exactly one code-failure value, 1, and the gang's policy can end
+the job on 1 and restart it on everything else a failed pod can show — 143, 137 (killed from
+outside the container), 75, or no exit code at all (a pod the kubelet failed before or without
+recording its container's end: node-pressure eviction, admission rejection after a node restart;
+field case C07, issue 12). See :data:`pipectl.pipelines.launchers.volcano.VOLCANO_POLICIES`.
 
 Arguments are torchrun's, unchanged (``--nnodes``, ``--nproc-per-node``, ``-m MODULE`` ...).
 
@@ -27,9 +37,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
+import signal
 import socket
 import sys
 from typing import Any
+
+from pipectl.components.contracts import ExitCode
+from pipectl.components.names import RETRY_OOM_ENV
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -70,11 +85,39 @@ def main(argv: list[str] | None = None) -> int:
         torchrun_main(argv)
     except ChildFailedError as e:
         _, failure = e.get_first_failure()
-        code = failure.exitcode
-        return 128 - code if code < 0 else (code or 1)
+        return container_exit_code(failure.exitcode, retry_oom=os.environ.get(RETRY_OOM_ENV) == "1")
     except SignalException as e:
         return 128 + int(e.sigval)
+    except SystemExit as e:  # torchrun's own argument errors: the spec's fault, never restarted
+        return 0 if e.code in (None, 0) else int(ExitCode.FAILED)
     return 0
+
+
+def container_exit_code(worker_exit: int, *, retry_oom: bool = False) -> int:
+    """The container's exit code for a failed worker: ``worker_exit`` is torchrun's (a negative
+    number -N for a worker killed by signal N). 75 stays 75; SIGKILL (-9: the OOM killer, see the
+    module doc) is 1, or 137 with ``retry_oom``; every other failure is 1."""
+    if worker_exit == int(ExitCode.TEMPFAIL):
+        return int(ExitCode.TEMPFAIL)
+    if worker_exit == -signal.SIGKILL:
+        print(f"a training process was killed by SIGKILL inside the container: the kernel's OOM killer "
+              f"(memory.oom_kill: {_oom_kills()}); {'retried (retry_oom)' if retry_oom else 'not retried: raise memory-gib-per-worker'}",
+              file=sys.stderr, flush=True)
+        return 128 + signal.SIGKILL if retry_oom else int(ExitCode.FAILED)
+    return int(ExitCode.FAILED)
+
+
+def _oom_kills() -> str:
+    """The container cgroup's OOM-kill count (cgroup v2 memory.events, v1 memory.oom_control), or "unknown"."""
+    for path, key in (("/sys/fs/cgroup/memory.events", "oom_kill"), ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill")):
+        try:
+            for line in open(path).read().splitlines():
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return value
+        except OSError:
+            continue
+    return "unknown"
 
 
 if __name__ == "__main__":

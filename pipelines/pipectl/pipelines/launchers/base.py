@@ -30,6 +30,7 @@ from pipectl.components.contracts import GangShape, TrainInput
 from pipectl.components.names import (
     LANE_TAINT_KEY,
     OUTPUTS_DIR,
+    RETRY_OOM_ENV,
     STEP_LABEL,
     STORE_CONFIGMAP,
     STORE_SECRET,
@@ -91,6 +92,9 @@ class GangConfig:
     max_restarts: int = 6
     """Whole-gang restarts for infrastructure failures (Volcano ``maxRetry``): the retry policy's
     ``infra_limit``."""
+    retry_oom: bool = False
+    """The retry policy's ``retry_oom``: a training process OOM-killed restarts the gang (see
+    :data:`~pipectl.components.names.RETRY_OOM_ENV`) instead of ending it as a code failure."""
 
 
 def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
@@ -133,7 +137,7 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
                     "name": "pytorch",
                     "image": cfg.image,
                     "command": command,
-                    "env": env,
+                    "env": env + ([{"name": RETRY_OOM_ENV, "value": "1"}] if cfg.retry_oom else []),
                     "envFrom": [
                         {"configMapRef": {"name": STORE_CONFIGMAP, "optional": True}},
                         {"secretRef": {"name": STORE_SECRET, "optional": True}},
@@ -167,15 +171,19 @@ def _lookup(obj: Any, path: str) -> Any:
     return obj
 
 
+def _terms(condition: str) -> list[str]:
+    return re.split(r",(?![^()]*\))", condition)
+
+
 def condition_holds(condition: str, obj: dict) -> bool:
-    """Evaluate an Argo resource ``successCondition``/``failureCondition`` on ``obj``.
+    """Evaluate an Argo resource ``successCondition`` on ``obj``: every term must hold.
 
     The grammar pipectl's launchers use, as Argo reads it (Argo docs, "Resource template":
     label-selector syntax over JSON paths): comma-separated ``path op value`` terms, all of which
     must hold; ``op`` one of ``== = != > < >= <= in notin``, ``in``/``notin`` with ``(a, b)``.
     A missing path holds for no operator but ``!=``/``notin`` (as Argo: the job is not there yet).
     """
-    for term in re.split(r",(?![^()]*\))", condition):
+    for term in _terms(condition):
         m = _CONDITION.match(term)
         if not m:
             raise ValueError(f"condition {condition!r}: cannot read {term!r}")
@@ -204,6 +212,13 @@ def condition_holds(condition: str, obj: dict) -> bool:
         if not {">": a > b, "<": a < b, ">=": a >= b, "<=": a <= b}[op]:
             return False
     return True
+
+
+def failure_condition_holds(condition: str, obj: dict) -> bool:
+    """Evaluate an Argo resource ``failureCondition`` on ``obj``: ANY term holding fails the step
+    (argoexec ``matchConditions`` tries each requirement of the failure selector on its own,
+    workflow/executor/resource.go, Argo v4.0.5)."""
+    return any(condition_holds(term, obj) for term in _terms(condition))
 
 
 @dataclass(frozen=True)
@@ -245,9 +260,14 @@ class Launcher(ABC):
         """True when ``obj`` is a job of this launcher's kind."""
         return (obj.get("apiVersion"), obj.get("kind")) == (self.api_version, self.kind)
 
+    gang_restart_limitation: ClassVar[str] = ""
+    """Empty when the job restarts the WHOLE gang from its checkpoint after an infrastructure loss;
+    otherwise why it cannot (issue 12): `pipectl render` refuses such a launcher unless told to
+    accept that a lost pod fails the training attempt."""
+
     def failed(self, obj: dict) -> bool:
         """The job ended failed: Argo's ``failure_condition`` holds on it (one rule, two readers)."""
-        return condition_holds(self.failure_condition, obj)
+        return failure_condition_holds(self.failure_condition, obj)
 
     def rbac_rule(self) -> dict:
         """What the train step's ServiceAccount may do: ``kubectl apply --server-side`` (create,

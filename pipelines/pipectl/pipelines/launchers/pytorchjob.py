@@ -29,10 +29,18 @@ class PyTorchJob(Launcher):
     kind = "PyTorchJob"
     resource = "pytorchjobs"
     # Picking a condition by type out of status.conditions[] is not expressible (C02); the
-    # master's replica counters are.
+    # replica counters are. Argo fails the step when ANY failure term holds (argoexec
+    # matchConditions: each requirement of the failure selector is tried on its own; success
+    # terms must all hold), so a failed Worker ends the step while the Master still runs,
+    # blocked in a collective — without it the step waited for torch's timeouts (C09).
     success_condition = "status.replicaStatuses.Master.succeeded > 0"
-    failure_condition = "status.replicaStatuses.Master.failed > 0"
+    failure_condition = "status.replicaStatuses.Master.failed > 0,status.replicaStatuses.Worker.failed > 0"
     GROUPS = ("Master", "Worker")
+    gang_restart_limitation = (
+        "the training operator restarts or fails single replicas (runPolicy.backoffLimit, restartPolicy), "
+        "never the whole gang, and a replaced replica cannot rejoin the others' DDP rendezvous: they wait "
+        "in a collective until torch's timeout; so a pod lost to the infrastructure fails the training "
+        "attempt (promptly: C09) instead of restarting the gang from its checkpoint as the Volcano Job does")
 
     def manifest(self, cfg: GangConfig) -> str:
         pod = pod_template(cfg, "$(RANK)", [])
@@ -43,7 +51,9 @@ class PyTorchJob(Launcher):
             "metadata": {"name": JOB_NAME, "labels": job_labels()},
             "spec": {
                 "runPolicy": {
-                    "cleanPodPolicy": "None",
+                    # when the job fails, delete the replicas still running (a Master blocked in a
+                    # collective with a dead Worker, C09); finished pods stay for their logs
+                    "cleanPodPolicy": "Running",
                     "backoffLimit": 0,
                     "schedulingPolicy": {"minAvailable": as_int(param("workers")), "queue": lane_objects, "priorityClass": lane_objects},
                 },

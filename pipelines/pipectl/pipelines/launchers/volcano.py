@@ -25,15 +25,30 @@ JOB_NAME_FIELD = "metadata.labels['volcano.sh/job-name']"
 # job_controller_util.go applyPolicies): what broke the infrastructure restarts the WHOLE gang
 # (DDP cannot continue with a replaced member; every pod resumes from the last checkpoint), what
 # broke the code ends the job at once, so Argo's failureCondition sees it and does not retry.
+#
+# A policy can only see the event and the exit code of the pod's FIRST container
+# (job_controller_handler.go updatePod; 0 when the container has no terminated state), never the
+# pod's reason. So the rule is keyed on the one code the code can produce: the launcher maps every
+# failure of the training code to exit 1 (components/pipectl/components/train/launch.py), and
+# every OTHER way a gang pod can fail is the infrastructure's (field case C07, issue 12):
+#   - kubelet node-pressure eviction: the pod stays, phase Failed, reason Evicted, its container
+#     137 (SIGKILL) or with no terminated state at all — Volcano's PodEvicted is raised only for
+#     deleted pods, so a policy keyed on it never sees this one;
+#   - preemption or eviction that outlives its grace period (newer Volcano reports PodFailed, 137);
+#   - graceful node shutdown: reason Terminated, 143 (the launcher's SIGTERM) or 137;
+#   - the kubelet's admission rejection after a node restart (UnexpectedAdmissionError, OutOf<gpu>):
+#     no container ever ran, no exit code;
+#   - 75 (EX_TEMPFAIL, declared transient by the step: DESIGN.md exit codes).
+# Retries are bounded by maxRetry (the retry policy's infra_limit); a command the image cannot
+# run at all (126/127, a runtime StartError 128) is the spec's fault and ends the job.
+CODE_FAILURE_EXIT_CODES = (1, 126, 127, 128)
 VOLCANO_POLICIES = [
-    # preempted by an urgent lane (reclaim/preempt), drained, scaled down: the pod was deleted
+    # preempted by an urgent lane (reclaim/preempt), drained, scaled down, node deleted: the pod was deleted
     {"event": "PodEvicted", "action": "RestartJob"},
-    # EX_TEMPFAIL from the step (a transient store/tracking failure: DESIGN.md exit codes)
-    {"exitCode": 75, "action": "RestartJob"},
-    # SIGTERM from the kubelet (graceful node shutdown, spot reclaim notice): the launcher's 128+15
-    {"exitCode": 143, "action": "RestartJob"},
-    # anything else that failed a pod is the code's (exit 1, OOM kill 137): fail the job now
-    {"event": "PodFailed", "action": "TerminateJob"},
+    # the training code failed (exit 1), or the image cannot run its command: end the job now
+    *({"exitCode": code, "action": "TerminateJob"} for code in CODE_FAILURE_EXIT_CODES),
+    # any other failed pod (143, 137, 75, no exit code): the infrastructure's; restart the gang
+    {"event": "PodFailed", "action": "RestartJob"},
 ]
 
 
