@@ -35,7 +35,10 @@ from __future__ import annotations
 
 import io
 import logging
+import re
+import struct
 import time
+import zlib
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -68,35 +71,178 @@ def in_validation(sha256: str, fraction: float) -> bool:
     return int(sha256[:8], 16) / 2**32 < fraction
 
 
-def is_corrupt(data: bytes) -> str | None:
-    """A reason string when ``data`` is not a decodable JPEG/PNG, else None.
+class Corrupt:
+    """Quarantine categories (``quarantine.json``'s ``category``), field case C13.
 
-    Cheap checks before DALI (which fails a whole batch on one bad image): format markers
-    (JPEG SOI ``FFD8``; an EOI ``FFD9`` after the last start-of-scan ``FFDA``; the PNG signature)
-    and PIL's ``verify()`` of the header and structure. Does not decode pixels.
-
-    Bytes after the end-of-image marker are not corruption: decoders (libjpeg, PIL, DALI/nvJPEG)
-    stop at EOI, and real files carry such tails — a CR LF from a text-mode copy (field case C13),
-    zero padding, vendor trailers, a second image (MPO). A truncated JPEG lacks the EOI after its
-    last scan; entropy-coded data cannot contain ``FFDA``/``FFD9`` (0xFF is byte-stuffed, ITU T.81
-    B.1.1.5), so ``rfind`` finds real markers.
+    The rule: an image is corrupt when the decoder cannot decode it, not when a heuristic dislikes
+    its bytes. The cheap checks before DALI (:func:`screen`) only name, early and precisely, what
+    the decoders would refuse anyway (measured on the C13 corpus, tests/tools/odd_images.py).
     """
-    from PIL import Image
 
+    EMPTY = "empty"  # zero bytes
+    NOT_AN_IMAGE = "not-an-image"  # HTML error page, text, unknown bytes: no image format
+    TRUNCATED = "truncated"  # an image format, cut short (no JPEG EOI after the last scan, PNG without IEND)
+    CORRUPT_DATA = "corrupt-data"  # complete, but a checksum or the structure says the bytes changed
+    UNDECODABLE = "undecodable"  # passed the checks, but DALI and the PIL fallback both failed to decode it
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why an image is quarantined: ``category`` (a :class:`Corrupt` value) and a sentence for people."""
+
+    category: str
+    reason: str
+
+
+# formats DALI's decoders.image reads (DALI 2.4 docs, fn.decoders.image: "JPG, BMP, PNG, TIFF, PNM,
+# JPEG 2000 and WebP"); GIF only through the PIL fallback. Recognised by content, never by name.
+DALI_FORMATS = frozenset({"JPEG", "PNG", "BMP", "TIFF", "WEBP", "JPEG2000", "PNM"})
+FALLBACK_FORMATS = frozenset({"GIF"})
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def image_format(data: bytes) -> str | None:
+    """The image format of ``data`` by its magic bytes (file signatures of each format's spec),
+    one of :data:`DALI_FORMATS` | :data:`FALLBACK_FORMATS`, or None. The file name plays no part."""
     if data[:2] == b"\xff\xd8":
-        last_scan = data.rfind(b"\xff\xda")
-        if last_scan < 0:
-            return "truncated JPEG (no start-of-scan marker: no image data)"
-        if data.rfind(b"\xff\xd9") < last_scan:
-            return "truncated JPEG (no end-of-image marker after the last scan)"
-    elif not data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "neither a JPEG nor a PNG"
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            img.verify()
-    except Exception as e:  # PIL raises many types for bad files
-        return f"unreadable image: {e}"
+        return "JPEG"
+    if data[:8] == _PNG_SIGNATURE:
+        return "PNG"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "GIF"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    if data[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
+        return "TIFF"
+    if data[:2] == b"BM" and len(data) >= 18 and int.from_bytes(data[14:18], "little") in (12, 40, 52, 56, 64, 108, 124):
+        return "BMP"  # the DIB header sizes of the BMP versions
+    if data[:12] == b"\x00\x00\x00\x0cjP  \r\n\x87\n" or data[:4] == b"\xff\x4f\xff\x51":
+        return "JPEG2000"
+    if len(data) > 2 and data[:1] == b"P" and data[1:2] in b"123456" and data[2:3] in b" \t\r\n#":
+        return "PNM"
     return None
+
+
+def _not_an_image(data: bytes) -> Verdict:
+    """Name what non-image bytes are (the common cases in scraped or hand-made datasets)."""
+    head = data[:2048]
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    low = text.lower()
+    if low.startswith((b"<!doctype html", b"<html", b"<head", b"<body")) or b"<html" in low[:512]:
+        m = re.search(rb"<title[^>]*>([^<]{1,80})", head, re.I)
+        title = f": {m.group(1).decode('utf-8', 'replace').strip()!r}" if m else ""
+        return Verdict(Corrupt.NOT_AN_IMAGE, f"not an image: HTML{title} (a web page, usually an error page "
+                                             "a download saved under the image's name)")
+    if low.startswith((b"<?xml", b"<svg")):
+        kind = "SVG" if b"<svg" in low else "XML"
+        return Verdict(Corrupt.NOT_AN_IMAGE, f"not an image: {kind} text (only raster images are decoded)")
+    try:
+        decoded = head.decode("utf-8")
+    except UnicodeDecodeError:
+        decoded = None
+    if decoded is not None and all(c.isprintable() or c in "\t\r\n" for c in decoded):
+        first = decoded.strip().splitlines()[0][:40] if decoded.strip() else ""
+        return Verdict(Corrupt.NOT_AN_IMAGE, f"not an image: text (starts {first!r})")
+    return Verdict(Corrupt.NOT_AN_IMAGE, f"not an image: unknown format (first bytes {data[:8].hex(' ')})")
+
+
+def _check_jpeg(data: bytes) -> Verdict | None:
+    # Bytes after EOI are not corruption (C13: a CR LF from a text-mode copy, zero padding, vendor
+    # trailers, a second image (MPO)): decoders stop at EOI. Entropy-coded data cannot contain
+    # FFDA/FFD9 (0xFF is byte-stuffed, ITU T.81 B.1.1.5), so rfind finds real markers. Without an
+    # EOI after the last scan libjpeg-turbo (DALI's CPU decoder) fails: "Premature end of JPEG data".
+    last_scan = data.rfind(b"\xff\xda")
+    if last_scan < 0:
+        return Verdict(Corrupt.TRUNCATED, "truncated: no start-of-scan marker (the JPEG ends inside its header: no image data)")
+    if data.rfind(b"\xff\xd9") < last_scan:
+        return Verdict(Corrupt.TRUNCATED, "truncated: no end-of-image marker after the last scan "
+                                          f"(the JPEG ends inside its image data, {len(data):,} bytes)")
+    return None
+
+
+def _check_png(data: bytes) -> Verdict | None:
+    # Chunk walk (PNG spec 5.3): length, type, data, CRC-32 over type + data. A critical chunk's bad
+    # CRC is refused by libpng (DALI's PNG decoder: "IDAT: CRC error"); an ancillary chunk's is only
+    # a warning (the chunk is dropped), so it is not corruption. Bytes after IEND are ignored.
+    pos, n, seen_idat = 8, len(data), False
+    while True:
+        if pos + 8 > n:
+            return Verdict(Corrupt.TRUNCATED, f"truncated: PNG ends after {n:,} bytes, without its IEND chunk")
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        if length > 0x7FFFFFFF or not kind.isalpha():
+            return Verdict(Corrupt.CORRUPT_DATA, f"corrupt data: PNG chunk structure broken at byte {pos:,}")
+        name = kind.decode("ascii")
+        end = pos + 12 + length
+        if end > n:
+            return Verdict(Corrupt.TRUNCATED, f"truncated: PNG ends inside its {name} chunk "
+                                              f"({max(0, n - pos - 8):,} of {length:,} bytes)")
+        if kind[0] & 0x20 == 0:  # critical chunk (upper-case first letter)
+            if zlib.crc32(data[pos + 4:end - 4]) & 0xFFFFFFFF != struct.unpack(">I", data[end - 4:end])[0]:
+                return Verdict(Corrupt.CORRUPT_DATA, f"corrupt data: CRC mismatch in the PNG's {name} chunk "
+                                                     "(its bytes changed after it was written)")
+        seen_idat |= kind == b"IDAT"
+        if kind == b"IEND":
+            break
+        pos = end
+    if not seen_idat:
+        return Verdict(Corrupt.CORRUPT_DATA, "corrupt data: PNG without an IDAT chunk (no image data)")
+    return None
+
+
+def screen(data: bytes) -> tuple[str | None, Verdict | None]:
+    """Cheap checks before DALI (which fails a whole batch on one bad image); does not decode pixels.
+
+    Returns (format by content (:func:`image_format`) or None, a :class:`Verdict` when the image is
+    to be quarantined or None). Quarantined here: empty files, bytes of no image format (named:
+    HTML, text, unknown), JPEGs without an end-of-image marker after the last scan, PNGs cut short
+    or with a bad CRC in a critical chunk: what the decoders refuse (tests/tools/odd_images.py).
+    Everything else goes to the decoder, which has the last word (:func:`decode_robust`).
+    """
+    if not data:
+        return None, Verdict(Corrupt.EMPTY, "empty file (0 bytes)")
+    fmt = image_format(data)
+    if fmt is None:
+        return None, _not_an_image(data)
+    if fmt == "JPEG":
+        return fmt, _check_jpeg(data)
+    if fmt == "PNG":
+        return fmt, _check_png(data)
+    return fmt, None
+
+
+def is_corrupt(data: bytes) -> str | None:
+    """The quarantine reason of :func:`screen` for ``data``, or None when it goes to the decoder."""
+    verdict = screen(data)[1]
+    return verdict.reason if verdict is not None else None
+
+
+def decode_with_pil(data: bytes) -> bytes:
+    """The fallback decoder: ``data`` decoded by PIL as torchvision's loader does, re-encoded as an
+    8-bit RGB PNG (lossless) for DALI to resize like every other image.
+
+    EXIF orientation applied (``ImageOps.exif_transpose``, as DALI's ``adjust_orientation``); 16-bit
+    samples scaled to 8 bits (v * 255 / 65535, not clipped); alpha dropped and palettes expanded
+    (``convert("RGB")``, torchvision's ``pil_loader``); GIF: the first frame. Truncated files are
+    refused (PIL's default ``LOAD_TRUNCATED_IMAGES = False``). Raises what PIL raises (OSError,
+    SyntaxError, ValueError, ``DecompressionBombError`` above PIL's pixel limit).
+    """
+    from PIL import Image, ImageOps
+
+    with Image.open(io.BytesIO(data)) as img:
+        img = ImageOps.exif_transpose(img)
+        if img.mode.startswith("I;16") or img.mode == "I":
+            a = np.asarray(img, dtype=np.float64)
+            img = Image.fromarray(np.clip(np.rint(a * 255 / 65535), 0, 255).astype(np.uint8))
+        rgb = img.convert("RGB")
+    buf = io.BytesIO()
+    rgb.save(buf, "PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def _fallback_verdict(data: bytes, fmt: str | None, error: BaseException) -> Verdict:
+    who = "PIL" if fmt in FALLBACK_FORMATS else "DALI could not decode it and PIL neither"
+    return Verdict(Corrupt.UNDECODABLE, f"decoder error: {fmt or 'image'}: {who}: {type(error).__name__}: {error}")
 
 
 T = TypeVar("T")
@@ -141,7 +287,10 @@ def build_pipeline(source: Any, batch_size: int, image_size: int, use_gpu: bool,
     @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=0 if use_gpu else None)
     def pipe():  # type: ignore[no-untyped-def]
         encoded = fn.external_source(**src_kw, dtype=types.UINT8, ndim=1, batch=True)
-        images = fn.decoders.image(encoded, device="mixed" if use_gpu else "cpu", output_type=types.RGB)
+        # RGB: greyscale repeated, alpha dropped, CMYK and palettes converted, 16-bit scaled to 8;
+        # adjust_orientation: EXIF orientation applied (DALI's default, stated; field case C13)
+        images = fn.decoders.image(encoded, device="mixed" if use_gpu else "cpu", output_type=types.RGB,
+                                   adjust_orientation=True)
         images = fn.resize(images, resize_x=image_size, resize_y=image_size, antialias=True)
         return fn.crop_mirror_normalize(images, dtype=types.FLOAT16, output_layout="CHW", mean=MEAN, std=STD)
 
@@ -186,24 +335,57 @@ def decode_all(encoded: list[bytes], image_size: int, batch_size: int, use_gpu: 
     return out, time.perf_counter() - t0
 
 
-def decode_robust(encoded: list[bytes], image_size: int, batch_size: int, use_gpu: bool) -> tuple[np.ndarray, list[int], float]:
+def decode_robust(
+    encoded: list[bytes], image_size: int, batch_size: int, use_gpu: bool, *,
+    reasons: dict[int, Verdict] | None = None, fallback: bool = True,
+) -> tuple[np.ndarray, list[int], float]:
     """:func:`decode_all`, but an image DALI cannot decode is isolated instead of failing the lot.
 
     DALI fails a whole pipeline on one bad sample; on failure the list is split in halves and
-    each half decoded with a fresh pipeline, down to single images. Cost: a clean list decodes
-    once; each bad image adds ~log2(N) pipeline builds. Returns (images of the decodable ones in
-    order [M, 3, S, S], indices of the undecodable ones, seconds in DALI).
+    each half decoded with a fresh pipeline, down to single images. An image DALI fails alone is
+    given to the fallback decoder (:func:`decode_with_pil`, when ``fallback``): decoded by PIL, it
+    is used (DALI resizes PIL's pixels); otherwise it is undecodable and ``reasons[index]`` (when a
+    dict is given) says why. Cost: a clean list decodes once; each bad image adds ~log2(N) pipeline
+    builds. Returns (images of the decodable ones in order [M, 3, S, S], indices of the undecodable
+    ones, seconds in DALI).
     """
     try:
         images, seconds = decode_all(encoded, image_size, batch_size, use_gpu)
         return images, [], seconds
     except RuntimeError:
         if len(encoded) == 1:
-            return np.zeros((0, 3, image_size, image_size), np.float16), [0], 0.0
+            return _decode_fallback(encoded[0], image_size, use_gpu, reasons, fallback)
     mid = len(encoded) // 2
-    left, bad_left, s_left = decode_robust(encoded[:mid], image_size, batch_size, use_gpu)
-    right, bad_right, s_right = decode_robust(encoded[mid:], image_size, batch_size, use_gpu)
+    right_reasons: dict[int, Verdict] | None = None if reasons is None else {}
+    left, bad_left, s_left = decode_robust(encoded[:mid], image_size, batch_size, use_gpu, reasons=reasons, fallback=fallback)
+    right, bad_right, s_right = decode_robust(encoded[mid:], image_size, batch_size, use_gpu, reasons=right_reasons, fallback=fallback)
+    if reasons is not None and right_reasons:
+        reasons.update({mid + i: v for i, v in right_reasons.items()})
     return np.concatenate([left, right]), bad_left + [mid + i for i in bad_right], s_left + s_right
+
+
+def _decode_fallback(data: bytes, image_size: int, use_gpu: bool, reasons: dict[int, Verdict] | None,
+                     fallback: bool) -> tuple[np.ndarray, list[int], float]:
+    """One image DALI failed: PIL decodes it (then DALI resizes the lossless re-encoding), or it is bad."""
+    empty = np.zeros((0, 3, image_size, image_size), np.float16)
+    fmt = image_format(data)
+    error: BaseException = RuntimeError("DALI failed (its message names no cause)")
+    if fallback:
+        try:
+            png = decode_with_pil(data)
+        except Exception as e:  # PIL raises many types for bad files
+            error = e
+        else:
+            try:
+                images, seconds = decode_all([png], image_size, 1, use_gpu)
+            except RuntimeError as e:  # DALI refusing a plain RGB PNG would be a bug: keep its message
+                error = e
+            else:
+                log.warning("DALI could not decode a %s image; PIL's decoding of it is used", fmt or "unrecognised")
+                return images, [], seconds
+    if reasons is not None:
+        reasons[0] = _fallback_verdict(data, fmt, error)
+    return empty, [0], 0.0
 
 
 @dataclass
@@ -269,6 +451,7 @@ def decode_stream(
     *,
     num_threads: int | None = None,
     timings: DecodeTimings | None = None,
+    reasons: dict[T, Verdict] | None = None,
 ) -> Iterator[tuple[list[T], np.ndarray, list[tuple[T, bytes]]]]:
     """Decode a stream of batches of (tag, encoded image) with one DALI pipeline, in order.
 
@@ -278,7 +461,9 @@ def decode_stream(
     from ``batches`` by DALI's external source as the pipeline asks (prefetch depth 2), so a
     slow producer shows up as ``timings.feed_wait_s``. When DALI fails a batch, the batches fed
     but not yet returned are decoded again by :func:`decode_robust` (isolating the bad images)
-    and a fresh pipeline continues with the rest. Errors raised by ``batches`` propagate as is.
+    and a fresh pipeline continues with the rest (images PIL decodes are used: the fallback of
+    :func:`decode_robust`); ``reasons[tag]`` (when a dict is given) says why each rejected image
+    could not be decoded. Errors raised by ``batches`` propagate as is.
     """
     t = timings if timings is not None else DecodeTimings()
     src = _FedSource(iter(batches), t)
@@ -320,7 +505,10 @@ def decode_stream(
         t.rebuilds += 1
         log.warning("DALI failed a batch: decoding %d batch(es) again, image by image where needed", len(failed))
         for batch in failed:
-            images, bad, _ = decode_robust([b for _, b in batch], image_size, batch_size, use_gpu)
+            why: dict[int, Verdict] = {}
+            images, bad, _ = decode_robust([b for _, b in batch], image_size, batch_size, use_gpu, reasons=why)
+            if reasons is not None:
+                reasons.update({batch[i][0]: v for i, v in why.items()})
             bad_set = set(bad)
             t.images += len(images)
             yield [tag for i, (tag, _) in enumerate(batch) if i not in bad_set], images, [batch[i] for i in bad]
@@ -517,13 +705,15 @@ def decode_to_shards(
     on_undecodable: Callable[[int, bytes], None],
     timings: StepTimings,
     num_threads: int | None = None,
+    reasons: dict[int, Verdict] | None = None,
 ) -> ShardWriter:
     """The step's core, from encoded images to written shards (what the benchmark measures).
 
     ``items``: (manifest index, encoded bytes) in manifest order (corrupt ones already left
     out); ``splits[i]``/``labels[i]`` (int64 [N]): manifest entry ``i``'s split and class;
     ``put(uri, body)``: writes one shard (called in a writer thread); ``on_undecodable(i, bytes)``:
-    an image DALI could not decode. Returns the closed :class:`ShardWriter` (uris, counts).
+    an image neither DALI nor the fallback could decode, ``reasons[i]`` (when a dict is given) saying
+    why, filled before the call. Returns the closed :class:`ShardWriter` (uris, counts).
     Raises what ``items``, DALI or ``put`` raise; written shards are not removed here.
     """
     remaining = Counter(splits[i] for i in range(len(splits)))
@@ -545,7 +735,7 @@ def decode_to_shards(
                 writer.lost(splits[j])
 
         stream = decode_stream(batched(counted(items), batch_size), image_size, batch_size, use_gpu,
-                               num_threads=num_threads, timings=timings.decode)
+                               num_threads=num_threads, timings=timings.decode, reasons=reasons)
         for tags, images, bad in stream:
             for i, blob in bad:
                 writer.lost(splits[i])
@@ -563,13 +753,14 @@ def decode_to_shards(
     return writer
 
 
-def _accept(inp: PreprocessInput, s3: Any, entries: list, quarantined: list[tuple[int, str]], writer: "ShardWriter") -> dict[str, int]:
-    """Write quarantine.json; raise :class:`StepError` when too many images are corrupt or a split is
+def _accept(inp: PreprocessInput, s3: Any, entries: list, quarantined: list[tuple[int, Verdict]], writer: "ShardWriter") -> dict[str, int]:
+    """Write quarantine.json (``[{"key", "category", "reason"}]``, by key); raise :class:`StepError` when too many images are corrupt or a split is
     empty. Returns the images per split."""
     total = len(entries)
     if quarantined:
         write_json(s3, join_uri(inp.output_uri, "quarantine.json"),
-                   [{"key": entries[i].key, "reason": reason} for i, reason in sorted(quarantined)])
+                   [{"key": entries[i].key, "category": v.category, "reason": v.reason}
+                    for i, v in sorted(quarantined, key=lambda q: q[0])])
     if len(quarantined) > inp.max_corrupt_fraction * total:
         raise StepError(
             f"{len(quarantined)} of {total} images are corrupt ({len(quarantined) / total:.1%}), "
@@ -635,7 +826,8 @@ def preprocess_timed(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> tu
     if inp.device == "gpu" and not gpu_available():
         raise StepError("device=gpu but DALI sees no CUDA device", "use device=auto or cpu, or schedule on a GPU node")
 
-    quarantined: list[tuple[int, str]] = []  # (manifest index, reason)
+    quarantined: list[tuple[int, Verdict]] = []  # (manifest index, why)
+    reasons: dict[int, Verdict] = {}  # filled by the decode stream for the images it could not decode
     side_writes: list[Future[Any]] = []
 
     def put(uri: str, body: Any) -> None:
@@ -644,29 +836,47 @@ def preprocess_timed(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> tu
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="quarantine") as side:
 
-        def quarantine(i: int, blob: bytes, reason: str) -> None:
-            quarantined.append((i, reason))
-            side_writes.append(side.submit(put, join_uri(inp.output_uri, "quarantine", entries[i].key), blob))
-            log.warning("quarantined %s: %s", entries[i].key, reason)
+        transcoded: set[int] = set()  # images given to DALI as PIL's decoding, not as stored
 
-        def fetch(i: int) -> tuple[bytes, str | None]:
-            blob = reader.get_object(Bucket=bucket, Key=data_prefix + entries[i].key)["Body"].read()
-            return blob, is_corrupt(blob)
+        def read(i: int) -> bytes:
+            return reader.get_object(Bucket=bucket, Key=data_prefix + entries[i].key)["Body"].read()
+
+        def keep(i: int, blob: bytes) -> None:
+            put(join_uri(inp.output_uri, "quarantine", entries[i].key), read(i) if i in transcoded else blob)
+
+        def quarantine(i: int, blob: bytes, verdict: Verdict) -> None:
+            quarantined.append((i, verdict))
+            side_writes.append(side.submit(keep, i, blob))
+            log.warning("quarantined %s (%s): %s", entries[i].key, verdict.category, verdict.reason)
+
+        def fetch(i: int) -> tuple[bytes, bytes, Verdict | None]:
+            """(the object's bytes, the bytes to decode, why it is quarantined or None); in a fetch thread."""
+            blob = read(i)
+            fmt, verdict = screen(blob)
+            if verdict is None and fmt in FALLBACK_FORMATS:  # DALI cannot read it: PIL decodes it here
+                try:
+                    return blob, decode_with_pil(blob), None
+                except Exception as e:  # PIL raises many types for bad files
+                    return blob, blob, _fallback_verdict(blob, fmt, e)
+            return blob, blob, verdict
 
         def fetched() -> Iterator[tuple[int, bytes]]:
-            for i, (blob, reason) in prefetch_ordered(range(len(entries)), fetch, max_items=PREFETCH_BATCHES * inp.batch_size,
-                                                      size=lambda i: entries[i].size):
-                if reason:
-                    quarantine(i, blob, reason)
+            for i, (blob, to_decode, verdict) in prefetch_ordered(range(len(entries)), fetch, max_items=PREFETCH_BATCHES * inp.batch_size,
+                                                                  size=lambda i: entries[i].size):
+                if verdict is not None:
+                    quarantine(i, blob, verdict)
                 else:
-                    yield i, blob
+                    if to_decode is not blob:
+                        transcoded.add(i)
+                    yield i, to_decode
 
         writer: ShardWriter | None = None
         try:
             writer = decode_to_shards(
                 fetched(), splits, labels, output_uri=inp.output_uri, image_size=inp.image_size,
                 batch_size=inp.batch_size, shard_size=inp.shard_size, use_gpu=use_gpu, put=put,
-                on_undecodable=lambda i, blob: quarantine(i, blob, "DALI could not decode it"), timings=timings,
+                on_undecodable=lambda i, blob: quarantine(i, blob, reasons.pop(i, Verdict(Corrupt.UNDECODABLE, "decoder error"))),
+                timings=timings, reasons=reasons,
             )
             for fut in side_writes:
                 fut.result()

@@ -30,7 +30,10 @@ from pipectl.components.stage.targets import MULTIPART_THRESHOLD_BYTES, S3Target
 
 log = logging.getLogger("pipectl.stage")
 
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png"})
+# torchvision's ImageFolder IMG_EXTENSIONS (datasets/folder.py), compared case-insensitively (.JPG
+# is an image: field case C13); .gif too (decoded by preprocess's PIL fallback). The name only
+# selects files: preprocess decides the format by content, so PNG bytes named .jpg are a PNG.
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".pbm", ".bmp", ".tif", ".tiff", ".webp", ".gif"})
 EXAMPLE_SCHEME = "example:"
 
 

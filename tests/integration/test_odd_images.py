@@ -1,0 +1,84 @@
+"""C13: valid but unusual images are used, broken ones quarantined with a reason a person agrees with.
+
+The corpus (tests/tools/odd_images.py, generated, nothing downloaded) goes through the real steps as
+the pods run them: ``python -m pipectl.components.stage`` into a real S3 server (moto), then
+``python -m pipectl.components.preprocess`` (DALI on CPU). Per file: used or quarantined; for a
+quarantined one its category and reason; for a used one the pixels in the shard: 3 channels,
+upright (EXIF orientation applied), the known colours (alpha dropped, 16-bit scaled, CMYK and
+palette converted, greyscale repeated).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pipectl.components.contracts import DatasetManifest
+from pipectl.components.preprocess.core import MEAN, STD, in_validation
+from pipectl.components.runtime import read_json
+from pipectl.components.shards import load_split
+from tests.tools.odd_images import CORPUS, quadrant_means, write_corpus
+
+pytestmark = pytest.mark.integration
+
+IMAGE_SIZE = 32
+COLOUR_TOLERANCE = 12.0  # 8-bit levels, mean of a quadrant's centre (JPEG q95 + resize: measured <= 2)
+
+
+def _step(module: str, args: list[str], env: dict, tmp_path) -> dict:
+    out = tmp_path / f"out-{module.rsplit('.', 1)[1]}"
+    r = subprocess.run([sys.executable, "-m", module, *args, "--outputs-dir", str(out)],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_C13_odd_images_are_used_and_broken_ones_quarantined_with_their_reason(settings, s3, step_env, tmp_path):
+    """C13: every corpus file through stage -> preprocess; each used or quarantined as the table says."""
+    corpus = write_corpus(tmp_path / "corpus")
+    staged = _step("pipectl.components.stage", ["--source-uri", str(tmp_path / "corpus"), "--bucket", settings.bucket],
+                   step_env, tmp_path)
+    shards = f"s3://{settings.bucket}/runs/c13/shards/"
+    out = _step("pipectl.components.preprocess",
+                ["--manifest-uri", staged["manifest_uri"], "--output-uri", shards, "--image-size", str(IMAGE_SIZE),
+                 "--validation-fraction", "0.5", "--max-corrupt-fraction", "0.5", "--device", "cpu", "--batch-size", "8"],
+                step_env, tmp_path)
+
+    manifest = DatasetManifest.model_validate(read_json(s3, staged["manifest_uri"]))
+    staged_keys = {m.key for m in manifest.entries}
+    quarantine = {q["key"]: q for q in read_json(s3, shards + "quarantine.json")}
+    wrong = []
+    for key, e in corpus.items():
+        q = quarantine.get(key)
+        if key not in staged_keys:
+            wrong.append(f"{key} ({e.why}): not staged")
+        elif e.used and q is not None:
+            wrong.append(f"{key} ({e.why}): quarantined as {q.get('category')}: {q['reason']}")
+        elif not e.used and q is None:
+            wrong.append(f"{key} ({e.why}): used, expected quarantined ({e.category})")
+        elif not e.used and (q.get("category") != e.category or not re.search(e.reason, q["reason"])):
+            wrong.append(f"{key} ({e.why}): quarantined as {q.get('category')}: {q['reason']!r}; "
+                         f"expected {e.category}: /{e.reason}/")
+    assert not wrong, "\n".join(wrong)
+    assert staged["objects"] == len(CORPUS)
+    assert out["corrupt"] == sum(not e.used for e in CORPUS)
+    assert out["train_count"] + out["validation_count"] == sum(e.used for e in CORPUS)
+
+    # used images: each split holds its images in manifest order; check every one's pixels
+    bad_pixels = []
+    for split in ("train", "validation"):
+        keys = [m.key for m in manifest.entries if m.key not in quarantine and in_validation(m.sha256, 0.5) == (split == "validation")]
+        x, _, index = load_split(s3, out["shards_uri"], split)
+        assert index.channels == 3 and x.shape == (len(keys), 3, IMAGE_SIZE, IMAGE_SIZE)
+        pixels = x.transpose(0, 2, 3, 1) * np.asarray(STD) + np.asarray(MEAN)  # back to 0..255, HWC
+        for key, img in zip(keys, pixels):
+            got, want = quadrant_means(img), quadrant_means(corpus[key].expected.astype(np.float64))
+            if np.abs(got - want).max() > COLOUR_TOLERANCE:
+                bad_pixels.append(f"{key} ({corpus[key].why}): quadrants {np.round(got).astype(int).tolist()}, "
+                                  f"expected {np.round(want).astype(int).tolist()}")
+    assert not bad_pixels, "\n".join(bad_pixels)
