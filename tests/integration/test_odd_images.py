@@ -22,7 +22,7 @@ from pipectl.components.contracts import DatasetManifest
 from pipectl.components.preprocess.core import MEAN, STD, in_validation
 from pipectl.components.runtime import read_json
 from pipectl.components.shards import load_split
-from tests.tools.odd_images import CORPUS, quadrant_means, write_corpus
+from tests.tools.odd_images import CORPUS, UPRIGHT, quadrant_means, write_corpus
 
 pytestmark = pytest.mark.integration
 
@@ -65,6 +65,9 @@ def test_C13_odd_images_are_used_and_broken_ones_quarantined_with_their_reason(s
             wrong.append(f"{key} ({e.why}): quarantined as {q.get('category')}: {q['reason']!r}; "
                          f"expected {e.category}: /{e.reason}/")
     assert not wrong, "\n".join(wrong)
+    for key in quarantine:  # the stored bytes kept for people to look at
+        kept = s3.get_object(Bucket=settings.bucket, Key=f"runs/c13/shards/quarantine/{key}")["Body"].read()
+        assert kept == (tmp_path / "corpus" / key).read_bytes(), key
     assert staged["objects"] == len(CORPUS)
     assert out["corrupt"] == sum(not e.used for e in CORPUS)
     assert out["train_count"] + out["validation_count"] == sum(e.used for e in CORPUS)
@@ -82,3 +85,31 @@ def test_C13_odd_images_are_used_and_broken_ones_quarantined_with_their_reason(s
                 bad_pixels.append(f"{key} ({corpus[key].why}): quadrants {np.round(got).astype(int).tolist()}, "
                                   f"expected {np.round(want).astype(int).tolist()}")
     assert not bad_pixels, "\n".join(bad_pixels)
+
+
+def test_C13_an_image_dali_fails_alone_is_decoded_by_the_pil_fallback_in_place(small_digits_dir):
+    """A GIF fed to DALI (as when a format DALI cannot read reaches it unrecognised) fails its batch;
+    isolated, PIL decodes it and it is used, in its place in the stream; a PNG neither decoder reads
+    is reported with the reason. Without the fallback (``fallback=False``) the GIF is lost."""
+    from pipectl.components.preprocess.core import Corrupt, batched, decode_robust, decode_stream
+
+    good = [p.read_bytes() for p in sorted(small_digits_dir.rglob("*.jpg"))[:20]]
+    gif = next(e for e in CORPUS if e.key == "other/anim.gif").make()
+    bad_png = next(e for e in CORPUS if e.key == "broken/bad-deflate.png").make()
+    items = list(enumerate(good[:9])) + [(100, gif)] + list(enumerate(good[9:15], start=9)) + [(200, bad_png)] \
+        + list(enumerate(good[15:], start=15))
+    reasons: dict = {}
+    tags, parts, rejected = [], [], []
+    for t, images, bad in decode_stream(batched(items, 8), IMAGE_SIZE, 8, use_gpu=False, reasons=reasons):
+        tags += t
+        parts.append(images.copy())
+        rejected += [tag for tag, _ in bad]
+    assert rejected == [200] and reasons[200].category == Corrupt.UNDECODABLE
+    assert re.match(r"decoder error: PNG: DALI could not decode it and PIL neither: ", reasons[200].reason), reasons[200].reason
+    assert tags == list(range(9)) + [100] + list(range(9, 20))
+    x = np.concatenate(parts)
+    gif_pixels = x[9].astype(np.float32).transpose(1, 2, 0) * np.asarray(STD) + np.asarray(MEAN)
+    assert np.abs(quadrant_means(gif_pixels) - quadrant_means(UPRIGHT.astype(np.float64))).max() < COLOUR_TOLERANCE
+
+    _, bad, _ = decode_robust([good[0], gif], IMAGE_SIZE, 8, use_gpu=False, fallback=False)
+    assert bad == [1]

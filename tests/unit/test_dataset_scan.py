@@ -89,3 +89,17 @@ def test_a_symlink_cycle_is_walked_once(tmp_path):
     _jpeg(ds / "dog" / "b.jpg")
     (ds / "cat" / "again").symlink_to(ds / "cat", target_is_directory=True)
     assert [f.key for f in scan_local(ds)] == ["cat/a.jpg", "dog/b.jpg"]
+
+
+def test_C13_every_image_extension_torchvision_reads_is_staged_in_any_case(tmp_path):
+    """C13: ImageFolder's extensions (torchvision IMG_EXTENSIONS) + .gif, upper or lower case; the
+    name only selects files (preprocess reads the format from the bytes)."""
+    names = ["a.jpg", "b.JPEG", "c.PNG", "d.webp", "e.TIF", "f.tiff", "g.bmp", "h.gif", "i.ppm", "j.pgm"]
+    for n in names:
+        (tmp_path / "x").mkdir(exist_ok=True)
+        (tmp_path / "x" / n).write_bytes(b"bytes")
+    (tmp_path / "y").mkdir()
+    (tmp_path / "y" / "k.Jpg").write_bytes(b"bytes")
+    (tmp_path / "y" / "notes.txt").write_text("ignored")
+    (tmp_path / "y" / "l.svg").write_text("<svg/>")
+    assert sorted(f.key for f in scan_local(tmp_path)) == sorted([f"x/{n}" for n in names] + ["y/k.Jpg"])
