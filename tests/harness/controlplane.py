@@ -15,7 +15,8 @@ Upstream binaries only (binaries.py; built by tests/cluster/build.sh):
                             DEFAULT_REQUEUE_TIME=1s (as Argo's own test setup; env
                             PIPECTL_ARGO_REQUEUE_TIME overrides); manifests/workflow-controller-configmap.yaml
   argo server               only with argo_server=True: auth mode server, plain http
-  vc-scheduler              Volcano scheduler (optional: its failure is recorded, not fatal)
+  vc-scheduler              Volcano scheduler (optional: its failure is recorded, not fatal), /metrics
+                            on the ``vc-sched-http`` port
   vc-controller-manager     Volcano controllers (optional, same)
   karpenter                 only with autoscaler=True: Karpenter with its KWOK cloud provider
                             (karpenter.py); NodeClaims become KWOK nodes after
@@ -527,7 +528,9 @@ class TestCluster:
             self._spawn("vc-scheduler", [
                 str(binary("vc-scheduler")), "--kubeconfig", kc, "--scheduler-conf", str(conf),
                 "--scheduler-name", "volcano", "--leader-elect=false",
-                "--listen-address", f"127.0.0.1:{self.ports['vc-sched-http']}",
+                # /metrics on the listen address only with --enable-metrics (cmd/scheduler/app/server.go);
+                # tests/cluster/test_monitoring.py scrapes it (C12)
+                "--enable-metrics", "--listen-address", f"127.0.0.1:{self.ports['vc-sched-http']}",
                 "--healthz-address", f"127.0.0.1:{self.ports['vc-sched-healthz']}",
                 "--default-queue", "default", "--cache-dumper=false", "--logtostderr",
             ])

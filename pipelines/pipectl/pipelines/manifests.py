@@ -7,12 +7,13 @@ Pure: :func:`cluster_manifests` maps a :class:`CompileConfig` to ``{relative pat
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from hera.workflows import CronWorkflow
 from hera.workflows.models import Metadata, WorkflowTemplateRef
 
-from pipectl.components.names import PART_OF, SEMAPHORE_CONFIGMAP, STORE_CONFIGMAP, STORE_SECRET, TEMPLATE_NAME
+from pipectl.components.names import PART_OF, SEMAPHORE_CONFIGMAP, STEP_LABEL, STORE_CONFIGMAP, STORE_SECRET, TEMPLATE_NAME
 from pipectl.pipelines.autoscaling import buffer_node_pool, node_pools
 from pipectl.pipelines.launchers import LAUNCHERS
 from pipectl.pipelines.policy import LANES, exported
@@ -256,10 +257,58 @@ def controller_config(cfg: CompileConfig) -> list[dict]:
     }]
 
 
+def _counter_increase(selector: str, window: str) -> str:
+    """PromQL: per series, how much the counter ``selector`` grew within ``window`` (a PromQL
+    duration such as ``10m``), counting a series BORN within the window from 0.
+
+    Argo creates a workflow counter's series at its first increment, with value 1 (seen on the test
+    cluster: ``argo_workflows_total_count{phase="Failed"} 1`` after the first failed workflow), and
+    ``increase()`` only sees the difference between samples in the window: the first event of every
+    label combination counted 0, so the first failed workflow after a controller start never fired
+    the alert (field case C12, found by tests/cluster/test_monitoring.py; upstream
+    prometheus/prometheus#1673). Series that existed before the window: ``increase()`` (counter resets
+    handled); series that did not: their current value. Only for counters whose series start at their
+    first event (Argo's); an exporter that keeps a series from 0 (DCGM) needs plain ``increase()``.
+    """
+    return (f"((increase({selector}[{window}]) and {selector} offset {window})"
+            f" or ({selector} unless {selector} offset {window}))")
+
+
+DCGM_IDLE_UTIL_PCT = 5
+"""A training pod's GPU averaging below this utilisation (%, DCGM_FI_DEV_GPU_UTIL) for 10 minutes is
+idle: a dead data loader, a hang before the first step, a rank waiting on a lost peer. (An NCCL
+collective that hangs keeps the GPU at ~100 % and is not seen here: the step-duration panel and the
+workflow's timeout catch it.)"""
+DCGM_NOTES = ("dcgm-exporter's default counters (etc/default-counters.csv) and its Kubernetes labels "
+              "(pod, namespace, container: set for the GPUs a container holds; gpu, UUID, Hostname); "
+              "scraped with honorLabels: true as the GPU Operator's ServiceMonitor does")
+
+
 def prometheus_rules(cfg: CompileConfig) -> list[dict]:
-    """Alerts: GPU memory > 90% for 5m (DCGM exporter), a workflow Failed, training Pending
-    longer than the autoscaler's scale-up budget."""
+    """PrometheusRule ``pipectl``: the alerts (prometheus-operator's CRD; a plain Prometheus loads
+    ``spec.groups`` as a rule file).
+
+    - PipectlWorkflowFailed: a workflow in the namespace ended Failed or Error in the last 10 minutes
+      (Argo's ``argo_workflows_total_count``; :func:`_counter_increase`).
+    - PipectlTrainingPendingTooLong: a train pod Pending longer than the autoscaler's scale-up budget
+      (``cfg.retry.scale_up_s``). kube-state-metrics; its ``kube_pod_labels`` carries the pod label
+      ``pipectl.io/step`` only with ``--metric-labels-allowlist=pods=[pipectl.io/step]``.
+    - GPU (dcgm-exporter, :data:`DCGM_NOTES`): PipectlTrainingGPUIdle (a GPU held by a pipectl pod
+      averaging below :data:`DCGM_IDLE_UTIL_PCT` % for 10 minutes, for 10 minutes), PipectlGPUXidError
+      (``DCGM_FI_DEV_XID_ERRORS``, the last XID, non-zero: the driver reported a GPU fault; NVIDIA's
+      "XID Errors" catalogue), PipectlGPURowRemapFailure (``DCGM_FI_DEV_ROW_REMAP_FAILURE``: the memory
+      cannot remap a failing row any more: replace the GPU), PipectlGPUUncorrectableMemoryError
+      (``DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS`` grew: an uncorrectable ECC error; the GPU needs a
+      reset before the remap takes effect). High GPU memory use is NOT an alert: PyTorch's caching
+      allocator keeps 90 %+ of the memory reserved in a healthy run.
+    Every expression is run against a real Prometheus: tests/cluster/test_monitoring.py (Argo) and
+    tests/unit/test_monitoring_rules.py (``promtool test rules``, DCGM and kube-state-metrics).
+    """
+    ns = cfg.namespace
     pending_s = cfg.retry.scale_up_s
+    step_label = "label_" + re.sub(r"[^a-zA-Z0-9_]", "_", STEP_LABEL)  # kube-state-metrics' sanitised name
+    failed = _counter_increase(f'argo_workflows_total_count{{namespace="{ns}", phase=~"Failed|Error"}}', "10m")
+    gpu = f'namespace="{ns}", pod!=""'
     return [{
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -267,29 +316,56 @@ def prometheus_rules(cfg: CompileConfig) -> list[dict]:
         "spec": {"groups": [{
             "name": "pipectl",
             "rules": [
-                {"alert": "PipectlGPUMemoryHigh",
-                 "expr": "DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE) > 0.9",
-                 "for": "5m", "labels": {"severity": "warning"},
-                 "annotations": {"summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} above 90% memory for 5 minutes"}},
                 {"alert": "PipectlWorkflowFailed",
-                 "expr": 'increase(argo_workflows_total_count{phase="Failed", namespace="%s"}[10m]) > 0' % cfg.namespace,
+                 "expr": f"sum by (namespace, phase) ({failed}) > 0",
                  "labels": {"severity": "warning"},
-                 "annotations": {"summary": "a pipectl workflow failed in the last 10 minutes"}},
+                 "annotations": {"summary": "{{ $value }} pipectl workflow(s) ended {{ $labels.phase }} in the last 10 minutes"}},
                 {"alert": "PipectlTrainingPendingTooLong",
-                 "expr": 'max by (pod) (kube_pod_status_phase{phase="Pending", namespace="%s"} * on (pod) group_left '
-                         'kube_pod_labels{label_pipectl_io_step="train"}) > 0' % cfg.namespace,
+                 "expr": f'max by (namespace, pod) (kube_pod_status_phase{{phase="Pending", namespace="{ns}"}} '
+                         f'* on (namespace, pod) group_left kube_pod_labels{{{step_label}="train"}}) > 0',
                  "for": f"{pending_s}s", "labels": {"severity": "critical"},
-                 "annotations": {"summary": f"training pod Pending longer than the scale-up budget ({pending_s} s)"}},
+                 "annotations": {"summary": f"training pod {{{{ $labels.pod }}}} Pending longer than the scale-up budget ({pending_s} s)"}},
+                {"alert": "PipectlTrainingGPUIdle",
+                 "expr": f"avg_over_time(DCGM_FI_DEV_GPU_UTIL{{{gpu}}}[10m]) < {DCGM_IDLE_UTIL_PCT}",
+                 "for": "10m", "labels": {"severity": "warning"},
+                 "annotations": {"summary": "GPU {{ $labels.gpu }} of pod {{ $labels.pod }} on {{ $labels.Hostname }} "
+                                            f"below {DCGM_IDLE_UTIL_PCT}% utilisation for 10 minutes: data starvation or a hang"}},
+                {"alert": "PipectlGPUXidError",
+                 "expr": "DCGM_FI_DEV_XID_ERRORS > 0",
+                 "labels": {"severity": "critical"},
+                 "annotations": {"summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} reported XID {{ $value }} "
+                                            "(pod {{ $labels.pod }}): a driver-reported GPU fault, see NVIDIA's XID catalogue"}},
+                {"alert": "PipectlGPURowRemapFailure",
+                 "expr": "DCGM_FI_DEV_ROW_REMAP_FAILURE > 0",
+                 "labels": {"severity": "critical"},
+                 "annotations": {"summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} can no longer remap failing "
+                                            "memory rows: drain the node and replace the GPU"}},
+                {"alert": "PipectlGPUUncorrectableMemoryError",
+                 "expr": "increase(DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS[1h]) > 0",
+                 "labels": {"severity": "critical"},
+                 "annotations": {"summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} had an uncorrectable memory "
+                                            "error (rows remapped): drain the node and reset the GPU"}},
             ],
         }]},
     }]
 
 
 def grafana_dashboard(cfg: CompileConfig) -> list[dict]:
+    """ConfigMap with the Grafana dashboard ``pipectl`` (label ``grafana_dashboard: "1"`` for
+    Grafana's dashboard sidecar). Panels: step duration, attempts that did not succeed by class,
+    failed attempts by exit code (Argo custom metrics, ``argo_workflows_`` prefix:
+    :func:`pipectl.pipelines.policy.exported`; counters through :func:`_counter_increase`), gangs
+    waiting per lane (Volcano's queue metrics from vc-scheduler ``--enable-metrics``), pods waiting
+    per lane (kube-state-metrics), GPU utilisation of the namespace's pods (dcgm-exporter)."""
     def panel(i: int, title: str, expr: str) -> dict:
         return {"id": i, "type": "timeseries", "title": title, "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
                 "targets": [{"expr": expr, "refId": "A"}]}
 
+    ns = cfg.namespace
+    queues = "|".join(spec.queue for spec in LANES.values())
+    priority_classes = "|".join(spec.priority_class for spec in LANES.values())
+    attempts = _counter_increase(f'{exported("pipectl_step_attempts")}{{class!="succeeded"}}', "1h")
+    by_exit_code = _counter_increase(exported("pipectl_step_failures_by_exit_code"), "1h")
     dashboard = {
         "title": "pipectl training pipelines",
         "uid": "pipectl",
@@ -297,13 +373,17 @@ def grafana_dashboard(cfg: CompileConfig) -> list[dict]:
         "panels": [
             panel(0, "Step duration (s)", f"max by (step) ({exported('pipectl_step_duration_seconds')})"),
             panel(1, "Attempts that did not succeed, by class (1h): infrastructure (Error: pod lost), failed",
-                  f'sum by (step, class) (increase({exported("pipectl_step_attempts")}{{class!="succeeded"}}[1h]))'),
-            panel(4, "Failed attempts by exit code (1h): 75 = declared transient, other = code",
-                  f'sum by (step, exit_code) (increase({exported("pipectl_step_failures_by_exit_code")}[1h]))'),
+                  f"sum by (step, class) ({attempts})"),
             panel(2, "Pods waiting per lane (Pending, by PriorityClass)",
-                  'sum by (priority_class) (kube_pod_status_phase{phase="Pending", namespace="%s"} '
-                  '* on (namespace, pod) group_left (priority_class) kube_pod_info{priority_class=~"pipectl-.*"})' % cfg.namespace),
-            panel(3, "GPU utilisation (%)", "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)"),
+                  f'sum by (priority_class) (kube_pod_status_phase{{phase="Pending", namespace="{ns}"}} '
+                  f'* on (namespace, pod) group_left (priority_class) kube_pod_info{{priority_class=~"{priority_classes}"}})'),
+            panel(3, "GPU utilisation of the namespace's pods (%)",
+                  f'avg by (pod) (DCGM_FI_DEV_GPU_UTIL{{namespace="{ns}", pod!=""}})'),
+            panel(4, "Failed attempts by exit code (1h): 75 = declared transient, other = code",
+                  f"sum by (step, exit_code) ({by_exit_code})"),
+            panel(5, "Gangs waiting per lane (Volcano queue: PodGroups Pending or Inqueue)",
+                  f'sum by (queue_name) (volcano_queue_pod_group_pending_count{{queue_name=~"{queues}"}} '
+                  f'+ volcano_queue_pod_group_inqueue_count{{queue_name=~"{queues}"}})'),
         ],
     }
     return [{"apiVersion": "v1", "kind": "ConfigMap",
