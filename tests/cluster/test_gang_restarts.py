@@ -1,0 +1,147 @@
+"""Issue 12 / field case C07 on the KWOK cluster: every way the infrastructure loses a gang pod
+restarts the WHOLE gang (Volcano policy, pipelines/pipectl/pipelines/launchers/volcano.py), and a
+code failure ends it at once.
+
+Each case writes onto one running pod of the product's Volcano Job the pod status exactly as the
+kubelet (or the control plane) leaves it — no pod is deleted: a node-pressure eviction keeps the
+pod object, phase Failed, reason Evicted, which Volcano reports as PodFailed with the first
+container's exit code (0 when it has no terminated state), never as PodEvicted. The statuses
+follow the kubelet's code (Kubernetes v1.34): pkg/kubelet/eviction (reason "Evicted", message
+"The node was low on resource: ...", condition DisruptionTarget/TerminationByKubelet),
+pkg/kubelet/nodeshutdown (reason "Terminated", "Pod was terminated in response to imminent node
+shutdown."), pkg/kubelet/lifecycle admission (reason UnexpectedAdmissionError, no container ran),
+and the scheduler's preemption (DisruptionTarget/PreemptionByScheduler) whose victim outlived its
+grace period (SIGKILL, 137: what Volcano >= 1.14 reports as PodFailed).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.cluster.test_control_plane import (  # noqa: F401 - fixtures
+    _custom,
+    _gang_job,
+    _lane_gang,
+    _pipectl,
+    _vcjob,
+    _wait_phase,
+    project_applied,
+    train_pod_annotations,
+    training_outputs_supplied,
+)
+
+NS = "pipectl"
+EVICTION_MESSAGE = ("The node was low on resource: memory. Threshold quantity: 100Mi, available: 51200Ki. "
+                    "Container pytorch was using 7Gi, request is 8Gi, has larger consumption of memory. ")
+
+
+def _terminated(exit_code: int, reason: str = "Error") -> dict:
+    return {"running": None, "terminated": {"exitCode": exit_code, "reason": reason,
+                                            "startedAt": "2026-12-01T00:00:00Z", "finishedAt": "2026-12-01T00:00:01Z"}}
+
+
+def _disruption(reason: str, message: str) -> dict:
+    return {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message,
+            "lastTransitionTime": "2026-12-01T00:00:01Z"}
+
+
+# (pod status the kubelet / control plane writes, whole gang restarts?)
+LOSSES = {
+    "node-pressure-eviction-137": ({
+        "phase": "Failed", "reason": "Evicted", "message": EVICTION_MESSAGE,
+        "conditions": [_disruption("TerminationByKubelet", EVICTION_MESSAGE)],
+        "containerStatuses": [{"name": "pytorch", "ready": False, "state": _terminated(137)}]}, True),
+    "node-pressure-eviction-no-exit-code": ({
+        "phase": "Failed", "reason": "Evicted", "message": EVICTION_MESSAGE,
+        "conditions": [_disruption("TerminationByKubelet", EVICTION_MESSAGE)],
+        "containerStatuses": [{"name": "pytorch", "ready": False,
+                               "state": {"running": None, "waiting": {"reason": "ContainerCreating"}}}]}, True),
+    "graceful-node-shutdown-143": ({
+        "phase": "Failed", "reason": "Terminated", "message": "Pod was terminated in response to imminent node shutdown.",
+        "conditions": [_disruption("TerminationByKubelet", "Pod was terminated in response to imminent node shutdown.")],
+        "containerStatuses": [{"name": "pytorch", "ready": False, "state": _terminated(143)}]}, True),
+    "preempted-past-grace-period-137": ({
+        "phase": "Failed",
+        "conditions": [_disruption("PreemptionByScheduler", "volcano: preempting to make room for a higher priority gang")],
+        "containerStatuses": [{"name": "pytorch", "ready": False, "state": _terminated(137)}]}, True),
+    "admission-rejected-after-node-restart": ({
+        "phase": "Failed", "reason": "UnexpectedAdmissionError",
+        "message": "Allocate failed due to no healthy devices present; cannot allocate unhealthy devices nvidia.com/gpu, "
+                   "which is unexpected"}, True),
+    "code-failure-exit-1": ({
+        "phase": "Failed",
+        "containerStatuses": [{"name": "pytorch", "ready": False, "state": _terminated(1)}]}, False),
+}
+
+
+def _running_pods(core, job: str, n: int):
+    pods = core.list_namespaced_pod(NS, label_selector=f"volcano.sh/job-name={job}").items
+    running = [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+    return running if len(running) == n else None
+
+
+@pytest.mark.parametrize("case", sorted(LOSSES))
+def test_C07_a_gang_pod_lost_to_the_infrastructure_restarts_the_whole_gang(case, project_applied, test_cluster, k8s_api):
+    """One pod of a running 2-pod gang gets ``case``'s status (the pod object stays, as the
+    kubelet leaves it): an infrastructure loss restarts every pod of the gang (retryCount 1, no
+    pod of the first generation left) and the job completes; a code failure (exit 1) ends it."""
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    from kubernetes import client
+
+    status, restarts = LOSSES[case]
+    core = client.CoreV1Api(k8s_api)
+    custom = _custom(k8s_api)
+    job = f"c07-{case}"[:50].rstrip("-")
+    custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", _lane_gang(job, "standard", 2, 1, "8s"))
+    try:
+        first = test_cluster.wait_for(f"{job} running", lambda: _running_pods(core, job, 2), timeout_s=60)
+        t0 = time.monotonic()
+        patched = core.patch_namespaced_pod_status(first[1].metadata.name, NS, {"status": status})
+        assert patched.status.phase == "Failed"  # not deleted: only Volcano's restart deletes it
+
+        def ended():
+            j = _vcjob(k8s_api, NS, job)
+            return j if j.get("status", {}).get("state", {}).get("phase") in ("Completed", "Failed", "Terminated", "Aborted") else None
+        done = test_cluster.wait_for(f"{job} to end", ended, timeout_s=120)
+        took = time.monotonic() - t0
+        print(f"{case}: job {done['status']['state']['phase']} after {took:.1f} s, retryCount {done['status'].get('retryCount', 0)}")
+        if restarts:
+            assert done["status"]["state"]["phase"] == "Completed", done["status"]
+            assert done["status"].get("retryCount") == 1, done["status"]
+            final = core.list_namespaced_pod(NS, label_selector=f"volcano.sh/job-name={job}").items
+            assert not {p.metadata.uid for p in first} & {p.metadata.uid for p in final}, "the survivor must restart too"
+        else:
+            assert done["status"]["state"]["phase"] == "Terminated" and done["status"].get("retryCount", 0) == 0, done["status"]
+    finally:
+        custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", job)
+
+
+def test_C07_node_pressure_eviction_mid_training_and_the_workflow_succeeds(
+        project_applied, train_pod_annotations, test_cluster, k8s_api):
+    """Through `pipectl submit training`: a gang pod evicted by the kubelet under memory pressure
+    (Failed, Evicted, 137; the pod stays) restarts the gang inside its Volcano Job, the Argo step
+    keeps waiting (one attempt), and the workflow Succeeds. Before issue 12's fix the job was
+    Terminated (PodFailed -> TerminateJob) and the run ended Failed."""
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    from kubernetes import client
+
+    core = client.CoreV1Api(k8s_api)
+    train_pod_annotations({"pipectl.io/run-duration": "8s"})
+    r = _pipectl(test_cluster, "submit", "training", "-p", "workers=2", "-p", "gpus-per-worker=1",
+                 "-p", "processes-per-worker=1", "--output", "json")
+    assert r.returncode == 0, r.stderr
+    name = json.loads(r.stdout)["name"]
+    job = test_cluster.wait_for("the gang job", lambda: _gang_job(k8s_api, name), timeout_s=90)
+    first = test_cluster.wait_for("the gang running", lambda: _running_pods(core, job, 2), timeout_s=90)
+    core.patch_namespaced_pod_status(first[0].metadata.name, NS, {"status": LOSSES["node-pressure-eviction-137"][0]})
+    wf = _wait_phase(k8s_api, NS, name, {"Succeeded", "Failed", "Error"}, timeout_s=150)
+    assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")
+    vj = _vcjob(k8s_api, NS, job)
+    assert vj["status"]["retryCount"] == 1 and vj["status"]["state"]["phase"] == "Completed", vj["status"]
+    train_attempts = [n for n in wf["status"]["nodes"].values() if n["type"] == "Pod" and n.get("templateName", "").startswith("train")]
+    assert len(train_attempts) == 1, [n["displayName"] for n in train_attempts]
