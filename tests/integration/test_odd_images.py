@@ -14,6 +14,7 @@ import json
 import re
 import subprocess
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -30,21 +31,22 @@ IMAGE_SIZE = 32
 COLOUR_TOLERANCE = 12.0  # 8-bit levels, mean of a quadrant's centre (JPEG q95 + resize: measured <= 2)
 
 
-def _step(module: str, args: list[str], env: dict, tmp_path) -> dict:
+def _step(module: str, args: list[str], env: dict, tmp_path) -> tuple[dict, str]:
+    """Run a step as its pod does; returns (its outputs, its log)."""
     out = tmp_path / f"out-{module.rsplit('.', 1)[1]}"
     r = subprocess.run([sys.executable, "-m", module, *args, "--outputs-dir", str(out)],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
 
 
 def test_C13_odd_images_are_used_and_broken_ones_quarantined_with_their_reason(settings, s3, step_env, tmp_path):
     """C13: every corpus file through stage -> preprocess; each used or quarantined as the table says."""
     corpus = write_corpus(tmp_path / "corpus")
-    staged = _step("pipectl.components.stage", ["--source-uri", str(tmp_path / "corpus"), "--bucket", settings.bucket],
+    staged, _ = _step("pipectl.components.stage", ["--source-uri", str(tmp_path / "corpus"), "--bucket", settings.bucket],
                    step_env, tmp_path)
     shards = f"s3://{settings.bucket}/runs/c13/shards/"
-    out = _step("pipectl.components.preprocess",
+    out, log = _step("pipectl.components.preprocess",
                 ["--manifest-uri", staged["manifest_uri"], "--output-uri", shards, "--image-size", str(IMAGE_SIZE),
                  "--validation-fraction", "0.5", "--max-corrupt-fraction", "0.5", "--device", "cpu", "--batch-size", "8"],
                 step_env, tmp_path)
@@ -69,6 +71,9 @@ def test_C13_odd_images_are_used_and_broken_ones_quarantined_with_their_reason(s
         kept = s3.get_object(Bucket=settings.bucket, Key=f"runs/c13/shards/quarantine/{key}")["Body"].read()
         assert kept == (tmp_path / "corpus" / key).read_bytes(), key
     assert staged["objects"] == len(CORPUS)
+    per_category = Counter(e.category for e in CORPUS if not e.used)
+    categories = ", ".join(f"{n} {c}" for c, n in sorted(per_category.items(), key=lambda cn: (-cn[1], cn[0])))
+    assert f"quarantined {out['corrupt']} of {len(CORPUS)} images ({categories})" in log
     assert out["corrupt"] == sum(not e.used for e in CORPUS)
     assert out["train_count"] + out["validation_count"] == sum(e.used for e in CORPUS)
 

@@ -766,6 +766,12 @@ def decode_to_shards(
     return writer
 
 
+def quarantine_summary(quarantined: Sequence[tuple[int, Verdict]]) -> str:
+    """Counts per category, most first, then by name: ``"3 truncated, 2 not-an-image"`` ("none" when empty)."""
+    counts = Counter(v.category for _, v in quarantined)
+    return ", ".join(f"{n} {c}" for c, n in sorted(counts.items(), key=lambda cn: (-cn[1], cn[0]))) or "none"
+
+
 def _accept(inp: PreprocessInput, s3: Any, entries: list, quarantined: list[tuple[int, Verdict]], writer: "ShardWriter") -> dict[str, int]:
     """Write quarantine.json (``[{"key", "category", "reason"}]``, by key); raise :class:`StepError` when too many images are corrupt or a split is
     empty. Returns the images per split."""
@@ -776,8 +782,8 @@ def _accept(inp: PreprocessInput, s3: Any, entries: list, quarantined: list[tupl
                     for i, v in sorted(quarantined, key=lambda q: q[0])])
     if len(quarantined) > inp.max_corrupt_fraction * total:
         raise StepError(
-            f"{len(quarantined)} of {total} images are corrupt ({len(quarantined) / total:.1%}), "
-            f"above max-corrupt-fraction {inp.max_corrupt_fraction:.1%}",
+            f"{len(quarantined)} of {total} images are corrupt ({len(quarantined) / total:.1%}: "
+            f"{quarantine_summary(quarantined)}), above max-corrupt-fraction {inp.max_corrupt_fraction:.1%}",
             f"see {join_uri(inp.output_uri, 'quarantine.json')}; fix the dataset or raise max-corrupt-fraction",
         )
     counts = {split: writer.counts[split] for split in ("train", "validation")}
@@ -898,6 +904,9 @@ def preprocess_timed(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> tu
             _remove_shards(s3, writer)
             raise
 
+    if quarantined:
+        log.info("quarantined %d of %d images (%s): %s", len(quarantined), len(entries), quarantine_summary(quarantined),
+                 join_uri(inp.output_uri, "quarantine.json"))
     out = _publish(inp, s3, manifest.labels, writer, counts, timings, len(quarantined), use_gpu, t_start)
     return out, timings
 
