@@ -1,7 +1,7 @@
 """C13: valid but unusual images are used, broken ones quarantined with a reason a person agrees with.
 
 The corpus (tests/tools/odd_images.py, generated, nothing downloaded) goes through the real steps as
-the pods run them: ``python -m pipectl.components.stage`` into a real S3 server (moto), then
+the pods run them: ``python -m pipectl.components.stage`` into a real S3 server (moto, and a real Ceph RGW), then
 ``python -m pipectl.components.preprocess`` (DALI on CPU). Per file: used or quarantined; for a
 quarantined one its category and reason; for a used one the pixels in the shard: 3 channels,
 upright (EXIF orientation applied), the known colours (alpha dropped, 16-bit scaled, CMYK and
@@ -31,6 +31,12 @@ IMAGE_SIZE = 32
 COLOUR_TOLERANCE = 12.0  # 8-bit levels, mean of a quadrant's centre (JPEG q95 + resize: measured <= 2)
 
 
+@pytest.fixture()
+def store(store_settings):
+    """The corpus test runs against moto's S3 server and a real Ceph RGW (a zero-byte object too)."""
+    return store_settings
+
+
 def _step(module: str, args: list[str], env: dict, tmp_path) -> tuple[dict, str]:
     """Run a step as its pod does; returns (its outputs, its log)."""
     out = tmp_path / f"out-{module.rsplit('.', 1)[1]}"
@@ -40,8 +46,14 @@ def _step(module: str, args: list[str], env: dict, tmp_path) -> tuple[dict, str]
     return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
 
 
-def test_C13_odd_images_are_used_and_broken_ones_quarantined_with_their_reason(settings, s3, step_env, tmp_path):
+def test_C13_odd_images_are_used_and_broken_ones_quarantined_with_their_reason(store, tmp_path):
     """C13: every corpus file through stage -> preprocess; each used or quarantined as the table says."""
+    import os
+
+    from pipectl.components.runtime import s3_client
+
+    settings, s3 = store, s3_client(store)
+    step_env = {**os.environ, **store.step_env()}
     corpus = write_corpus(tmp_path / "corpus")
     staged, _ = _step("pipectl.components.stage", ["--source-uri", str(tmp_path / "corpus"), "--bucket", settings.bucket],
                    step_env, tmp_path)
