@@ -179,6 +179,7 @@ def _check_png(data: bytes) -> Verdict | None:
     # CRC is refused by libpng (DALI's PNG decoder: "IDAT: CRC error"); an ancillary chunk's is only
     # a warning (the chunk is dropped), so it is not corruption. Bytes after IEND are ignored.
     pos, n, seen_idat = 8, len(data), False
+    view = memoryview(data)  # CRCs over slices without copying them
     while True:
         if pos + 8 > n:
             return Verdict(Corrupt.TRUNCATED, f"truncated: PNG ends after {n:,} bytes, without its IEND chunk")
@@ -191,7 +192,7 @@ def _check_png(data: bytes) -> Verdict | None:
             return Verdict(Corrupt.TRUNCATED, f"truncated: PNG ends inside its {name} chunk "
                                               f"({max(0, n - pos - 8):,} of {length:,} bytes)")
         if kind[0] & 0x20 == 0:  # critical chunk (upper-case first letter)
-            if zlib.crc32(data[pos + 4:end - 4]) & 0xFFFFFFFF != struct.unpack(">I", data[end - 4:end])[0]:
+            if zlib.crc32(view[pos + 4:end - 4]) & 0xFFFFFFFF != struct.unpack(">I", data[end - 4:end])[0]:
                 return Verdict(Corrupt.CORRUPT_DATA, f"corrupt data: CRC mismatch in the PNG's {name} chunk "
                                                      "(its bytes changed after it was written)")
         seen_idat |= kind == b"IDAT"
