@@ -76,6 +76,7 @@ def monitored(test_cluster, tmp_path_factory):
         if os.environ.get("PIPECTL_REQUIRE_CLUSTER") == "1":
             pytest.fail(msg)
         pytest.skip(msg)
+    t0 = time.monotonic()
     out = tmp_path_factory.mktemp("c12-render") / "argo"
     r = subprocess.run([str(PIPECTL), "render", "cluster", "--write", str(out)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -85,8 +86,14 @@ def monitored(test_cluster, tmp_path_factory):
             continue
         docs.extend(d for d in yaml.safe_load_all(f.read_text()) if d)
     test_cluster.apply(sorted(docs, key=lambda d: KIND_ORDER.get(d["kind"], 99)), field_manager="pipectl-tests")
+    from kubernetes import client
+
+    core = client.CoreV1Api(test_cluster.api_client())
+    # kube-controller-manager creates the namespace's default ServiceAccount; pods need it
+    test_cluster.wait_for("default ServiceAccount in pipectl", lambda: core.read_namespaced_service_account("default", "pipectl"))
     groups, panels = rendered(out)
     with Prometheus(tmp_path_factory.mktemp("c12-prometheus"), cluster_targets(test_cluster), rules=groups) as prom:
+        print(f"[timing] C12: render, apply and Prometheus up in {time.monotonic() - t0:.1f}s")
         yield test_cluster, prom, groups, panels
 
 
@@ -104,11 +111,11 @@ def _run_one_good_and_one_bad_pipeline(cluster, k8s_api) -> tuple[str, str]:
             raise
         core.replace_namespaced_config_map(TEST_OUTPUTS_CONFIGMAP, "pipectl", body)
     try:
-        r = _pipectl(cluster, "submit", "training", "--lane", "standard", "-p", "workers=2", "-p", "gpus-per-worker=1",
-                     "-p", "processes-per-worker=1", "--wait", "--output", "json")
-        assert r.returncode == 0, r.stdout + r.stderr
-        good = _last_json(r.stdout)["name"]
-        # the same template, every pod told by KWOK to exit 1 ("bad dataset"): validate fails at once
+        # the failing run first: Argo waits out the step's first retry backoff (40 s) before it
+        # evaluates the retry expression that turns a code failure down (operator.go
+        # processNodeRetries), so it ends after the good run, which runs meanwhile.
+        # The same template, every pod told by KWOK to exit 1 ("bad dataset"): validate fails.
+        t0 = time.monotonic()
         bad = custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", {
             "apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
             "metadata": {"generateName": "c12-bad-", "namespace": "pipectl", "labels": {"pipectl.io/lane": "batch"}},
@@ -116,6 +123,11 @@ def _run_one_good_and_one_bad_pipeline(cluster, k8s_api) -> tuple[str, str]:
                      "arguments": {"parameters": [{"name": "lane", "value": "batch"}]},
                      "podMetadata": {"annotations": {"pipectl.io/fail": "bad dataset", "pipectl.io/exit-code": "1"}}},
         })["metadata"]["name"]
+        r = _pipectl(cluster, "submit", "training", "--lane", "standard", "-p", "workers=2", "-p", "gpus-per-worker=1",
+                     "-p", "processes-per-worker=1", "--wait", "--output", "json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        good = _last_json(r.stdout)["name"]
+        t_good = time.monotonic() - t0
         deadline = time.monotonic() + 120
         while True:
             wf = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", bad)
@@ -124,6 +136,7 @@ def _run_one_good_and_one_bad_pipeline(cluster, k8s_api) -> tuple[str, str]:
             assert time.monotonic() < deadline, f"{bad} did not end: {wf.get('status')}"
             time.sleep(0.5)
         assert wf["status"]["phase"] == "Failed", wf["status"]
+        print(f"[timing] C12: good run Succeeded after {t_good:.1f}s, bad run Failed after {time.monotonic() - t0:.1f}s")
     finally:
         core.delete_namespaced_config_map(TEST_OUTPUTS_CONFIGMAP, "pipectl")
     return good, bad

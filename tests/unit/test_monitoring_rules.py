@@ -1,0 +1,233 @@
+"""Field case C12: the rendered alerts and dashboard panels, proven by Prometheus's own ``promtool``
+(Debian's ``prometheus`` 2.42; scripts/system-deps.sh group ``ui``) on recorded series.
+
+What the test cluster cannot have is proven here: dcgm-exporter's GPU series (no GPUs) and
+kube-state-metrics' pod series (not run). The series are written in each exporter's own names and
+labels (dcgm-exporter: etc/default-counters.csv; ``gpu``, ``UUID``, ``device``, ``modelName``,
+``Hostname``, and ``pod``/``namespace``/``container`` for a GPU a container holds; kube-state-metrics:
+``kube_pod_status_phase{namespace,pod,uid,phase}``, ``kube_pod_labels{namespace,pod,uid,label_*}``,
+``kube_pod_info{...,priority_class}``). Each alert fires on the bad case and stays silent on a
+healthy one; a GPU using 95 % of its memory is healthy (PyTorch's caching allocator holds that much).
+Argo's counters are proven live in tests/cluster/test_monitoring.py; the case of a counter series
+born with value 1 (C12's silent first failure) is also recorded here.
+
+Without promtool these tests skip (fail under PIPECTL_REQUIRE_CLUSTER=1, as ``make test`` sets).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipectl.pipelines.manifests import render_files
+from pipectl.pipelines.training import CompileConfig
+from tests.harness.prometheus import (absent_exporter, missing_binaries, panel_queries, promtool, rendered, rules,
+                                      split_threshold, write_rule_file)
+
+NS = CompileConfig().namespace
+
+
+@pytest.fixture(scope="module")
+def product(tmp_path_factory) -> tuple[Path, list[dict], list[dict]]:
+    """(folder, rule groups, panels): ``argo/`` as ``pipectl render cluster --write`` writes it, the
+    rule file for promtool in the folder."""
+    missing = missing_binaries()
+    if missing:
+        msg = f"Debian's prometheus package is missing ({', '.join(missing)}): scripts/system-deps.sh ui"
+        if os.environ.get("PIPECTL_REQUIRE_CLUSTER") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    out = tmp_path_factory.mktemp("c12-unit")
+    for rel, text in render_files(CompileConfig()).items():
+        (out / "argo" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / "argo" / rel).write_text(text)
+    groups, panels = rendered(out / "argo")
+    write_rule_file(groups, out / "rules.yaml")
+    return out, groups, panels
+
+
+def _promtool_test(folder: Path, tests: list[dict], name: str = "tests.yaml") -> None:
+    (folder / name).write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+                                               "tests": tests}, sort_keys=False))
+    r = promtool("test", "rules", name, cwd=folder)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _series(name: str, labels: dict[str, str], values: str) -> dict:
+    body = ", ".join(f'{k}="{v}"' for k, v in labels.items())
+    return {"series": f"{name}{{{body}}}", "values": values}
+
+
+# dcgm-exporter's labels for one GPU held by a container (pod mapping on), and for one no pod holds
+def _gpu(i: int, pod: str | None, namespace: str = NS) -> dict[str, str]:
+    labels = {"gpu": str(i), "UUID": f"GPU-0000000{i}-aaaa-bbbb-cccc-ddddeeeeffff", "device": f"nvidia{i}",
+              "modelName": "NVIDIA H200", "Hostname": "gpu-node-a"}
+    if pod:
+        labels |= {"namespace": namespace, "pod": pod, "container": "main"}
+    return labels
+
+
+HEALTHY, IDLE, OTHER_TEAM_IDLE, FREE_GPU = _gpu(0, "tr-abc-train-0-x-worker-0"), _gpu(1, "tr-abc-train-0-x-worker-1"), \
+    _gpu(2, "notebook-7", namespace="research"), _gpu(3, None)
+
+
+def test_C12_promtool_checks_the_rendered_rules(product):
+    folder, groups, _ = product
+    r = promtool("check", "rules", "rules.yaml", cwd=folder)
+    assert r.returncode == 0 and f"SUCCESS: {len(rules(groups))} rules found" in r.stdout, r.stdout + r.stderr
+
+
+def test_C12_every_alert_ends_in_a_threshold_and_no_gpu_memory_alert(product):
+    """The cluster test runs each alert's query without its threshold; and memory use is no alarm."""
+    _, groups, _ = product
+    for rule in rules(groups):
+        assert "record" in rule or split_threshold(rule["expr"]), rule
+        assert "DCGM_FI_DEV_FB_" not in rule["expr"], f"{rule.get('alert')}: high GPU memory is normal for PyTorch"
+
+
+def test_C12_gpu_alerts_fire_on_trouble_and_stay_silent_on_a_healthy_gpu_at_95_percent_memory(product):
+    folder, _, _ = product
+    fb_total_mib = 143_771  # an H200's framebuffer
+    series = [
+        # healthy training GPU: busy, 95 % of its memory used, no XID, no remap trouble; 2 rows remapped
+        # long ago (a counter that does not grow is history, not an alert)
+        _series("DCGM_FI_DEV_GPU_UTIL", HEALTHY, "93x40"),
+        _series("DCGM_FI_DEV_FB_USED", HEALTHY, f"{int(fb_total_mib * 0.95)}x40"),
+        _series("DCGM_FI_DEV_FB_FREE", HEALTHY, f"{fb_total_mib - int(fb_total_mib * 0.95)}x40"),
+        _series("DCGM_FI_DEV_XID_ERRORS", HEALTHY, "0x40"),
+        _series("DCGM_FI_DEV_ROW_REMAP_FAILURE", HEALTHY, "0x40"),
+        _series("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", HEALTHY, "2x40"),
+        # a training GPU that never works (dead data loader, hang before the first step), then XID 79
+        # (fallen off the bus) at 30 min, a failed row remap at 32 min, an uncorrectable error at 34
+        _series("DCGM_FI_DEV_GPU_UTIL", IDLE, "0x40"),
+        _series("DCGM_FI_DEV_XID_ERRORS", IDLE, "0x29 79x10"),
+        _series("DCGM_FI_DEV_ROW_REMAP_FAILURE", IDLE, "0x31 1x8"),
+        _series("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", IDLE, "0x33 1x6"),
+        # idle GPUs that are not a pipectl training pod's: another namespace's, and one no pod holds
+        _series("DCGM_FI_DEV_GPU_UTIL", OTHER_TEAM_IDLE, "0x40"),
+        _series("DCGM_FI_DEV_GPU_UTIL", FREE_GPU, "0x40"),
+    ]
+    idle_summary = (f"GPU 1 of pod {IDLE['pod']} on gpu-node-a below 5% utilisation for 10 minutes: "
+                    "data starvation or a hang")
+    alerts = [
+        # avg_over_time < 5 from the first sample, then `for: 10m`
+        {"eval_time": "9m", "alertname": "PipectlTrainingGPUIdle", "exp_alerts": []},
+        {"eval_time": "25m", "alertname": "PipectlTrainingGPUIdle",
+         "exp_alerts": [{"exp_labels": {**IDLE, "severity": "warning"}, "exp_annotations": {"summary": idle_summary}}]},
+        {"eval_time": "29m", "alertname": "PipectlGPUXidError", "exp_alerts": []},
+        {"eval_time": "31m", "alertname": "PipectlGPUXidError", "exp_alerts": [{
+            "exp_labels": {**IDLE, "severity": "critical"},
+            "exp_annotations": {"summary": f"GPU 1 on gpu-node-a reported XID 79 (pod {IDLE['pod']}): a driver-reported "
+                                           "GPU fault, see NVIDIA's XID catalogue"}}]},
+        {"eval_time": "31m", "alertname": "PipectlGPURowRemapFailure", "exp_alerts": []},
+        {"eval_time": "33m", "alertname": "PipectlGPURowRemapFailure", "exp_alerts": [{
+            "exp_labels": {**IDLE, "severity": "critical"},
+            "exp_annotations": {"summary": "GPU 1 on gpu-node-a can no longer remap failing memory rows: drain the node "
+                                           "and replace the GPU"}}]},
+        {"eval_time": "33m", "alertname": "PipectlGPUUncorrectableMemoryError", "exp_alerts": []},
+        {"eval_time": "36m", "alertname": "PipectlGPUUncorrectableMemoryError", "exp_alerts": [{
+            "exp_labels": {**IDLE, "severity": "critical"},
+            "exp_annotations": {"summary": "GPU 1 on gpu-node-a had an uncorrectable memory error (rows remapped): "
+                                           "drain the node and reset the GPU"}}]},
+    ]
+    # the healthy GPU (95 % memory) and the idle GPUs of others fire nothing, at any time
+    _promtool_test(folder, [{"interval": "1m", "input_series": series, "alert_rule_test": alerts}])
+    healthy_only = [s for s in series if f'pod="{HEALTHY["pod"]}"' in s["series"] or "research" in s["series"]
+                    or 'pod="' not in s["series"]]
+    quiet = [{"eval_time": t, "alertname": a, "exp_alerts": []}
+             for t in ("15m", "25m", "39m") for a in ("PipectlTrainingGPUIdle", "PipectlGPUXidError",
+                                                      "PipectlGPURowRemapFailure", "PipectlGPUUncorrectableMemoryError")]
+    _promtool_test(folder, [{"interval": "1m", "input_series": healthy_only, "alert_rule_test": quiet}], "quiet.yaml")
+
+
+def test_C12_training_pending_too_long_joins_kube_state_metrics_on_namespace_and_pod(product):
+    folder, _, _ = product
+    pending_s = CompileConfig().retry.scale_up_s
+    train = {"namespace": NS, "pod": "tr-abc-train-0-x-worker-0", "uid": "u1"}
+    pre = {"namespace": NS, "pod": "tr-abc-preprocess-1", "uid": "u2"}
+    same_name_elsewhere = {"namespace": "research", "pod": "tr-abc-preprocess-1", "uid": "u3"}
+    series = [
+        _series("kube_pod_status_phase", {**train, "phase": "Pending"}, "1x30"),
+        _series("kube_pod_status_phase", {**pre, "phase": "Pending"}, "1x30"),
+        _series("kube_pod_labels", {**train, "label_pipectl_io_step": "train"}, "1x30"),
+        _series("kube_pod_labels", {**pre, "label_pipectl_io_step": "preprocess"}, "1x30"),
+        # a train-labelled pod of the same name in another namespace must not make `pre` match
+        _series("kube_pod_labels", {**same_name_elsewhere, "label_pipectl_io_step": "train"}, "1x30"),
+    ]
+    before, after = f"{pending_s // 60 - 1}m", f"{pending_s // 60 + 2}m"
+    alerts = [
+        {"eval_time": before, "alertname": "PipectlTrainingPendingTooLong", "exp_alerts": []},
+        {"eval_time": after, "alertname": "PipectlTrainingPendingTooLong", "exp_alerts": [{
+            "exp_labels": {"namespace": NS, "pod": train["pod"], "severity": "critical"},
+            "exp_annotations": {"summary": f"training pod {train['pod']} Pending longer than the scale-up budget ({pending_s} s)"}}]},
+    ]
+    _promtool_test(folder, [{"interval": "1m", "input_series": series, "alert_rule_test": alerts}])
+
+
+def test_C12_workflow_failed_fires_on_the_first_failure_whose_counter_series_is_born_at_1(product):
+    """What the real controller does (seen in tests/cluster/test_monitoring.py): the series
+    ``argo_workflows_total_count{phase="Failed"}`` appears at the first failed workflow, with value 1.
+    ``increase()`` alone counts that as 0 and the alert never fired on it."""
+    folder, groups, _ = product
+    failed = {"namespace": NS, "phase": "Failed", "instance": "c:9090", "job": "workflow-controller"}
+    series = [_series("argo_workflows_total_count", failed, "_x5 1x20 2x15"),
+              _series("argo_workflows_total_count", {**failed, "phase": "Succeeded"}, "3x40")]
+    summary = "{v} pipectl workflow(s) ended Failed in the last 10 minutes"
+    fired = {"namespace": NS, "phase": "Failed", "severity": "warning"}
+    alerts = [
+        {"eval_time": "4m", "alertname": "PipectlWorkflowFailed", "exp_alerts": []},
+        {"eval_time": "7m", "alertname": "PipectlWorkflowFailed",
+         "exp_alerts": [{"exp_labels": fired, "exp_annotations": {"summary": summary.format(v=1)}}]},
+        {"eval_time": "20m", "alertname": "PipectlWorkflowFailed", "exp_alerts": []},  # > 10 min ago
+        {"eval_time": "27m", "alertname": "PipectlWorkflowFailed",  # the second failure, on an old series
+         "exp_alerts": [{"exp_labels": fired, "exp_annotations": {"summary": summary.format(v=1)}}]},
+    ]
+    old_expr = f'increase(argo_workflows_total_count{{phase="Failed", namespace="{NS}"}}[10m]) > 0'
+    exprs = [{"expr": old_expr, "eval_time": "7m", "exp_samples": []}]  # the expression before C12: silent
+    _promtool_test(folder, [{"interval": "1m", "input_series": series, "alert_rule_test": alerts,
+                             "promql_expr_test": exprs}])
+
+
+def test_C12_panels_over_absent_exporters_return_what_they_promise(product):
+    """Every panel the test cluster cannot feed (DCGM, kube-state-metrics) is evaluated by promtool on
+    recorded series; the counter panels, too, for series born inside the window."""
+    folder, _, panels = product
+    by_title = {title.split(" / ")[0]: expr for title, expr in panel_queries(panels)}
+    busy = _gpu(0, "tr-abc-train-0-x-worker-0")
+    series = [
+        _series("DCGM_FI_DEV_GPU_UTIL", busy, "90x20"),
+        _series("DCGM_FI_DEV_GPU_UTIL", FREE_GPU, "0x20"),
+        _series("kube_pod_status_phase", {"namespace": NS, "pod": "p1", "uid": "u1", "phase": "Pending"}, "1x20"),
+        _series("kube_pod_status_phase", {"namespace": NS, "pod": "p2", "uid": "u2", "phase": "Pending"}, "0x20"),
+        _series("kube_pod_info", {"namespace": NS, "pod": "p1", "uid": "u1", "node": "", "priority_class": "pipectl-urgent",
+                                  "created_by_kind": "Workflow", "created_by_name": "w"}, "1x20"),
+        _series("kube_pod_info", {"namespace": NS, "pod": "p2", "uid": "u2", "node": "n", "priority_class": "pipectl-batch",
+                                  "created_by_kind": "Workflow", "created_by_name": "w"}, "1x20"),
+        _series("argo_workflows_pipectl_step_attempts",
+                {"step": "stage", "class": "infrastructure", "status": "Error", "lane": "batch"}, "_x10 1x10"),
+        _series("argo_workflows_pipectl_step_failures_by_exit_code", {"step": "stage", "exit_code": "75"}, "_x10 1x10"),
+    ]
+    expected = {
+        "GPU utilisation of the namespace's pods (%)": [{"labels": f'{{pod="{busy["pod"]}"}}', "value": 90}],
+        "Pods waiting per lane (Pending, by PriorityClass)": [{"labels": '{priority_class="pipectl-urgent"}', "value": 1},
+                                                              {"labels": '{priority_class="pipectl-batch"}', "value": 0}],
+        "Attempts that did not succeed, by class (1h): infrastructure (Error: pod lost), failed":
+            [{"labels": '{class="infrastructure", step="stage"}', "value": 1}],
+        "Failed attempts by exit code (1h): 75 = declared transient, other = code":
+            [{"labels": '{exit_code="75", step="stage"}', "value": 1}],
+    }
+    absent = {t for t, e in by_title.items() if absent_exporter(e)}
+    assert absent <= set(expected), f"panels over exporters the test cluster lacks, not proven here: {absent - set(expected)}"
+    exprs = [{"expr": by_title[t], "eval_time": "15m", "exp_samples": s} for t, s in expected.items()]
+    _promtool_test(folder, [{"interval": "1m", "input_series": series, "promql_expr_test": exprs}])
+
+
+def test_C12_every_alert_over_an_absent_exporter_has_a_promtool_case(product):
+    """The cluster test sets these aside; this file must prove each of them."""
+    _, groups, _ = product
+    source = Path(__file__).read_text()
+    absent = [r["alert"] for r in rules(groups) if "alert" in r and absent_exporter(r["expr"])]
+    assert absent and all(f'"alertname": "{a}"' in source for a in absent), absent
