@@ -42,7 +42,7 @@ def test_corrupt_detection(tmp_path):
     good = buf.getvalue()
     assert is_corrupt(good) is None
     assert "truncated" in is_corrupt(good[: len(good) // 2])
-    assert is_corrupt(b"hello world") == "neither a JPEG nor a PNG"
+    assert is_corrupt(b"hello world") == "not an image: text (starts 'hello world')"
     assert is_corrupt(b"\xff\xd8" + b"\x00" * 50 + b"\xff\xd9") is not None
 
 
