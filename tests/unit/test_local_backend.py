@@ -154,3 +154,102 @@ def test_expression_tags_and_their_limits():
     assert substitute("{{=asInt(a) * 2 + 1}}", {"a": "4"}, where="t") == "9"
     with pytest.raises(TemplateError, match="beyond what the local backend evaluates"):
         substitute("{{=sprig.upper(a)}}", {"a": "x"}, where="t")
+
+
+# ---------------------------------------------------------------- resume (issue 12)
+
+COUNT = {
+    "name": "count",
+    "inputs": {"parameters": [{"name": "text"}, {"name": "log"}]},
+    "container": {
+        "image": "x",
+        "command": ["python", "-c"],
+        "args": ["import sys, os; open(sys.argv[2], 'a').write('ran\\n'); os.makedirs(sys.argv[3], exist_ok=True); "
+                 "open(sys.argv[3] + '/out', 'w').write(sys.argv[1] + '+')",
+                 "{{inputs.parameters.text}}", "{{inputs.parameters.log}}", "/tmp/outputs"],
+    },
+    "outputs": {"parameters": [{"name": "out", "valueFrom": {"path": "/tmp/outputs/out"}}]},
+}
+
+
+def _chain(tmp_path, flaky_marker):
+    """a -> b -> c; b fails (exit 1) while ``flaky_marker`` is missing; each task appends to <task>.log."""
+    flaky = {**COUNT, "name": "flaky", "container": {**COUNT["container"], "args": [
+        f"import os, sys; os.path.exists({str(flaky_marker)!r}) or sys.exit(1); " + COUNT["container"]["args"][0], *COUNT["container"]["args"][1:]]}}
+
+    def task(name, template, text, deps=()):
+        return {"name": name, "template": template, "dependencies": list(deps), "arguments": {"parameters": [
+            {"name": "text", "value": text}, {"name": "log", "value": str(tmp_path / f"{name}.log")}]}}
+
+    return _wf([task("a", "count", "{{workflow.parameters.greeting}}"),
+                task("b", "flaky", "{{tasks.a.outputs.parameters.out}}", ["a"]),
+                task("c", "count", "{{tasks.b.outputs.parameters.out}}", ["b"])],
+               [COUNT, flaky], [{"name": "greeting", "value": "hi"}])
+
+
+def test_a_resumed_run_skips_succeeded_tasks_and_feeds_their_recorded_outputs(tmp_path):
+    """Issue 12: the record (run.json) keeps each finished task's outputs; resuming runs only what
+    did not succeed, under the same workflow name and uid, and c sees a's output through b."""
+    from pipectl.pipelines.backends.runner import RunRecord
+
+    marker = tmp_path / "fixed"
+    wf = _chain(tmp_path, marker)
+    first = LocalRunner(wf, {"greeting": "yo"}, {}, tmp_path / "runs").run()
+    assert first.phase == "Failed" and [n.task for n in first.nodes] == ["a", "b"]
+    record = RunRecord.load(first.workdir / "run.json")
+    assert record.phase == "Failed" and record.tasks["a"]["outputs"] == {"out": "yo+"} and record.tasks["b"]["phase"] == "Failed"
+
+    marker.touch()
+    second = LocalRunner(wf, {"greeting": "yo"}, {}, tmp_path / "runs", resume=record).run()
+    assert second.phase == "Succeeded" and (second.workflow_name, second.workflow_uid) == (first.workflow_name, first.workflow_uid)
+    assert [(n.task, n.reused) for n in second.nodes] == [("a", True), ("b", False), ("c", False)]
+    assert second.node("c").outputs["out"] == "yo+++"
+    assert (tmp_path / "a.log").read_text() == "ran\n"  # a ran once, in the first execution
+    assert (tmp_path / "b.log").read_text() == "ran\n"  # b's first execution failed before writing
+    after = RunRecord.load(first.workdir / "run.json")
+    assert after.phase == "Succeeded" and after.executions == 2
+    assert [e["execution"] for e in after.tasks["a"]["executions"]] == [1]
+    assert [(e["execution"], e["phase"]) for e in after.tasks["b"]["executions"]] == [(1, "Failed"), (2, "Succeeded")]
+    assert (first.workdir / "b.resume1" / "main.log").exists()  # the resumed execution's own folder
+
+
+def test_resume_with_other_parameters_or_template_is_refused(tmp_path):
+    from pipectl.pipelines.backends.runner import RunRecord
+
+    wf = _chain(tmp_path, tmp_path / "never")
+    first = LocalRunner(wf, {"greeting": "yo"}, {}, tmp_path / "runs").run()
+    record = RunRecord.load(first.workdir / "run.json")
+    with pytest.raises(LocalBackendError, match=r"other parameters: greeting='yo' \(now 'hey'\)"):
+        LocalRunner(wf, {"greeting": "hey"}, {}, tmp_path / "runs", resume=record)
+    with pytest.raises(LocalBackendError, match="another compiled workflow"):
+        LocalRunner(_chain(tmp_path, tmp_path / "other"), {"greeting": "yo"}, {}, tmp_path / "runs", resume=record)
+
+
+def test_an_interrupted_run_is_recorded_as_interrupted(tmp_path):
+    """Ctrl-C (KeyboardInterrupt) during task b: the record says Interrupted, b Interrupted, a's outputs kept."""
+    from pipectl.pipelines.backends.runner import RunRecord
+
+    def on_event(kind, task, node):
+        if kind == "start" and task == "b":
+            raise KeyboardInterrupt
+
+    runner = LocalRunner(_chain(tmp_path, tmp_path / "fixed"), {}, {}, tmp_path / "runs", on_event)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run()
+    record = RunRecord.load(runner.workdir / "run.json")
+    assert record.phase == "Interrupted" and record.tasks["a"]["outputs"] == {"out": "hi+"}
+    assert record.tasks["b"]["phase"] == "Interrupted"
+
+
+def test_a_dag_template_as_a_task_runs_its_tasks_with_its_inputs(tmp_path):
+    """The train step's shape (training.py train-retry): a DAG template around a leaf template,
+    inputs passed through; the inner task named like the outer one uses its folder."""
+    inner = {"name": "wrap", "inputs": {"parameters": [{"name": "text"}]},
+             "dag": {"tasks": [{"name": "t", "template": "echo", "arguments": {"parameters": [
+                 {"name": "text", "value": "{{inputs.parameters.text}}-in"}]}}]},
+             "outputs": {"parameters": [{"name": "out", "valueFrom": {"parameter": "{{tasks.t.outputs.parameters.out}}"}}]}}
+    wf = _wf([{"name": "t", "template": "wrap", "arguments": {"parameters": [{"name": "text", "value": "x"}]}}], [inner, ECHO])
+    result = LocalRunner(wf, {}, {}, tmp_path / "runs").run()
+    assert result.phase == "Succeeded", result.node("t").message
+    assert result.node("t").outputs == {"out": "X-IN"}
+    assert (result.workdir / "t" / "outputs" / "out").read_text() == "X-IN"

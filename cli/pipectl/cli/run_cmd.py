@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,21 +31,32 @@ _CAUSE = re.compile(r"^(error|hint): |^[A-Za-z_.]+(Error|Exception): ")
 @click.option("--bucket", default=None, help="Bucket for datasets, shards, checkpoints. [default: pipectl]")
 @click.option("--mlflow-uri", default=None, help="MLflow tracking URI. Default: start an embedded MLflow server.")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Folder for local state. [default: .pipectl]")
+@click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[RUN]",
+              help="Continue the state folder's last run (or RUN, the workflow name a run printed) that was "
+                   "interrupted or failed: finished steps are not run again, training continues from its checkpoint. "
+                   "Parameters, --launcher and the store must be the run's (omit them).")
 @launcher_option
 @output_option
 @needs_steps_extra("pipectl run")
-def run(pipeline: str, params: tuple[str, ...], parameter_file: Path | None, output_format: str, launcher: str | None, **opts: Any) -> None:
+def run(pipeline: str, params: tuple[str, ...], parameter_file: Path | None, output_format: str, launcher: str | None,
+        resume: str | None, **opts: Any) -> None:
     """Run PIPELINE on this machine with the embedded local backend (same compiled workflow).
-    Needs the steps' dependencies: pip install 'pipectl[steps]'."""
+    Needs the steps' dependencies: pip install 'pipectl[steps]'.
+
+    Interrupted (Ctrl-C, SIGTERM, SIGHUP) it stops every process it started; `--resume` continues it.
+    Exit codes: 0 Succeeded, 1 the workflow Failed, 2 bad input or nothing to resume, 3 a service
+    is unreachable, 128+N stopped by signal N."""
     parameters = training_parameters(params, parameter_file)
-    result = _run_with_progress(parameters, {k: v for k, v in opts.items() if v is not None}, launcher, console())
+    resume_arg: str | bool = False if resume is None else (resume or True)
+    result = _run_with_progress(parameters, {k: v for k, v in opts.items() if v is not None}, launcher, console(), resume_arg)
     if output_format == "json":
         click.echo(json.dumps(result, indent=2, sort_keys=True))
     if result["phase"] != "Succeeded":
         sys.exit(1)
 
 
-def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str | None, console: Any) -> dict[str, Any]:
+def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str | None, console: Any,
+                       resume: str | bool = False) -> dict[str, Any]:
     """Run with progress on ``console``; returns the summary dict (see pipelines.backends.local)."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -60,7 +73,7 @@ def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str |
         else:
             if task not in ids:  # skipped (`when` false): never started
                 ids[task] = progress.add_task(task, total=1)
-            mark = {"Succeeded": "[green]✓[/]", "Skipped": "[dim]–[/]"}.get(node.phase, "[red]✗[/]")
+            mark = "[green]↺[/]" if node.reused else {"Succeeded": "[green]✓[/]", "Skipped": "[dim]–[/]"}.get(node.phase, "[red]✗[/]")
             progress.update(ids[task], description=f"{mark} {task} [dim]{node.message}[/]", completed=1)
 
     def on_services(urls: dict[str, str]) -> None:
@@ -74,8 +87,13 @@ def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str |
     # SIGTERM (kill, systemd), SIGHUP (the terminal closed): stop everything this run started;
     # SIGINT (Ctrl-C) arrives as KeyboardInterrupt and unwinds the same way (exit 130).
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    started = time.time()
     try:
-        summary = run_training_locally(parameters, settings, on_event, on_services, **({"launcher": launcher} if launcher else {}))
+        summary = run_training_locally(parameters, settings, on_event, on_services, launcher=launcher, resume=resume)
+    except (KeyboardInterrupt, SystemExit):
+        progress.stop()
+        _print_resume_hint(settings, started, console)
+        raise
     finally:
         progress.stop()
         for sig, handler in previous.items():
@@ -83,6 +101,24 @@ def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str |
 
     (_print_failure if summary["phase"] != "Succeeded" else _print_summary)(summary, console)
     return summary
+
+
+def _print_resume_hint(settings: Any, since: float, console: Any) -> None:
+    """After an interruption: how to continue the run, when this command's run was recorded as
+    Interrupted (not when it was stopped before its run started). Best effort: the terminal may be gone."""
+    from pipectl.components.errors import PipectlError
+    from pipectl.pipelines.backends.local import resumable_run
+
+    try:
+        record = resumable_run(Path(settings.state_dir).resolve())
+    except PipectlError:
+        return
+    if record.phase == "Interrupted" and (record.finished_at or 0) >= since:
+        done = [t for t, v in record.tasks.items() if v.get("phase") == "Succeeded"]
+        where = "" if Path(settings.state_dir) == Path(".pipectl") else f" --state-dir {settings.state_dir}"
+        with contextlib.suppress(Exception):
+            console.print(f"[yellow]run {record.name} can be resumed[/]: pipectl run training{where} --resume"
+                          + (f" (done: {', '.join(done)})" if done else ""), soft_wrap=True)
 
 
 def _print_failure(summary: dict[str, Any], console: Any) -> None:
@@ -99,6 +135,7 @@ def _print_failure(summary: dict[str, Any], console: Any) -> None:
     if causes:  # under torchrun the real error sits above its ChildFailedError boilerplate
         console.print("cause: " + "\n       ".join(dict.fromkeys(causes[-4:])), markup=False, style="bold")
     console.print(f"[dim]log: {failed['log']}[/]")
+    console.print("[dim]once the cause is fixed, `pipectl run training --resume` continues from this step[/]")
 
 
 def _print_summary(summary: dict[str, Any], console: Any) -> None:

@@ -2,6 +2,13 @@
 
 Order matters for "bad input changes nothing": parameters and the dataset are validated, and
 configured endpoints are probed, before any service starts or any byte is written.
+
+``pipectl run --resume [RUN]`` continues a run of the state folder that did not succeed
+(interrupted by a signal, or Failed): :func:`resumable_run` picks it and says why when nothing can
+be resumed, the parameters, launcher and store must be the ones it ran with (exit 2 otherwise),
+the embedded S3 server gets back the objects saved when the run stopped, and the runner skips
+the tasks that Succeeded (:class:`~pipectl.pipelines.backends.runner.RunRecord`). The train step
+then continues from the run's last checkpoint (same workflow name: same run prefix).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from typing import Any, Callable, Iterator
 
 from pipectl.components.contracts import RunSettings, TrainingParameters
 from pipectl.components.errors import PipectlError, Unreachable, ValidationFailed
-from pipectl.pipelines.backends.runner import LocalRunner, NodeResult, RunResult
+from pipectl.pipelines.backends.runner import RECORD_FILE, LocalRunner, NodeResult, RunRecord, RunResult
 from pipectl.pipelines.launchers import DEFAULT_LAUNCHER
 from pipectl.pipelines.substitution import TemplateError
 
@@ -139,7 +146,8 @@ def summarise(result: RunResult, parameters: TrainingParameters) -> dict[str, An
         "phase": result.phase,
         "workdir": str(result.workdir),
         "steps": [
-            {"task": n.task, "phase": n.phase, "exit_code": n.exit_code, "duration_s": round(n.duration_s, 2), "message": n.message, "log": str(n.log_path)}
+            {"task": n.task, "phase": n.phase, "exit_code": n.exit_code, "duration_s": round(n.duration_s, 2), "message": n.message,
+             "log": str(n.log_path), "reused": n.reused}
             for n in result.nodes
         ],
     }
@@ -214,49 +222,186 @@ def state_lock(state_dir: Path) -> Iterator[None]:
         yield
 
 
+S3_SNAPSHOT = "s3-snapshot"
+"""Folder, in a run's folder, that keeps the embedded S3 server's objects of a run that did not succeed."""
+
+
+def _store(settings: RunSettings) -> dict[str, str]:
+    """Where a run keeps its data, as recorded for resume (no credentials: URLs are redacted)."""
+    from pipectl.components.errors import redact_credentials
+
+    embedded_s3 = settings.s3_endpoint is None and settings.s3_access_key is None
+    return {
+        "s3": "embedded" if embedded_s3 else redact_credentials(settings.s3_endpoint or "AWS S3"),
+        "mlflow": "embedded" if settings.mlflow_uri is None else redact_credentials(settings.mlflow_uri),
+        "bucket": settings.bucket,
+    }
+
+
+def resumable_run(state_dir: Path, name: str | None = None) -> RunRecord:
+    """The run ``pipectl run --resume [NAME]`` continues: run ``name`` of ``state_dir``, or the most
+    recently started one when ``name`` is None. It must not have Succeeded, and when it used the
+    embedded S3 server its saved objects must be there.
+
+    Raises :class:`ValidationFailed` (exit 2), with a hint, when there is nothing to resume: no
+    state folder or no run in it, no run ``name``, the run Succeeded, or its embedded S3 objects
+    were not saved (the process was killed with SIGKILL, or the machine stopped).
+    """
+    from pipectl.pipelines.backends.services import s3_snapshot_path
+
+    runs = state_dir / "runs"
+    records: list[RunRecord] = []
+    for path in sorted(runs.glob(f"*/{RECORD_FILE}")) if runs.is_dir() else []:
+        try:
+            records.append(RunRecord.load(path))
+        except (OSError, ValueError, TypeError):
+            continue  # not a record of this version: nothing we can resume
+    resumable = [r for r in sorted(records, key=lambda r: r.started_at, reverse=True) if r.phase != "Succeeded"]
+    others = f"; resumable runs here: {', '.join(r.name for r in resumable[:5])} (--resume NAME)" if resumable else ""
+    if name is None:
+        if not records:
+            raise ValidationFailed(f"nothing to resume: no run in the state folder {state_dir}",
+                                   "start one with `pipectl run training` (pass --state-dir if it ran elsewhere)")
+        record = max(records, key=lambda r: r.started_at)
+    else:
+        found = [r for r in records if r.name == name]
+        if not found:
+            raise ValidationFailed(f"nothing to resume: no run {name!r} in the state folder {state_dir}",
+                                   "name a run of this folder (its runs/ subfolders)" + others)
+        record = found[0]
+    if record.phase == "Succeeded":
+        raise ValidationFailed(f"nothing to resume: the {'last ' if name is None else ''}run, {record.name}, Succeeded",
+                               "start a new run with `pipectl run training`" + others)
+    done = [t for t, v in record.tasks.items() if v.get("phase") == "Succeeded"]
+    if record.extra.get("store", {}).get("s3") == "embedded" and done and s3_snapshot_path(runs / record.name / S3_SNAPSHOT) is None:
+        raise ValidationFailed(
+            f"run {record.name} cannot be resumed: the embedded S3 server's objects were not saved when it stopped "
+            "(killed with SIGKILL, or the machine stopped)",
+            "start a new run; with --s3-endpoint (a persistent store such as Ceph RGW) a run is resumable after any crash",
+        )
+    return record
+
+
+def _resume_parameters(record: RunRecord, given: TrainingParameters) -> TrainingParameters:
+    """The interrupted run's parameters; exit 2 naming each parameter ``given`` explicitly set
+    (``model_fields_set``: ``-p``/``--parameter-file``) to another value than the run had."""
+    from pipectl.components.contracts import kebab
+
+    now = given.as_arguments()
+    changed = [kebab(f) for f in sorted(given.model_fields_set) if now[kebab(f)] != record.parameters.get(kebab(f))]
+    if changed:
+        raise ValidationFailed(
+            f"run {record.name} ran with other parameters: "
+            + ", ".join(f"{k}={record.parameters.get(k)} (asked: {now[k]})" for k in changed),
+            "resume with the run's own parameters (omit -p), or start a new run with `pipectl run training`",
+        )
+    try:
+        return TrainingParameters.from_overrides(dict(record.parameters))
+    except ValueError as e:
+        raise ValidationFailed(f"run {record.name}'s recorded parameters are not valid for this pipectl: {e}",
+                               "start a new run with `pipectl run training`") from e
+
+
+def _check_same_store(record: RunRecord, settings: RunSettings) -> None:
+    """Exit 2 when ``settings`` point at another S3 store, bucket or MLflow server than ``record``'s run used."""
+    was, now = record.extra.get("store", {}), _store(settings)
+    changed = [k for k in ("s3", "bucket", "mlflow") if was.get(k) != now[k]]
+    if changed:
+        raise ValidationFailed(
+            f"run {record.name} kept its data elsewhere: "
+            + ", ".join(f"{k} {was.get(k)} (now {now[k]})" for k in changed),
+            "resume with the same --s3-endpoint/--bucket/--mlflow-uri as the run (omit them if it used the embedded services)",
+        )
+
+
 def run_training_locally(
     parameters: TrainingParameters,
     settings: RunSettings,
     on_event: Callable[[str, str, NodeResult | None], None] | None = None,
     on_services: Callable[[dict[str, str]], None] | None = None,
     *,
-    launcher: str = DEFAULT_LAUNCHER,
+    launcher: str | None = None,
+    resume: str | bool = False,
 ) -> dict[str, Any]:
     """Run the compiled ``training`` workflow on this machine; returns :func:`summarise`'s dict.
 
-    Raises :class:`ValidationFailed` (bad dataset), :class:`Unreachable` (configured endpoints
-    down), :class:`PipectlError` (an embedded service failed to start).
+    ``launcher``: the gang launcher (None: the default, or the resumed run's).
+    ``resume``: False for a new run; True to resume the state folder's last run; a workflow name to
+    resume that run (see :func:`resumable_run`). Parameters explicitly set in ``parameters`` must
+    equal the resumed run's.
+
+    Raises :class:`ValidationFailed` (bad dataset; nothing to resume; resume with other parameters,
+    launcher or store), :class:`Unreachable` (configured endpoints down), :class:`PipectlError` (an
+    embedded service failed to start).
     """
-    from pipectl.pipelines.backends.services import S3_ACCESS_KEY, S3_SECRET_KEY, EmbeddedServices, ServiceStartError
+    from pipectl.pipelines.backends.services import (
+        S3_ACCESS_KEY, S3_SECRET_KEY, EmbeddedServices, ServiceStartError, load_s3_snapshot, remove_s3_snapshot,
+        s3_snapshot_path, save_s3_snapshot,
+    )
     from pipectl.pipelines.training import CompileConfig, build_training
 
-    preflight(parameters, settings)
-    template = build_training(CompileConfig(bucket=settings.bucket, launcher=launcher)).to_dict()
     state_dir = Path(settings.state_dir).resolve()
-    try:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        probe = state_dir / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ValidationFailed(f"state folder {state_dir} is not usable ({e.strerror or e})", "pass --state-dir a writable folder") from e
-    embed_s3 = settings.s3_endpoint is None and settings.s3_access_key is None
-    try:
-        services = EmbeddedServices(state_dir, s3=embed_s3, mlflow=settings.mlflow_uri is None)
-        with state_lock(state_dir), services:
+    record: RunRecord | None = None
+    with contextlib.ExitStack() as stack:
+        if resume is not False:
+            if not (state_dir / "runs").is_dir():
+                raise ValidationFailed(f"nothing to resume: no run in the state folder {state_dir}",
+                                       "start one with `pipectl run training` (pass --state-dir if it ran elsewhere)")
+            stack.enter_context(state_lock(state_dir))  # before reading: the run may still be going
+            record = resumable_run(state_dir, None if resume is True else str(resume))
+            parameters = _resume_parameters(record, parameters)
+            recorded_launcher = record.extra.get("launcher", DEFAULT_LAUNCHER)
+            if launcher is not None and launcher != recorded_launcher:
+                raise ValidationFailed(f"run {record.name} ran with --launcher {recorded_launcher}, not {launcher}",
+                                       f"resume with --launcher {recorded_launcher} (or omit it)")
+            launcher = recorded_launcher
+            _check_same_store(record, settings)
+        launcher = launcher or DEFAULT_LAUNCHER
+        preflight(parameters, settings)
+        template = build_training(CompileConfig(bucket=settings.bucket, launcher=launcher)).to_dict()
+        if record is not None and record.template != template:
+            raise ValidationFailed(f"run {record.name} ran another compiled workflow than this pipectl compiles",
+                                   "resume it with the pipectl version that started it, or start a new run")
+        if record is None:
+            try:
+                state_dir.mkdir(parents=True, exist_ok=True)
+                probe = state_dir / ".write-test"
+                probe.write_text("")
+                probe.unlink()
+            except OSError as e:
+                raise ValidationFailed(f"state folder {state_dir} is not usable ({e.strerror or e})", "pass --state-dir a writable folder") from e
+            stack.enter_context(state_lock(state_dir))
+        embed_s3 = settings.s3_endpoint is None and settings.s3_access_key is None
+        try:
+            services = stack.enter_context(EmbeddedServices(state_dir, s3=embed_s3, mlflow=settings.mlflow_uri is None))
             update: dict[str, Any] = {}
             if services.s3_url:
                 update.update(s3_endpoint=services.s3_url, s3_access_key=S3_ACCESS_KEY, s3_secret_key=S3_SECRET_KEY)
             if services.mlflow_url:
                 update["mlflow_uri"] = services.mlflow_url
             effective = settings.model_copy(update=update)
+            if record is not None and services.s3_url and s3_snapshot_path(state_dir / "runs" / record.name / S3_SNAPSHOT):
+                load_s3_snapshot(services.s3_url, state_dir / "runs" / record.name / S3_SNAPSHOT)
             if on_services:
                 on_services({k: v for k, v in (("s3", effective.s3_endpoint), ("mlflow", effective.mlflow_uri)) if v})
             # Steps inherit this environment (as a pod inherits its image's), plus the store settings.
-            runner = LocalRunner(template, parameters.as_arguments(), {**os.environ, **effective.step_env()}, state_dir / "runs", on_event)
-            result = runner.run()
-    except ServiceStartError as e:
-        raise PipectlError(f"{e}", f"see {e.log_path}") from e
-    except TemplateError as e:
-        raise ValidationFailed(f"the compiled workflow cannot run locally: {e}") from e
+            runner = LocalRunner(template, parameters.as_arguments(), {**os.environ, **effective.step_env()}, state_dir / "runs", on_event,
+                                 resume=record, extra={"launcher": launcher, "store": _store(settings)})
+            snapshot = runner.workdir / S3_SNAPSHOT
+            try:
+                result = runner.run()
+            except BaseException:
+                if services.s3_url:  # the run can be resumed: keep the embedded S3's objects
+                    with contextlib.suppress(Exception):  # the interruption is what the caller must see
+                        save_s3_snapshot(services.s3_url, snapshot)
+                raise
+            if services.s3_url:
+                if result.phase == "Succeeded":
+                    remove_s3_snapshot(snapshot)  # nothing left to resume
+                else:
+                    save_s3_snapshot(services.s3_url, snapshot)
+        except ServiceStartError as e:
+            raise PipectlError(f"{e}", f"see {e.log_path}") from e
+        except TemplateError as e:
+            raise ValidationFailed(f"the compiled workflow cannot run locally: {e}") from e
     return summarise(result, parameters)

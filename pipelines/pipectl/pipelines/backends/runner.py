@@ -16,20 +16,32 @@ What a container filesystem would give a pod is mapped, and only that: the image
 ``python``/``torchrun`` are this interpreter's; the output folder ``/tmp/outputs`` is a per-task
 folder (like a volume mount); pods share the host network, so a fixed ``MASTER_PORT`` is
 replaced by a free port. Anything the local backend cannot honour is an error, not a skip.
+
+Every run keeps a record, ``<workdir>/run.json`` (:class:`RunRecord`), rewritten atomically after
+each task: workflow name and uid, parameters, the compiled template, each task's phase, outputs
+and executions. A run that did not succeed can be resumed from it (``LocalRunner(...,
+resume=record)``): same workflow name and uid (so the same run prefix in the store, the same
+MLflow run, the same registration key), Succeeded tasks are not run again and their recorded
+outputs feed their dependants, the others run again. This is Argo's ``argo retry`` /
+``resubmit --memoized`` for one machine.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import shutil
 import sys
+import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+import contextlib
 
 import yaml
 
@@ -56,6 +68,8 @@ class NodeResult:
     log_path: Path | None = None
     message: str = ""
     attempts: int = 1
+    reused: bool = False
+    """True when the task Succeeded in an earlier (interrupted) execution of this run and was not run again."""
 
 
 @dataclass
@@ -68,6 +82,67 @@ class RunResult:
 
     def node(self, task: str) -> NodeResult | None:
         return next((n for n in self.nodes if n.task == task), None)
+
+
+RECORD_FILE = "run.json"
+
+
+def write_json_atomic(path: Path, doc: Any) -> None:
+    """Write ``doc`` as JSON to ``path`` so a reader sees the old file or the new one, never a part:
+    a temporary file in the same folder, fsync, ``os.replace``, fsync of the folder (POSIX rename
+    is atomic within a file system; the fsyncs make it survive a power loss)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+@dataclass
+class RunRecord:
+    """The durable record of one local run, ``<state>/runs/<workflow name>/run.json``.
+
+    ``phase``: Running (or the process was killed), Succeeded, Failed, Interrupted (a signal or
+    Ctrl-C unwound it). ``started_at``: Unix time (s) of the first execution. ``executions``: how many
+    times the run was started (1 + resumes). ``tasks``: task name -> ``{"phase", "exit_code",
+    "outputs", "message", "attempts", "log", "started_at", "finished_at", "duration_s",
+    "executions": [{"execution", "phase", "started_at", "finished_at"}]}`` (times in Unix seconds;
+    ``executions`` lists every time the task actually ran, a reused task is not listed again).
+    ``extra``: what the caller wants kept (the local backend: launcher, store, compile settings).
+    """
+
+    name: str
+    uid: str
+    parameters: dict[str, str]
+    template: dict[str, Any]
+    phase: str = "Running"
+    started_at: float = 0.0
+    finished_at: float | None = None
+    executions: int = 0
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, workdir: Path) -> None:
+        write_json_atomic(workdir / RECORD_FILE, asdict(self))
+
+    @classmethod
+    def load(cls, path: Path) -> "RunRecord":
+        """Read ``path`` (a ``run.json``). Raises OSError, ValueError (not JSON) or TypeError (not a record)."""
+        return cls(**json.loads(path.read_text()))
+
+    def succeeded(self, task: str) -> bool:
+        return (self.tasks.get(task) or {}).get("phase") == "Succeeded"
 
 
 def _topological(tasks: list[dict]) -> list[dict]:
@@ -103,6 +178,10 @@ class LocalRunner:
     ``env``: environment for every step process (the store settings as ``PIPECTL_*``).
     ``workdir``: where per-task folders and logs go.
     ``on_event(kind, task, node_or_none)``: progress callback; kind is "start" or "end".
+    ``resume``: the record of an earlier run of the same template (:class:`RunRecord`) to continue:
+    its name, uid and parameters are kept; ``parameters`` must resolve to the same values
+    (LocalBackendError otherwise), as must ``template``.
+    ``extra``: kept in the record's ``extra`` (a new run only).
     """
 
     def __init__(
@@ -112,13 +191,16 @@ class LocalRunner:
         env: dict[str, str],
         workdir: Path,
         on_event: Callable[[str, str, NodeResult | None], None] | None = None,
+        *,
+        resume: RunRecord | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         self.template = template
         self.spec = template["spec"]
         self.templates = {t["name"]: t for t in self.spec["templates"]}
         base = template["metadata"]["name"].rsplit("-v", 1)[0]
-        self.workflow_name = f"{base}-{secrets.token_hex(3)[:5]}"
-        self.workflow_uid = str(uuid.uuid4())
+        self.workflow_name = resume.name if resume else f"{base}-{secrets.token_hex(3)[:5]}"
+        self.workflow_uid = resume.uid if resume else str(uuid.uuid4())
         self.workdir = workdir / self.workflow_name
         self.env = env
         self.on_event = on_event or (lambda *a: None)
@@ -130,19 +212,37 @@ class LocalRunner:
         for name, p in declared.items():
             if p.get("enum") and self.parameters[name] not in p["enum"]:
                 raise LocalBackendError(f"parameter {name}={self.parameters[name]!r} not in {p['enum']}")
+        if resume is not None:
+            if resume.template != template:
+                raise LocalBackendError(f"run {resume.name} ran another compiled workflow; it can only be resumed with the same one")
+            changed = sorted(k for k in set(resume.parameters) | set(self.parameters) if resume.parameters.get(k) != self.parameters.get(k))
+            if changed:
+                raise LocalBackendError(f"run {resume.name} ran with other parameters: "
+                                        + ", ".join(f"{k}={resume.parameters.get(k)!r} (now {self.parameters.get(k)!r})" for k in changed))
+        self.record = resume or RunRecord(self.workflow_name, self.workflow_uid, dict(self.parameters), template,
+                                          started_at=time.time(), extra=dict(extra or {}))
 
     # ------------------------------------------------------------------ run
 
     def run(self) -> RunResult:
+        """Execute the entry DAG (or what is left of it when resuming); the record is saved after
+        every task. A BaseException (Ctrl-C, a signal turned into SystemExit) marks the record
+        Interrupted, and the task it hit as well, before it propagates."""
         entry = self.templates.get(self.spec["entrypoint"])
         if entry is None or "dag" not in entry:
             raise LocalBackendError(f"entrypoint {self.spec['entrypoint']!r} must be a DAG template")
+        order = _topological(entry["dag"]["tasks"])
         self.workdir.mkdir(parents=True, exist_ok=True)
-        # What was executed, for `pipectl render` comparisons and post-mortems.
-        (self.workdir / "workflow.json").write_text(
-            json.dumps({"name": self.workflow_name, "uid": self.workflow_uid, "parameters": self.parameters,
-                        "template": self.template}, indent=2, sort_keys=True)
-        )
+        record = self.record
+        record.executions += 1
+        record.phase, record.finished_at = "Running", None
+        if record.executions == 1:
+            # What was executed, for `pipectl render` comparisons and post-mortems.
+            (self.workdir / "workflow.json").write_text(
+                json.dumps({"name": self.workflow_name, "uid": self.workflow_uid, "parameters": self.parameters,
+                            "template": self.template}, indent=2, sort_keys=True)
+            )
+        record.save(self.workdir)
         values = {
             "workflow.name": self.workflow_name,
             "workflow.uid": self.workflow_uid,
@@ -150,28 +250,81 @@ class LocalRunner:
             **{f"workflow.parameters.{k}": v for k, v in self.parameters.items()},
         }
         nodes: list[NodeResult] = []
-        for task in _topological(entry["dag"]["tasks"]):
-            name = task["name"]
-            args = {
-                p["name"]: substitute(str(p.get("value", "")), values, where=f"task {name}")
-                for p in task.get("arguments", {}).get("parameters", [])
-            }
-            if "when" in task and not evaluate_when(substitute(task["when"], values, where=f"task {name} when"), name):
-                node = NodeResult(name, task["template"], "Skipped", 0, 0.0, message=f"when '{task['when']}' is false")
+        current: str | None = None
+        started = 0.0
+        try:
+            for task in order:
+                name = task["name"]
+                if record.succeeded(name):
+                    node = self._reused(name, task["template"])
+                    nodes.append(node)
+                    self.on_event("end", name, node)
+                    for out_name, out_value in node.outputs.items():
+                        values[f"tasks.{name}.outputs.parameters.{out_name}"] = out_value
+                    continue
+                args = {
+                    p["name"]: substitute(str(p.get("value", "")), values, where=f"task {name}")
+                    for p in task.get("arguments", {}).get("parameters", [])
+                }
+                if "when" in task and not evaluate_when(substitute(task["when"], values, where=f"task {name} when"), name):
+                    node = NodeResult(name, task["template"], "Skipped", 0, 0.0, message=f"when '{task['when']}' is false")
+                    nodes.append(node)
+                    self._record(node, time.time(), ran=False)
+                    self.on_event("end", name, node)
+                    continue
+                current, started = name, time.time()
+                self.on_event("start", name, None)
+                node = self._run_template(name, self.templates[task["template"]], args, values)
+                current = None
                 nodes.append(node)
+                self._record(node, started, ran=True)
                 self.on_event("end", name, node)
-                continue
-            self.on_event("start", name, None)
-            node = self._run_template(name, self.templates[task["template"]], args, values)
-            nodes.append(node)
-            self.on_event("end", name, node)
-            if node.phase != "Succeeded":
-                return RunResult(self.workflow_name, self.workflow_uid, "Failed", nodes, self.workdir)
-            for out_name, out_value in node.outputs.items():
-                values[f"tasks.{name}.outputs.parameters.{out_name}"] = out_value
-        return RunResult(self.workflow_name, self.workflow_uid, "Succeeded", nodes, self.workdir)
+                if node.phase != "Succeeded":
+                    return self._finish("Failed", nodes)
+                for out_name, out_value in node.outputs.items():
+                    values[f"tasks.{name}.outputs.parameters.{out_name}"] = out_value
+        except BaseException:
+            with contextlib.suppress(Exception):
+                if current is not None:
+                    self._record(NodeResult(current, "", "Interrupted", -1, time.time() - started,
+                                            log_path=self._taskdir(current, 0) / "main.log", message="interrupted"), started, ran=True)
+                record.phase, record.finished_at = "Interrupted", time.time()
+                record.save(self.workdir)
+            raise
+        return self._finish("Succeeded", nodes)
 
-    def _run_template(self, task: str, tmpl: dict, args: dict[str, str], values: dict[str, str]) -> NodeResult:
+    def _finish(self, phase: str, nodes: list[NodeResult]) -> RunResult:
+        self.record.phase, self.record.finished_at = phase, time.time()
+        self.record.save(self.workdir)
+        return RunResult(self.workflow_name, self.workflow_uid, phase, nodes, self.workdir)
+
+    def _taskdir(self, task: str, attempt: int) -> Path:
+        """``<task>``; a retry ``<task>(n)`` as Argo names it; in the k-th resumed execution ``<task>.resume<k>``."""
+        name = task if self.record.executions <= 1 else f"{task}.resume{self.record.executions - 1}"
+        return self.workdir / (name if attempt == 0 else f"{name}({attempt})")
+
+    def _reused(self, task: str, template: str) -> NodeResult:
+        done = self.record.tasks[task]
+        return NodeResult(task, template, "Succeeded", 0, float(done.get("duration_s", 0.0)), dict(done.get("outputs", {})),
+                          Path(done["log"]) if done.get("log") else None,
+                          "finished before the run was interrupted: not run again", int(done.get("attempts", 1)), reused=True)
+
+    def _record(self, node: NodeResult, started: float, *, ran: bool) -> None:
+        finished = time.time()
+        previous = self.record.tasks.get(node.task, {}).get("executions", [])
+        self.record.tasks[node.task] = {
+            "phase": node.phase, "exit_code": node.exit_code, "outputs": node.outputs, "message": node.message,
+            "attempts": node.attempts, "log": str(node.log_path) if node.log_path else None,
+            "started_at": started, "finished_at": finished, "duration_s": round(node.duration_s, 3),
+            "executions": previous + ([{"execution": self.record.executions, "phase": node.phase,
+                                        "started_at": started, "finished_at": finished}] if ran else []),
+        }
+        self.record.save(self.workdir)
+
+    def _run_template(self, task: str, tmpl: dict, args: dict[str, str], values: dict[str, str],
+                      dirname: str | None = None) -> NodeResult:
+        """Run ``tmpl`` for ``task`` with its input ``args``; its files go to the folder ``dirname``
+        (default ``task``) of the run's workdir."""
         inputs: dict[str, str] = {}
         for p in tmpl.get("inputs", {}).get("parameters", []):
             if p["name"] in args:
@@ -180,11 +333,14 @@ class LocalRunner:
                 inputs[p["name"]] = str(p.get("value", p.get("default")))
             else:
                 raise LocalBackendError(f"task {task}: input parameter {p['name']!r} has no value")
+        if "dag" in tmpl:
+            return self._run_dag_template(task, tmpl, {**values, **{f"inputs.parameters.{k}": v for k, v in inputs.items()}},
+                                          dirname or task)
         limit = int((tmpl.get("retryStrategy") or {}).get("limit", 0))
         attempt = 0
         while True:
             scope = {**values, "retries": str(attempt), **{f"inputs.parameters.{k}": v for k, v in inputs.items()}}
-            taskdir = self.workdir / task if attempt == 0 else self.workdir / f"{task}({attempt})"
+            taskdir = self._taskdir(dirname or task, attempt)
             taskdir.mkdir(parents=True, exist_ok=True)
             if "container" in tmpl:
                 node = self._run_container(task, tmpl, scope, taskdir)
@@ -199,6 +355,43 @@ class LocalRunner:
                 return node
             attempt += 1
             time.sleep(1)
+
+    def _run_dag_template(self, task: str, tmpl: dict, scope: dict[str, str], dirname: str) -> NodeResult:
+        """A DAG template used as a task's template (the train step's ``train-retry`` around the
+        ``train`` resource template): its tasks in dependency order, ``{{inputs.parameters.*}}`` of
+        the DAG in scope; the first one that does not succeed ends it with its phase and exit code.
+        An inner task named like ``task`` uses ``task``'s folder, others ``<task>.<inner>``.
+        Outputs: the template's ``outputs.parameters[].valueFrom.parameter`` expressions.
+
+        The DAG template's own ``retryStrategy`` is not applied locally: its inner templates' are
+        (exit 75 within their limit); an attempt here ends Succeeded or Failed, never Error (no pod
+        is deleted or refused), and Argo's retry of a DAG node sees the same phases."""
+        t0 = time.perf_counter()
+        values = dict(scope)
+        last: NodeResult | None = None
+        for inner in _topological(tmpl["dag"]["tasks"]):
+            name = inner["name"]
+            args = {p["name"]: substitute(str(p.get("value", "")), values, where=f"task {task}.{name}")
+                    for p in inner.get("arguments", {}).get("parameters", [])}
+            if "when" in inner and not evaluate_when(substitute(inner["when"], values, where=f"task {task}.{name} when"), name):
+                continue
+            if inner["template"] not in self.templates:
+                raise LocalBackendError(f"task {task}.{name}: no template {inner['template']!r}")
+            last = self._run_template(f"{task}.{name}" if name != task else task, self.templates[inner["template"]], args, values,
+                                      dirname if name == task else f"{dirname}.{name}")
+            if last.phase != "Succeeded":
+                return NodeResult(task, tmpl["name"], last.phase, last.exit_code, time.perf_counter() - t0,
+                                  log_path=last.log_path, message=last.message, attempts=last.attempts)
+            for out_name, out_value in last.outputs.items():
+                values[f"tasks.{name}.outputs.parameters.{out_name}"] = out_value
+        node = NodeResult(task, tmpl["name"], "Succeeded", 0, time.perf_counter() - t0, log_path=last.log_path if last else None,
+                          message=last.message if last else "", attempts=last.attempts if last else 1)
+        for p in tmpl.get("outputs", {}).get("parameters", []):
+            expr = (p.get("valueFrom") or {}).get("parameter")
+            if expr is None:
+                raise LocalBackendError(f"task {task}: DAG output {p['name']!r} needs valueFrom.parameter")
+            node.outputs[p["name"]] = substitute(expr, values, where=f"task {task} output {p['name']}")
+        return node
 
     # ------------------------------------------------------------------ containers
 
