@@ -8,9 +8,13 @@ vc-scheduler every second, with the rendered PrometheusRule loaded as its rule f
 training-v1 template runs once to the end (``pipectl submit --wait``) and once fails in its first
 step (exit 1, the code's fault). Then, for what ``pipectl render cluster`` writes:
 
-* every Grafana panel query returns at least one series;
+* every Grafana panel query returns at least one series; one over a counter (``increase``,
+  ``rate``) a non-zero one: the run's events are counted (Argo creates a counter's series at its
+  first event with value 1, and ``increase()`` alone counted that event as 0);
 * every alert's query (the expression without its final threshold) returns at least one series,
-  and the alert that the run provokes (a failed workflow) fires in Prometheus itself;
+  Prometheus evaluates every rule without an error, and the alert that the run provokes (a failed
+  workflow) fires in Prometheus itself;
+* the bare custom-metric name (the wrong query of C12) returns nothing;
 * expressions over exporters this cluster cannot have (DCGM: no GPUs; kube-state-metrics: not
   run) are set aside only when none of their metric names exists in this Prometheus; they are
   proven on recorded series with ``promtool test rules`` (tests/unit/test_monitoring_rules.py).
@@ -143,6 +147,7 @@ def _run_one_good_and_one_bad_pipeline(cluster, k8s_api) -> tuple[str, str]:
 
 
 def test_C12_every_panel_and_alert_returns_series_from_a_real_controller_and_volcano(monitored, k8s_api):
+    """C12, on the real workflow-controller and vc-scheduler: see the module docstring."""
     cluster, prom, groups, panels = monitored
     if not cluster.volcano_ok:
         pytest.skip(f"Volcano did not start: {cluster.errors}")
@@ -152,7 +157,7 @@ def test_C12_every_panel_and_alert_returns_series_from_a_real_controller_and_vol
     except TimeoutError as e:
         raise AssertionError(f"scrape targets: {prom.targets_up()}") from e
     assert set(prom.targets_up()) == {"workflow-controller", "vc-scheduler"}, prom.targets_up()
-    good, bad = _run_one_good_and_one_bad_pipeline(cluster, k8s_api)
+    _run_one_good_and_one_bad_pipeline(cluster, k8s_api)
     t_run = time.monotonic() - t0
 
     live_names = set(prom.api("label/__name__/values"))
@@ -190,6 +195,12 @@ def test_C12_every_panel_and_alert_returns_series_from_a_real_controller_and_vol
         assert split, f"alert {rule['alert']}: expression does not end in a threshold: {rule['expr']!r}"
         must_return_series(f"alert {rule['alert']} (query without its threshold)", split[0])
     assert not empty, "queries that return no series from a real Prometheus:\n" + "\n".join(empty)
+
+    # Prometheus evaluated every rule without an error (a join that matches many-to-many, say, is
+    # an error only at evaluation time)
+    loaded = [r for g in prom.api("rules")["groups"] for r in g["rules"]]
+    assert len(loaded) == len(rules(groups)), loaded
+    assert all(r["health"] == "ok" for r in loaded), [(r["name"], r["health"], r.get("lastError")) for r in loaded]
 
     # the run's failed workflow makes the workflow-failure alert fire in Prometheus itself
     def firing():
