@@ -198,6 +198,7 @@ class RealNode:
         self._t0 = 0.0
         self._lock_fd: int | None = None
         self._net_done = False
+        self.kubelet_overrides: dict[str, object] = {}
 
     @classmethod
     def for_cluster(cls, c: TestCluster, run_dir: Path, **kw) -> RealNode:
@@ -292,6 +293,13 @@ class RealNode:
                     shutil.rmtree(p, ignore_errors=True)
                 else:
                     p.unlink(missing_ok=True)
+
+    def restart_kubelet(self, **config: object) -> None:
+        """Restart the kubelet with these KubeletConfiguration fields replaced (none: the file's
+        own). Running pods keep running (containerd holds them; the new kubelet adopts them)."""
+        self.kubelet_overrides = dict(config)
+        self.components.stop("kubelet", STOP_GRACE_S)
+        self._start_kubelet()
 
     def __enter__(self) -> RealNode:  # noqa: PYI034
         return self.start()
@@ -463,6 +471,7 @@ state = "{r / 'containerd-state'}"
         conf.update(address=GATEWAY, port=kp, healthzPort=hp, containerRuntimeEndpoint=f"unix://{self.sock}",
                     clusterDNS=[GATEWAY], clusterDomain=CLUSTER_DOMAIN, resolvConf=str(r / "resolv.conf"),
                     podLogsDir=str(r / "pod-logs"))
+        conf.update(self.kubelet_overrides)
         (r / "kubelet.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
         return r / "kubelet.yaml"
 

@@ -533,6 +533,124 @@ def _lose_a_gang_pod_mid_training(services, c, core) -> str:
     return name
 
 
+def _gang_job_of_run(c, run: str, new: str) -> dict:
+    """The product's gang job exactly as the train step of workflow ``run`` created it (the cluster's
+    training-v1 manifest, that node's input parameters), for a fresh run named ``new``: same
+    shards, its own run prefix (so training starts at step 0), no workflow owner."""
+    import re
+
+    custom = _custom(c)
+    wft = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflowtemplates", "training-v1")
+    manifest = next(t["resource"]["manifest"] for t in wft["spec"]["templates"] if "resource" in t)
+    wf = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", run)
+    node = next(n for n in wf["status"]["nodes"].values()
+                if any(p["name"] == "shards-uri" for p in (n.get("inputs") or {}).get("parameters", [])))
+    params = {p["name"]: p["value"].replace(run, new) if p["name"] == "run-uri" else p["value"]
+              for p in node["inputs"]["parameters"]}
+    text = re.sub(r"\{\{inputs\.parameters\.([\w-]+)\}\}", lambda m: params[m.group(1)], manifest)
+    text = re.sub(r"\{\{=[^}]*\}\}", "e0", text.replace("{{workflow.name}}", new).replace("{{retries}}", "0"))
+    assert "{{" not in text, text
+    job = yaml.safe_load(text)
+    job["metadata"]["namespace"] = NS
+    return job
+
+
+def _node_memory_available(c) -> int:
+    """The kubelet's own memory.available signal (bytes): the summary API's node.memory.availableBytes."""
+    from kubernetes import client
+
+    api = nd._api(c.kubeconfig)
+    try:
+        r = client.CoreV1Api(api).connect_get_node_proxy_with_path(nd.NODE_NAME, "stats/summary", _preload_content=False)
+        return int(json.loads(r.data)["node"]["memory"]["availableBytes"])
+    finally:
+        api.close()
+
+
+def test_C07_node_pressure_eviction_by_the_real_kubelet_restarts_the_gang_from_its_checkpoint(services, project, real_cluster, core):
+    """Issue 12 / C07 on the real node: the kubelet itself evicts a training pod under memory
+    pressure. The product's gang job (as the training run's train step created it) trains; the
+    kubelet is restarted with a memory.available threshold 1 GiB below what it measures now, and a
+    2 GiB process on the host (outside Kubernetes) crosses it: the kubelet evicts a gang pod — the
+    pod stays, phase Failed, reason Evicted; printed as the kubelet wrote it —, Volcano restarts the
+    whole gang (PodFailed is not PodEvicted: before issue 12's fix PodFailed -> TerminateJob ended
+    the job), the hog goes, the kubelet gets its usual threshold back, and the restarted workers
+    resume from the checkpoint and complete."""
+    c, node = real_cluster
+    run = RUNS.get("training")
+    if run is None:
+        pytest.skip("needs the training run of test_training_pipeline_on_real_pods (its shards)")
+    s3 = services["ceph"].s3_client()
+    name = f"evict-{int(time.time()) % 100000}"
+    job = _gang_job_of_run(c, run, name)
+    job_name = job["metadata"]["name"]
+    every = 10
+    cmd = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["command"]
+    for flag, value in (("--epochs", "40"), ("--checkpoint-every-steps", str(every))):
+        cmd[cmd.index(flag) + 1] = value
+    custom = _custom(c)
+    custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", job)
+    hog = None
+    latest_key = f"runs/{name}/checkpoints/latest.json"
+
+    def checkpointed():
+        try:
+            return json.loads(s3.get_object(Bucket="pipectl", Key=latest_key)["Body"].read())
+        except s3.exceptions.NoSuchKey:
+            return None
+    try:
+        c.wait_for("a checkpoint at step >= 20", lambda: (ck := checkpointed()) and ck["step"] >= 2 * every, timeout_s=900)
+        gang = {p.metadata.uid for p in core.list_namespaced_pod(NS, label_selector=f"volcano.sh/job-name={job_name}").items}
+        available = _node_memory_available(c)
+        threshold_mi = (available >> 20) - 1024
+        default_hard = yaml.safe_load(nd.KUBELET_CONFIG.read_text())["evictionHard"]
+        node.restart_kubelet(evictionHard={**default_hard, "memory.available": f"{threshold_mi}Mi"},
+                             evictionPressureTransitionPeriod="5s")
+        hog = subprocess.Popen([sys.executable, "-c", f"import time\nx = b'\\x01' * {2 << 30}\ntime.sleep(900)"])
+        t0 = time.monotonic()
+
+        def evicted():
+            pods = core.list_namespaced_pod(NS, label_selector=f"volcano.sh/job-name={job_name}").items
+            return next((p for p in pods if p.metadata.uid in gang and p.status.reason == "Evicted"), None)
+        victim = c.wait_for("the kubelet to evict a gang pod", evicted, timeout_s=120)
+        at_eviction = checkpointed()
+        hog.kill()
+        hog.wait()
+        hog = None
+        node.restart_kubelet()  # the usual threshold back
+        st = victim.status
+        seen = {"phase": st.phase, "reason": st.reason, "message": st.message,
+                "conditions": [(x.type, x.status, x.reason) for x in st.conditions or []],
+                "containers": [{"name": cs.name, "terminated": cs.state.terminated and
+                                {"exitCode": cs.state.terminated.exit_code, "reason": cs.state.terminated.reason},
+                                "waiting": cs.state.waiting and cs.state.waiting.reason} for cs in st.container_statuses or []]}
+        _timings_line("kubelet eviction", {"after_s": round(time.monotonic() - t0, 1), "threshold_mi": threshold_mi,
+                                           "pod_status_as_written": seen, "checkpoint_step": at_eviction["step"]})
+        assert st.phase == "Failed" and st.reason == "Evicted", seen
+        assert "low on resource: memory" in (st.message or ""), seen
+
+        def ended():
+            j = custom.get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", job_name)
+            return j if j.get("status", {}).get("state", {}).get("phase") in ("Completed", "Failed", "Terminated", "Aborted") else None
+        done = c.wait_for("the gang job to end", ended, timeout_s=1200, interval_s=2)
+        print("volcano job status:", json.dumps({k: done["status"].get(k) for k in ("state", "retryCount")}))
+        assert done["status"]["state"]["phase"] == "Completed" and done["status"].get("retryCount", 0) >= 1, done["status"]
+        pods = core.list_namespaced_pod(NS, label_selector=f"volcano.sh/job-name={job_name}").items
+        assert not gang & {p.metadata.uid for p in pods}, "every pod of the first generation must be replaced"
+        rank0 = next(p for p in pods if p.metadata.name.endswith("-worker-0"))
+        resumed = [ln for ln in core.read_namespaced_pod_log(rank0.metadata.name, NS).splitlines() if "resuming from checkpoint" in ln]
+        assert resumed, "the restarted gang did not resume from its checkpoint"
+        step = int(resumed[-1].split("(step ")[1].split()[0])
+        assert step >= at_eviction["step"], (step, at_eviction)
+        _timings_line("eviction restart", {"resumed_from_step": step, "volcano_retry_count": done["status"].get("retryCount")})
+    finally:
+        if hog is not None:
+            hog.kill()
+        if node.kubelet_overrides:
+            node.restart_kubelet()
+        custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", job_name)
+
+
 # -- faults on real pods -------------------------------------------------------------------------
 
 
