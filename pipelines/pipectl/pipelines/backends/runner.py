@@ -114,7 +114,7 @@ class RunRecord:
     """The durable record of one local run, ``<state>/runs/<workflow name>/run.json``.
 
     ``phase``: Running (or the process was killed), Succeeded, Failed, Interrupted (a signal or
-    Ctrl-C unwound it). ``started_at``: Unix time (s) of the first execution. ``executions``: how many
+    Ctrl-C unwound it), Error (the runner itself raised). ``started_at``: Unix time (s) of the first execution. ``executions``: how many
     times the run was started (1 + resumes). ``tasks``: task name -> ``{"phase", "exit_code",
     "outputs", "message", "attempts", "log", "started_at", "finished_at", "duration_s",
     "executions": [{"execution", "phase", "started_at", "finished_at"}]}`` (times in Unix seconds;
@@ -227,7 +227,7 @@ class LocalRunner:
     def run(self) -> RunResult:
         """Execute the entry DAG (or what is left of it when resuming); the record is saved after
         every task. A BaseException (Ctrl-C, a signal turned into SystemExit) marks the record
-        Interrupted, and the task it hit as well, before it propagates."""
+        Interrupted (any other exception: Error), and the task it hit as well, before it propagates."""
         entry = self.templates.get(self.spec["entrypoint"])
         if entry is None or "dag" not in entry:
             raise LocalBackendError(f"entrypoint {self.spec['entrypoint']!r} must be a DAG template")
@@ -283,12 +283,15 @@ class LocalRunner:
                     return self._finish("Failed", nodes)
                 for out_name, out_value in node.outputs.items():
                     values[f"tasks.{name}.outputs.parameters.{out_name}"] = out_value
-        except BaseException:
+        except BaseException as e:
+            # Ctrl-C or a signal: Interrupted; anything else (this runner's own error): Error, as Argo calls it.
+            phase = "Interrupted" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "Error"
             with contextlib.suppress(Exception):
                 if current is not None:
-                    self._record(NodeResult(current, "", "Interrupted", -1, time.time() - started,
-                                            log_path=self._taskdir(current, 0) / "main.log", message="interrupted"), started, ran=True)
-                record.phase, record.finished_at = "Interrupted", time.time()
+                    self._record(NodeResult(current, "", phase, -1, time.time() - started, log_path=self._taskdir(current, 0) / "main.log",
+                                            message="interrupted" if phase == "Interrupted" else f"{type(e).__name__}: {e}"),
+                                 started, ran=True)
+                record.phase, record.finished_at = phase, time.time()
                 record.save(self.workdir)
             raise
         return self._finish("Succeeded", nodes)
@@ -307,7 +310,7 @@ class LocalRunner:
         done = self.record.tasks[task]
         return NodeResult(task, template, "Succeeded", 0, float(done.get("duration_s", 0.0)), dict(done.get("outputs", {})),
                           Path(done["log"]) if done.get("log") else None,
-                          "finished before the run was interrupted: not run again", int(done.get("attempts", 1)), reused=True)
+                          "Succeeded in an earlier execution of this run: not run again", int(done.get("attempts", 1)), reused=True)
 
     def _record(self, node: NodeResult, started: float, *, ran: bool) -> None:
         finished = time.time()
