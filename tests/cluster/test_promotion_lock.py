@@ -1,0 +1,78 @@
+"""Field case C08 on the control plane: two workflows of the same model whose register steps would
+overlap run them one after the other (the register template's Argo mutex, one per model name:
+pipelines/pipectl/pipelines/training.py REGISTER_MUTEX), on the real Argo v4.0.5 controller.
+Which model then holds `champion` is the register step's own compare-and-verify, shown on the real
+MLflow server (tests/integration/test_register.py test_C08_...); here: the controller never lets
+two promotions of one model run at once, and a third workflow of ANOTHER model is not held back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.cluster.test_control_plane import (  # noqa: F401 - fixtures
+    _custom,
+    _pipectl,
+    _wait_phase,
+    project_applied,
+    training_outputs_supplied,
+)
+
+NS = "pipectl"
+REGISTER_S = 6  # how long KWOK keeps each register pod running
+
+
+def _register_pods(wf: dict) -> list[dict]:
+    return [n for n in wf["status"].get("nodes", {}).values() if n["type"] == "Pod" and n.get("templateName") == "register"]
+
+
+def test_C08_two_workflows_of_one_model_promote_one_at_a_time(project_applied, training_outputs_supplied, test_cluster, k8s_api):
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    custom = _custom(k8s_api)
+    original = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflowtemplates", "training-v1")
+    slow = json.loads(json.dumps(original))
+    register = next(t for t in slow["spec"]["templates"] if t["name"] == "register")
+    register.setdefault("metadata", {}).setdefault("annotations", {})["pipectl.io/run-duration"] = f"{REGISTER_S}s"
+    custom.replace_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflowtemplates", "training-v1", slow)
+    try:
+        names = []
+        for model in ("digits-cnn", "digits-cnn", "other-model"):
+            r = _pipectl(test_cluster, "submit", "training", "-p", "workers=1", "-p", "gpus-per-worker=1",
+                         "-p", "processes-per-worker=1", "-p", f"model-name={model}", "--output", "json")
+            assert r.returncode == 0, r.stderr
+            names.append(json.loads(r.stdout)["name"])
+        waited: dict[str, str] = {}
+        deadline = time.monotonic() + 240
+        done: dict[str, dict] = {}
+        while len(done) < len(names):
+            assert time.monotonic() < deadline, f"workflows did not end: {set(names) - set(done)}"
+            for name in names:
+                if name in done:
+                    continue
+                wf = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
+                for n in wf["status"].get("nodes", {}).values():
+                    if n.get("templateName") == "register" and "Waiting for" in (n.get("message") or ""):
+                        waited[name] = n["message"]
+                if wf["status"].get("phase") in ("Succeeded", "Failed", "Error"):
+                    done[name] = wf
+            time.sleep(0.5)
+        for name, wf in done.items():
+            assert wf["status"]["phase"] == "Succeeded", (name, wf["status"].get("message"))
+        a, b, other = ([(p["startedAt"], p["finishedAt"]) for p in _register_pods(done[n])] for n in names)
+        assert len(a) == len(b) == len(other) == 1, (a, b, other)
+        (a0, a1), (b0, b1) = a[0], b[0]
+        print(f"register of one model: {a[0]} and {b[0]}; lock waits seen: {waited}")
+        assert a1 <= b0 or b1 <= a0, f"the two promotions of digits-cnn overlapped: {a[0]} {b[0]}"
+        mutex = "pipectl-register-digits-cnn"
+        assert any(mutex in m for m in waited.values()), waited  # the controller held one back on the mutex
+        assert names[2] not in waited, "a promotion of another model must not wait for digits-cnn's lock"
+    finally:
+        current = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflowtemplates", "training-v1")
+        original["metadata"] = {"name": "training-v1", "namespace": NS, "resourceVersion": current["metadata"]["resourceVersion"],
+                                "labels": original["metadata"].get("labels", {}),
+                                "annotations": original["metadata"].get("annotations", {})}
+        custom.replace_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflowtemplates", "training-v1", original)
