@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from tests.harness.argoexec import TEST_OUTPUTS_CONFIGMAP
-from tests.harness.prometheus import (Prometheus, absent_exporter, cluster_targets, metric_names, missing_binaries,
+from tests.harness.prometheus import (Prometheus, absent_exporter, cluster_targets, metric_names, require_binaries,
                                       panel_queries, rendered, rules, split_threshold)
 
 pytestmark = pytest.mark.cluster
@@ -74,12 +74,7 @@ def _last_json(text: str):
 def monitored(test_cluster, tmp_path_factory):
     """(cluster, Prometheus, rule groups, panels): the product rendered now (``pipectl render cluster
     --write``), its manifests applied, Prometheus scraping the cluster with the rendered rules."""
-    missing = missing_binaries()
-    if missing:
-        msg = f"Debian's prometheus package is missing ({', '.join(missing)}): scripts/system-deps.sh ui"
-        if os.environ.get("PIPECTL_REQUIRE_CLUSTER") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
+    require_binaries()
     t0 = time.monotonic()
     out = tmp_path_factory.mktemp("c12-render") / "argo"
     r = subprocess.run([str(PIPECTL), "render", "cluster", "--write", str(out)], capture_output=True, text=True, timeout=60)

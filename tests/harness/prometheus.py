@@ -53,6 +53,21 @@ def missing_binaries() -> list[str]:
     return [b for b in (PROMETHEUS, PROMTOOL) if shutil.which(b) is None]
 
 
+def require_binaries() -> None:
+    """Skip the calling test when Debian's prometheus package is missing; fail it instead under
+    ``PIPECTL_REQUIRE_CLUSTER=1`` (``make test`` installs the package: scripts/system-deps.sh ui)."""
+    import os
+
+    import pytest
+
+    missing = missing_binaries()
+    if missing:
+        msg = f"Debian's prometheus package is missing ({', '.join(missing)}): scripts/system-deps.sh ui"
+        if os.environ.get("PIPECTL_REQUIRE_CLUSTER") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
 def metric_names(expr: str) -> set[str]:
     """Metric names in a PromQL expression, of the exporters the product queries (argo_workflows_*,
     volcano_*, DCGM_*, kube_*); label names and functions are not matched."""

@@ -16,7 +16,6 @@ Without promtool these tests skip (fail under PIPECTL_REQUIRE_CLUSTER=1, as ``ma
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ import yaml
 
 from pipectl.pipelines.manifests import render_files
 from pipectl.pipelines.training import CompileConfig
-from tests.harness.prometheus import (absent_exporter, missing_binaries, panel_queries, promtool, rendered, rules,
+from tests.harness.prometheus import (absent_exporter, require_binaries, panel_queries, promtool, rendered, rules,
                                       split_threshold, write_rule_file)
 
 NS = CompileConfig().namespace
@@ -34,12 +33,7 @@ NS = CompileConfig().namespace
 def product(tmp_path_factory) -> tuple[Path, list[dict], list[dict]]:
     """(folder, rule groups, panels): ``argo/`` as ``pipectl render cluster --write`` writes it, the
     rule file for promtool in the folder."""
-    missing = missing_binaries()
-    if missing:
-        msg = f"Debian's prometheus package is missing ({', '.join(missing)}): scripts/system-deps.sh ui"
-        if os.environ.get("PIPECTL_REQUIRE_CLUSTER") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
+    require_binaries()
     out = tmp_path_factory.mktemp("c12-unit")
     for rel, text in render_files(CompileConfig()).items():
         (out / "argo" / rel).parent.mkdir(parents=True, exist_ok=True)
