@@ -588,6 +588,122 @@ def test_urgent_lane_preempts_batch_gangs_filling_every_gpu(project_applied, tra
             custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs", b)
 
 
+C10_LANES = "pipectl-c10-lanes"
+"""The test's own lane semaphore ConfigMap (urgent: 1 slot), so the shared ``pipectl-lanes`` stays as applied."""
+
+
+def _c10_workflow(name: str, cfg) -> dict:
+    """A Workflow running ONLY the compiled train step (entrypoint: the task's template, with its
+    retries, its attempt template and its lane semaphore) for the urgent lane, a gang of 1 pod x 1
+    GPU; the semaphore read from :data:`C10_LANES`."""
+    from pipectl.components.names import SEMAPHORE_CONFIGMAP
+    from pipectl.pipelines.training import build_training
+
+    wt = build_training(cfg).to_dict()
+    entry = next(t for t in wt["spec"]["templates"] if t["name"] == wt["spec"]["entrypoint"])
+    step = next(t for t in entry["dag"]["tasks"] if t["name"] == "train")["template"]
+    text = json.dumps(wt["spec"]).replace(json.dumps(SEMAPHORE_CONFIGMAP), json.dumps(C10_LANES))
+    spec = json.loads(text)
+    overrides = {"lane": "urgent", "workers": "1", "gpus-per-worker": "1", "processes-per-worker": "1",
+                 "shards-uri": "s3://pipectl/runs/c10/shards/", "run-uri": f"s3://pipectl/runs/{name}"}
+    params = {p["name"]: p.get("value", "") for p in spec["arguments"]["parameters"]} | overrides
+    spec["arguments"] = {"parameters": [{"name": k, "value": v} for k, v in params.items()]}
+    spec["entrypoint"] = step
+    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+            "metadata": {"name": name, "namespace": "pipectl"}, "spec": spec}
+
+
+def test_C10_a_lane_slot_is_free_while_a_failed_train_attempt_waits_to_retry(
+        project_applied, train_pod_annotations, test_cluster, k8s_api):
+    """C10 on the real controller: the urgent lane has ONE slot (semaphore size 1). Workflow A's
+    train attempt holds it; B waits. A's launcher pod is deleted (a node loss: Error "pod deleted"),
+    and A waits out its retry backoff (15 s: scale_up_s=225). Right: B acquires the slot and its
+    gang job is created DURING A's backoff; A's retried attempt then waits for the slot again
+    (its job only after B's train step ended), and both Succeed. Before the fix (retry with
+    backoff and semaphore on one template) A kept the slot through the backoff and B's job came
+    only after A's retried attempt."""
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    from kubernetes import client
+
+    from pipectl.pipelines.policy import RetryPolicy
+    from pipectl.pipelines.training import CompileConfig
+
+    core = client.CoreV1Api(k8s_api)
+    custom = _custom(k8s_api)
+    policy = RetryPolicy(scale_up_s=225, infra_limit=2, transient_limit=1, step_timeout_s=600)
+    backoff_s = policy.delays_s()[0]
+    assert backoff_s == 15
+    cfg = CompileConfig(retry=policy)
+    train_pod_annotations({"pipectl.io/run-duration": "20s"})  # B's gang outlasts A's backoff
+    core.create_namespaced_config_map("pipectl", {"metadata": {"name": C10_LANES}, "data": {"urgent": "1"}})
+    suffix = f"{int(time.time()) % 100000}"
+    a, b = f"c10-a-{suffix}", f"c10-b-{suffix}"
+
+    def jobs(wf: str) -> dict[str, str]:
+        items = _custom(k8s_api).list_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs",
+                                                               label_selector=f"{WORKFLOW_LABEL}={wf}")["items"]
+        return {j["metadata"]["name"]: j["metadata"]["creationTimestamp"] for j in items}
+
+    def launcher_pods(wf: str) -> list:
+        """The running pods of the workflow's nodes (gang pods carry the workflow label too, no node name)."""
+        return [p for p in core.list_namespaced_pod("pipectl", label_selector=f"{WORKFLOW_LABEL}={wf}").items
+                if "workflows.argoproj.io/node-name" in (p.metadata.annotations or {})
+                and p.status.phase in ("Pending", "Running") and not p.metadata.deletion_timestamp]
+
+    try:
+        custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", _c10_workflow(a, cfg))
+        test_cluster.wait_for("A's first gang job", lambda: jobs(a), timeout_s=60)
+        custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", _c10_workflow(b, cfg))
+        time.sleep(3)  # B is reconciled several times (1 s requeue) and must not get the slot
+        assert not jobs(b), "B got a gang job while A's attempt held the only slot"
+        (pod,) = test_cluster.wait_for("A's launcher pod running", lambda: launcher_pods(a), timeout_s=30)
+        core.delete_namespaced_pod(pod.metadata.name, "pipectl", grace_period_seconds=0)
+        t_deleted = time.monotonic()
+
+        # watch until B's gang job exists: A must be in its backoff then, its retry not started
+        seen_backoff, t_error, b_job_after, a_state = False, None, None, None
+        while time.monotonic() - t_deleted < 60:
+            nodes = _training_wf(custom, a).get("status", {}).get("nodes") or {}
+            retry = nodes.get(a, {})  # the step's retry node (the entrypoint's node is named after the workflow)
+            seen_backoff |= retry.get("message", "").startswith("Backoff for")
+            if t_error is None and any(n["type"] == "Pod" and n["phase"] == "Error" for n in nodes.values()):
+                t_error = time.monotonic() - t_deleted
+            if jobs(b):
+                b_job_after = time.monotonic() - t_deleted
+                a_state = (len(retry.get("children", [])), retry.get("message", ""), sorted(jobs(a)))
+                break
+            time.sleep(0.2)
+        assert b_job_after is not None, "B never got a gang job after A's attempt failed"
+        print(f"[timing] C10: A's launcher pod deleted -> its attempt Error: "
+              f"{'?' if t_error is None else f'{t_error:.1f}'} s; -> B's gang job created: {b_job_after:.1f} s "
+              f"(A's backoff: {backoff_s} s from the Error)")
+        children, message, a_jobs = a_state
+        assert children == 1 and len(a_jobs) == 1, (
+            f"B's job came {b_job_after:.1f} s after A's launcher pod was deleted, A then: {children} attempt(s), "
+            f"message {message!r}, jobs {a_jobs}: the slot was held through A's backoff")
+        assert seen_backoff or message.startswith("Backoff for"), message
+
+        done_a = _wait_phase(k8s_api, "pipectl", a, {"Succeeded", "Failed", "Error"}, timeout_s=120)
+        done_b = _wait_phase(k8s_api, "pipectl", b, {"Succeeded", "Failed", "Error"}, timeout_s=60)
+        assert (done_a["status"]["phase"], done_b["status"]["phase"]) == ("Succeeded", "Succeeded"), (
+            done_a["status"].get("message"), done_b["status"].get("message"))
+        a_pods = sorted((n for n in done_a["status"]["nodes"].values() if n["type"] == "Pod"), key=lambda n: n["startedAt"])
+        assert [(n["phase"], n.get("message", "")) for n in a_pods][0] == ("Error", "pod deleted"), a_pods
+        assert [n["phase"] for n in a_pods][1:] == ["Succeeded"], a_pods
+        # the retried attempt took a slot again: its job only after B's train step had ended
+        b_end = max(n["finishedAt"] for n in done_b["status"]["nodes"].values() if n["type"] == "Pod")
+        assert sorted(jobs(a).values())[1] >= b_end, (jobs(a), b_end)
+    finally:
+        for wf in (a, b):
+            try:
+                custom.delete_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", wf)
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
+        core.delete_namespaced_config_map(C10_LANES, "pipectl")
+
+
 def _small_pod(name: str, priority_class: str, gpus: int = 0) -> dict:
     from pipectl.pipelines.security import restricted_container_security_context, restricted_pod_security_context
 
@@ -760,11 +876,14 @@ def test_pipectl_retry_in_place_through_the_argo_server_and_resubmit(
         project_applied, train_pod_annotations, test_cluster, k8s_api):
     """`pipectl retry` with ARGO_SERVER: the SAME workflow runs its failed train step again
     (stage and preprocess are not re-run) and Succeeds; a Succeeded workflow cannot be retried
-    (exit 2); without ARGO_SERVER (or --resubmit) a new Workflow labelled retry-of is created."""
+    (exit 2); without ARGO_SERVER (or --resubmit) a new Workflow labelled retry-of is created.
+    The template as compiled now (C10: the train step's backoff on a DAG around its attempt,
+    whose omitted dependants a plain Argo retry keeps: the workflow stayed Running)."""
     import os
 
     if not test_cluster.volcano_ok:
         pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    assert _pipectl(test_cluster, "templates", "apply").returncode == 0
     train_pod_annotations({"pipectl.io/fail": "Traceback: KeyError", "pipectl.io/exit-code": "1"})
     r = _pipectl(test_cluster, "submit", "training", "-p", "workers=2", "-p", "gpus-per-worker=1",
                  "-p", "processes-per-worker=1", "--wait", "--output", "json")

@@ -139,3 +139,30 @@ def test_C12_dashboards_and_alerts_query_the_names_the_controller_exports():
     exprs += [r["expr"] for g in prometheus_rules(CompileConfig())[0]["spec"]["groups"] for r in g["rules"]]
     used = {n for e in exprs for n in re.findall(r"\b(?:argo_workflows_)?pipectl_step_[a-z_]+", e)}
     assert used and all(n.startswith("argo_workflows_") and n.removeprefix("argo_workflows_") in names for n in used), used
+
+
+def test_C01_C10_the_train_step_gives_C01s_answers_through_its_two_retry_levels(argo):
+    """C10 put the train step's backoff on a DAG around the attempt template that holds the lane
+    slot (training.py _train_retry_template). The verdict for each C01 attempt, as the controller
+    gives it: the attempt's own retry node (no backoff) reads status, message and exit code and
+    retries in place; if it does not, the DAG node above keeps only the phase (no message, exit
+    code "-1": operator.go buildRetryStrategyLocalScope, dag.go markNodePhase) for the backoff
+    level. Every answer is C01's except the Errors whose message shows a refused pod spec (f, h):
+    that message never reaches the backoff level, so they are retried (bounded by the limit; the
+    lane slot is free while they wait)."""
+    from pipectl.pipelines.training import build_training
+
+    templates = {t["name"]: t for t in build_training().to_dict()["spec"]["templates"]}
+    in_place, backoff = templates["train"]["retryStrategy"], templates["train-retry"]["retryStrategy"]
+    assert "backoff" not in in_place and "synchronization" in templates["train"]
+    assert backoff["backoff"] == RetryPolicy().build().model_dump(by_alias=True, exclude_none=True, mode="json")["backoff"]
+    assert "synchronization" not in templates["train-retry"]
+    lost = {"f-spec-refused", "h-invalid-field"}
+    for case, (status, message, exit_code, expected) in C01.items():
+        now = argo.should_retry(in_place["expression"], retries=0, status=status, exit_code=exit_code, message=message)
+        later = not now and argo.should_retry(backoff["expression"], retries=0, status=status, exit_code="-1", message="")
+        assert (now or later) is (True if case in lost else expected), case
+        # an Error waits out the backoff (slot free); a Failed one the policy retries goes at once
+        assert (now, later) == ((False, True) if status == "Error" else (expected, False)), case
+    transient = dict(status="Failed", exit_code="75", message="Error (exit code 75)")
+    assert [argo.should_retry(in_place["expression"], retries=r, **transient) for r in range(5)] == [True] * 3 + [False] * 2

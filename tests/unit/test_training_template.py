@@ -297,3 +297,43 @@ def test_the_argo_ui_link_opens_the_workflows_mlflow_run(wt):
     assert exported == [("evaluate", "mlflow-run-id")], exported
     links = yaml.safe_load(controller_config(CompileConfig())[0]["data"]["links"])
     assert links == [{"name": "MLflow run", "scope": "workflow", "url": MLFLOW_URI + "/#/runs/${workflow.status.outputs.parameters.0.value}"}]
+
+
+def test_C10_the_lane_slot_is_held_per_attempt_and_the_backoff_is_outside_it(wt):
+    """C10: Argo keeps a template's locks under its retry node through every backoff (argo-workflows
+    #9875), so the semaphore and the backoff sit on two templates: the train task runs the DAG
+    ``train-retry`` (backoff retries, no lock), whose one task runs the resource template ``train``
+    (lane semaphore, timeout, in-place retries without backoff) with every input passed through;
+    ``{{retries}}`` in the job name is that template's own (it has a retryStrategy)."""
+    from pipectl.pipelines.launchers.base import TRAIN_STEP_INPUTS
+
+    t = _templates(wt)
+    task = next(x for x in t["training"]["dag"]["tasks"] if x["name"] == "train")
+    assert task["template"] == "train-retry"
+    outer, inner = t["train-retry"], t["train"]
+    assert outer["retryStrategy"]["backoff"]["duration"] and "synchronization" not in outer and "timeout" not in outer
+    (attempt,) = outer["dag"]["tasks"]
+    assert attempt["template"] == "train"
+    passed = {p["name"]: p["value"] for p in attempt["arguments"]["parameters"]}
+    assert passed == {n.replace("_", "-"): "{{inputs.parameters.%s}}" % n.replace("_", "-") for n in TRAIN_STEP_INPUTS}
+    assert {p["name"] for p in outer["inputs"]["parameters"]} == set(passed) == {p["name"] for p in inner["inputs"]["parameters"]}
+    assert inner["synchronization"]["semaphores"][0]["configMapKeyRef"]["key"] == "{{inputs.parameters.lane}}"
+    assert "backoff" not in inner["retryStrategy"] and inner["timeout"]
+    assert "{{retries}}" in inner["resource"]["manifest"]
+    assert [x["name"] for x in wt["spec"]["templates"]].index("train") == [x["name"] for x in wt["spec"]["templates"]].index("train-retry") + 1
+
+
+def test_C10_lint_refuses_a_semaphore_held_through_a_backoff(wt):
+    """The shape before C10 (semaphore and backoff on one template) is a lint finding; the register
+    step's per-model mutex with its backoff (C08) is not."""
+    import copy
+
+    from pipectl.pipelines.lint import lint_objects
+    from pipectl.pipelines.policy import RetryPolicy
+
+    assert not [f for f in lint_objects([("test", wt)]) if "backoff" in f.message]
+    assert "mutexes" in _templates(wt)["register"]["synchronization"] and _templates(wt)["register"]["retryStrategy"]["backoff"]
+    before = copy.deepcopy(wt)
+    _templates(before)["train"]["retryStrategy"] = RetryPolicy().build().model_dump(by_alias=True, exclude_none=True, mode="json")
+    (finding,) = [f for f in lint_objects([("test", before)]) if "backoff" in f.message]
+    assert "'train' holds a semaphore through its retry backoff" in finding.message

@@ -8,7 +8,8 @@ the API server silently prunes them (Hera also drops some unknown fields: REFERE
 Policy rules on WorkflowTemplates/CronWorkflows: every parameter default is in its enum; gang
 manifests, after Argo substitution with the defaults and with every lane, have integer replicas,
 ``minAvailable`` equal to the gang size, whole-number GPUs, and a lane that exists; no secret
-literal in any env; every container sets ``command``; images are pinned (no ``:latest``).
+literal in any env; every container sets ``command``; images are pinned (no ``:latest``); no
+template holds a semaphore through a retry backoff (C10).
 """
 
 from __future__ import annotations
@@ -172,6 +173,7 @@ def _workflow_findings(spec: dict, where: str, source: str) -> list[Finding]:
                 findings.append(Finding(at, f"template {tmpl['name']!r} sets no command (entrypoint look-up needs a registry)"))
             findings += _container_findings(c, at)
         findings += [Finding(f"{where} spec.templates[{i}]", m) for m in security.pod_spec_problems(tmpl)]
+        findings += _semaphore_backoff_findings(tmpl, f"{where} spec.templates[{i}]")
     for i, lane, job, error in _gang_objects({"spec": spec}):
         at = f"{where} spec.templates[{i}].resource.manifest (lane={lane})"
         if error:
@@ -180,6 +182,19 @@ def _workflow_findings(spec: dict, where: str, source: str) -> list[Finding]:
         findings += [Finding(f"{at} {f.where.split(' ', 2)[-1]}", f.message) for f in validate_schema(job, source) if "no schema" not in f.message]
         findings += _gang_findings(job, at)
     return findings
+
+
+def _semaphore_backoff_findings(tmpl: dict, at: str) -> list[Finding]:
+    """C10: Argo takes a template's locks under its RETRY node and gives them back only when every
+    retry is over, so a template with a semaphore and a retry backoff keeps a lane slot while it
+    only waits (workflow/controller/operator.go executeTemplate, v4.0.5; argoproj/argo-workflows#9875).
+    Mutexes are left alone: holding one through a backoff delays the same key only (the register
+    step's per-model mutex, C08)."""
+    sync = tmpl.get("synchronization") or {}
+    if (sync.get("semaphores") or sync.get("semaphore")) and (tmpl.get("retryStrategy") or {}).get("backoff"):
+        return [Finding(f"{at} retryStrategy.backoff", f"template {tmpl['name']!r} holds a semaphore through its retry backoff "
+                        "(C10, argo-workflows#9875): retry with backoff in a template around it")]
+    return []
 
 
 def _container_findings(c: dict, at: str) -> list[Finding]:

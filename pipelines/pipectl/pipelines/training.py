@@ -27,6 +27,7 @@ from hera.workflows import (
 )
 from hera.workflows.models import (
     ArtifactLocation,
+    RetryStrategy,
     ConfigMapEnvSource,
     ConfigMapKeySelector,
     Mutex,
@@ -223,11 +224,61 @@ def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type
 # owns the job's fields; --force-conflicts lets a re-sent apply take them over again.
 TRAIN_APPLY_FLAGS = ("--server-side", "--force-conflicts", "--field-manager=pipectl-train")
 
+TRAIN_RETRY_TEMPLATE = "train-retry"
+"""The template of the DAG task ``train``: the train step's retries with backoff (C10). Each of its
+attempts runs the resource template ``train`` once (with ``train``'s own in-place retries)."""
+
+
+def _in_place_retry(cfg: CompileConfig) -> RetryStrategy:
+    """The ``train`` resource template's own retries: NO backoff, so the lane slot it holds is never
+    held by an attempt that only waits (C10).
+
+    Takes exactly the Failed attempts the policy retries (:meth:`RetryPolicy.expression`: a node
+    shutdown, a kubelet eviction or admission refusal of the launcher pod; exit 75), in place, at
+    once, on another node: their classification needs ``lastRetry.message``, which only the retry
+    node directly above the attempt can read (operator.go buildRetryStrategyLocalScope). Errors
+    (``pod deleted``, quota) are left to :func:`_backoff_retry` one level up, which waits.
+    Budgets: ``infra_limit`` retries in place per backoff attempt; ``transient_limit`` counted here.
+    """
+    policy = cfg.retry.build()
+    return RetryStrategy(limit=policy.limit, retry_policy="Always",
+                         expression=f'lastRetry.status == "Failed" && ({cfg.retry.expression()})',
+                         affinity=policy.affinity)
+
+
+def _backoff_retry(cfg: CompileConfig) -> RetryStrategy:
+    """The ``train-retry`` DAG's retries, with the policy's backoff (scale_up_s), for attempts that
+    ended in Error.
+
+    The retry node's child here is a DAG node, which keeps its task's phase (Error or Failed) but
+    neither its message nor an exit code (dag.go: ``markNodePhase`` without message; no outputs
+    unless Succeeded): so the class is read from the phase only. Failed attempts the policy retries
+    were already retried in place (:func:`_in_place_retry`); a Failed one that reaches this level is
+    a code failure, the job's failure condition, a timeout, or in-place retries used up. Lost against
+    the single-template shape: an Error whose message shows the API server refused the launcher
+    pod's spec (policy.SPEC_ERROR_PATTERNS) is retried here too, up to ``infra_limit`` times (the
+    lane slot free meanwhile); the launcher pod's spec is fixed at compile time and linted, and a
+    bad lane never gets past ``validate`` (C15).
+    """
+    policy = cfg.retry.build()
+    return RetryStrategy(limit=policy.limit, retry_policy="Always", expression='lastRetry.status == "Error"',
+                         backoff=policy.backoff)
+
+
 def _train_template(cfg: CompileConfig) -> Resource:
-    """Resource template creating ONE gang job (Volcano Job or PyTorchJob) and waiting for it.
+    """Resource template creating ONE gang job (Volcano Job or PyTorchJob) and waiting for it: ONE
+    attempt of the train step, holding a slot of the lane's semaphore while it runs (C10).
+
+    The slot is taken when the attempt starts and given back when it ends: Argo holds a template's
+    lock under its RETRY node until every retry is over, backoff included (workflow/controller
+    operator.go executeTemplate v4.0.5; argoproj/argo-workflows#9875), so this template has no
+    backoff (:func:`_in_place_retry`) and the retries that wait belong to :func:`_train_retry_template`
+    around it. The gang job's name carries ``{{retries}}`` (this template's in-place retry count)
+    and a random suffix per attempt (launchers/base.py JOB_NAME), so every attempt, at either
+    level, creates its own job.
 
     Conditions look only at terminal states (C02); ``setOwnerReference`` makes the job (and its
-    pods) go when the Workflow is deleted; a retry creates a new job named after ``{{retries}}``.
+    pods) go when the Workflow is deleted.
     Creating the job must be idempotent under every re-send, because two are known:
     argoexec re-runs kubectl on transient errors (workflow/executor/resource.go, ``retry.OnError``
     with ``IsTransientErr``), and client-go inside one kubectl call re-sends a POST whose response
@@ -256,12 +307,31 @@ def _train_template(cfg: CompileConfig) -> Resource:
         failure_condition=launcher.failure_condition,
         inputs=_input_params(list(TRAIN_STEP_INPUTS)),
         metrics=step_metrics("train", container=False),
-        retry_strategy=cfg.retry.build(),
+        retry_strategy=_in_place_retry(cfg),
         timeout=f"{cfg.retry.attempt_timeout_s}s",
         synchronization=Synchronization(
             semaphores=[SemaphoreRef(config_map_key_ref=ConfigMapKeySelector(name=SEMAPHORE_CONFIGMAP, key="{{inputs.parameters.lane}}"))]
         ),
     )
+
+
+def _train_retry_template(train: Resource, cfg: CompileConfig) -> DAG:
+    """The train step as the pipeline's DAG sees it: a one-task DAG running ``train`` (the attempt,
+    with the lane slot) under the backoff retries (:func:`_backoff_retry`), so no slot is held while
+    a failed attempt waits (C10). Same inputs as ``train``, passed through; no outputs (nothing
+    downstream reads the train step's). Argo names the nodes ``train`` (retry) > ``train(n)`` (this
+    DAG, attempt n) > ``train`` (``train``'s retry node) > ``train(m)`` (its pod).
+
+    Cost, Argo v4.0.5: a retry node's outbound node is its last child (operator.go
+    getOutboundNodes), so after a failed train step the omitted ``evaluate``/``register`` hang below
+    this DAG's node, which a plain in-place retry resets but keeps: the retried workflow would stay
+    Running. ``pipectl retry`` restarts omitted nodes too (backends/kube.py
+    ``ArgoServer.RETRY_NODE_SELECTOR``); in the Argo UI: RETRY with "Restart successful" and the
+    node field selector ``phase=Omitted`` (or RESUBMIT)."""
+    attempt = Task(name="train", template=train,
+                   arguments=[Parameter(name=kebab(n), value="{{inputs.parameters.%s}}" % kebab(n)) for n in TRAIN_STEP_INPUTS])
+    return DAG(name=TRAIN_RETRY_TEMPLATE, inputs=_input_params(list(TRAIN_STEP_INPUTS)), tasks=[attempt],
+               retry_strategy=_backoff_retry(cfg))
 
 
 def _workflow_parameters() -> list[Parameter]:
@@ -286,8 +356,9 @@ def _wf(name: str) -> str:
     return "{{workflow.parameters.%s}}" % kebab(name)
 
 
-def _templates(cfg: CompileConfig) -> dict[str, Container | Resource]:
-    """Every step's template, by task name (the DAG's order)."""
+def _templates(cfg: CompileConfig) -> dict[str, Container | Resource | DAG]:
+    """Every step's template, by task name (the DAG's order); the train task's is the
+    ``train-retry`` DAG around the ``train`` resource template (:func:`_train_retry_template`)."""
     # C15: every workflow parameter parsed by the CLI's own contract inside the cluster, first;
     # its log tail (the parameter named) becomes the step's message in Argo and the UI.
     validate = _step(cfg, "validate", cfg.light_image, "validate", TrainingParameters, ValidateOutput, every_field=True)
@@ -303,7 +374,7 @@ def _templates(cfg: CompileConfig) -> dict[str, Container | Resource]:
         "stage": _step(cfg, "stage", cfg.light_image, "stage", StageInput, StageOutput, fixed={"bucket": cfg.bucket}),
         "warm": _step(cfg, "warm", cfg.light_image, "stage.warm", WarmInput, WarmOutput),
         "preprocess": preprocess,
-        "train": _train_template(cfg),
+        "train": _train_retry_template(_train_template(cfg), cfg),
         "evaluate": _step(cfg, "evaluate", cfg.light_image, "evaluate", EvaluateInput, EvaluateOutput),
         "register": register,
     }
@@ -313,7 +384,7 @@ def _out(task: str, name: str) -> str:
     return "{{tasks.%s.outputs.parameters.%s}}" % (task, kebab(name))
 
 
-def _dag(cfg: CompileConfig, templates: dict[str, Container | Resource]) -> DAG:
+def _dag(cfg: CompileConfig, templates: dict[str, Container | Resource | DAG]) -> DAG:
     """The DAG: per task, (dependencies, arguments by input field, ``when``)."""
     run = RunLayout.for_workflow(cfg.bucket, "{{workflow.name}}")
     manifest = _out("stage", "manifest_uri")
@@ -341,6 +412,13 @@ def _dag(cfg: CompileConfig, templates: dict[str, Container | Resource]) -> DAG:
     return DAG(name="training", tasks=tasks)
 
 
+def _with_inner(template: Container | Resource | DAG) -> list:
+    """``template``, then the templates its DAG tasks run (the train step: ``train-retry``, ``train``)."""
+    if isinstance(template, DAG):
+        return [template, *[t.template for t in template.tasks]]
+    return [template]
+
+
 def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
     """The ``training-v1`` WorkflowTemplate for ``cfg`` (defaults when None)."""
     cfg = cfg or CompileConfig()
@@ -366,5 +444,7 @@ def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
             labels={LANE_LABEL: "{{workflow.parameters.lane}}"},
         ),
         arguments=_workflow_parameters(),
-        templates=[dag, *templates.values()],
+        # the train step's attempt template after its retry DAG (the only template no task of the
+        # entry DAG names directly)
+        templates=[dag, *[t for step in templates.values() for t in _with_inner(step)]],
     )
