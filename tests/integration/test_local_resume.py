@@ -61,23 +61,37 @@ def _interrupt_during_training(state: Path, signame: str) -> tuple[int, int]:
             proc.kill()
 
 
-@pytest.mark.parametrize("signame,code", [("SIGINT", 130), ("SIGTERM", 143)])
-def test_an_interrupted_run_resumes_without_redoing_finished_steps(tmp_path, signame, code):
-    """Interrupted in training, `--resume` does not run stage/preprocess again, continues training
-    from the last checkpoint (step > 0), ends Succeeded with exactly one model version for the run
-    (C05). Before it: resume with another parameter is exit 2 and changes nothing. After it:
-    nothing is left to resume (exit 2)."""
+def _check_interrupted(tmp_path: Path, signame: str, code: int) -> tuple[dict, Path, int]:
+    """Interrupt a run in training with ``signame``: exit ``code``, the record says Interrupted in
+    train with the steps before it Succeeded, the embedded S3's objects (checkpoints included) were
+    saved in the run's folder, and the user was told how to resume. Returns (record, run folder,
+    the step the log showed when the signal was sent)."""
     state = tmp_path / "state"
     logged_step, rc = _interrupt_during_training(state, signame)
     assert rc == code
-    before = _record(state)
-    run_dir = state / "runs" / before["name"]
-    assert before["phase"] == "Interrupted"
-    assert {t: v["phase"] for t, v in before["tasks"].items()} == {
+    record = _record(state)
+    run_dir = state / "runs" / record["name"]
+    assert record["phase"] == "Interrupted"
+    assert {t: v["phase"] for t, v in record["tasks"].items()} == {
         "validate": "Succeeded", "stage": "Succeeded", "warm": "Skipped", "preprocess": "Succeeded", "train": "Interrupted"}
-    saved = json.loads((run_dir / "s3-snapshot" / "index.json").read_text())  # the embedded S3's objects were kept
-    assert any(o["key"].startswith(f"runs/{before['name']}/checkpoints/step-") for o in saved["objects"])
-    assert f"run {before['name']} can be resumed" in (tmp_path / "interrupted-run.stderr").read_text()
+    saved = json.loads((run_dir / "s3-snapshot" / "index.json").read_text())
+    assert any(o["key"].startswith(f"runs/{record['name']}/checkpoints/step-") for o in saved["objects"])
+    assert f"run {record['name']} can be resumed" in (tmp_path / "interrupted-run.stderr").read_text()
+    return record, run_dir, logged_step
+
+
+def test_sigterm_in_training_leaves_a_resumable_run(tmp_path):
+    """kill (SIGTERM, exit 143) unwinds like Ctrl-C: recorded Interrupted, the embedded S3 saved."""
+    _check_interrupted(tmp_path, "SIGTERM", 143)
+
+
+def test_an_interrupted_run_resumes_without_redoing_finished_steps(tmp_path):
+    """Ctrl-C (SIGINT) in training, then `--resume`: stage/preprocess are not run again, training
+    continues from the last checkpoint (step > 0), the run ends Succeeded with exactly one model
+    version (C05). Before it: resume with another parameter is exit 2 and changes nothing. After
+    it: nothing is left to resume (exit 2)."""
+    state = tmp_path / "state"
+    before, run_dir, logged_step = _check_interrupted(tmp_path, "SIGINT", 130)
     record_bytes = (run_dir / "run.json").read_bytes()
 
     # Another parameter than the run had: refused before any service starts; nothing changes.
