@@ -153,5 +153,8 @@ def _print_summary(summary: dict[str, Any], console: Any) -> None:
     table.add_row("mlflow run", str(summary.get("mlflow_run_id")))
     pre = summary.get("preprocess", {})
     table.add_row("preprocess", f"{pre.get('images-per-s')} images/s on {pre.get('device')}, {pre.get('corrupt')} corrupt")
-    table.add_row("wall time", f"{sum(s['duration_s'] for s in summary['steps']):.1f} s in steps")
+    ran = [s for s in summary["steps"] if not s.get("reused")]
+    reused = [s["task"] for s in summary["steps"] if s.get("reused")]
+    table.add_row("wall time", f"{sum(s['duration_s'] for s in ran):.1f} s in steps"
+                  + (f" (resumed: {', '.join(reused)} not run again)" if reused else ""))
     console.print(table)
