@@ -142,25 +142,26 @@ def test_C12_dashboards_and_alerts_query_the_names_the_controller_exports():
 
 
 def test_C01_C10_the_train_step_gives_C01s_answers_through_its_two_retry_levels(argo):
-    """C10 put the train step's backoff on a DAG around the attempt template that holds the lane
-    slot (training.py _train_retry_template). The verdict for each C01 attempt, as the controller
-    gives it: the attempt's own retry node (no backoff) reads status, message and exit code and
-    retries in place; if it does not, the DAG node above keeps only the phase (no message, exit
-    code "-1": operator.go buildRetryStrategyLocalScope, dag.go markNodePhase) for the backoff
-    level. Every answer is C01's except the Errors whose message shows a refused pod spec (f, h):
-    that message never reaches the backoff level, so they are retried (bounded by the limit; the
-    lane slot is free while they wait)."""
+    """C10 moved the train step's backoff off the template that holds the lane slot (training.py
+    _train_retry_templates). The verdict for each C01 attempt, as the controller gives it: the
+    attempt's own retry node (no backoff) reads status, message and exit code and retries in
+    place; if it does not, the DAG around it retries after a backoff when the attempt's phase is
+    the ``retry-on`` phase (a ``when`` sees the phase only: dag.go buildLocalScope has no message).
+    Every answer is C01's except the Errors whose message shows a refused pod spec (f, h): they
+    are retried too (bounded by the limit; the lane slot is free while they wait)."""
     from pipectl.pipelines.training import build_training
 
     templates = {t["name"]: t for t in build_training().to_dict()["spec"]["templates"]}
-    in_place, backoff = templates["train"]["retryStrategy"], templates["train-retry"]["retryStrategy"]
+    in_place, step = templates["train"]["retryStrategy"], templates["train-retry"]
     assert "backoff" not in in_place and "synchronization" in templates["train"]
-    assert backoff["backoff"] == RetryPolicy().build().model_dump(by_alias=True, exclude_none=True, mode="json")["backoff"]
-    assert "synchronization" not in templates["train-retry"]
+    assert not any("retryStrategy" in templates[n] or "synchronization" in templates[n] for n in ("train-retry", "train-backoff"))
+    retry = next(t for t in step["dag"]["tasks"] if t["name"] == "retry")
+    assert retry["when"] == "{{tasks.train.status}} == {{inputs.parameters.retry-on}}"
+    retry_on = next(p["default"] for p in step["inputs"]["parameters"] if p["name"] == "retry-on")
     lost = {"f-spec-refused", "h-invalid-field"}
     for case, (status, message, exit_code, expected) in C01.items():
         now = argo.should_retry(in_place["expression"], retries=0, status=status, exit_code=exit_code, message=message)
-        later = not now and argo.should_retry(backoff["expression"], retries=0, status=status, exit_code="-1", message="")
+        later = not now and status == retry_on
         assert (now or later) is (True if case in lost else expected), case
         # an Error waits out the backoff (slot free); a Failed one the policy retries goes at once
         assert (now, later) == ((False, True) if status == "Error" else (expected, False)), case

@@ -14,6 +14,15 @@ def wt():
 
 
 @pytest.fixture(scope="module")
+def argo():
+    from tests.tools.argo import ArgoExpr
+
+    evaluator = ArgoExpr()
+    yield evaluator
+    evaluator.close()
+
+
+@pytest.fixture(scope="module")
 def wt_pytorchjob():
     return build_training(CompileConfig(launcher="pytorchjob")).to_dict()
 
@@ -299,28 +308,40 @@ def test_the_argo_ui_link_opens_the_workflows_mlflow_run(wt):
     assert links == [{"name": "MLflow run", "scope": "workflow", "url": MLFLOW_URI + "/#/runs/${workflow.status.outputs.parameters.0.value}"}]
 
 
-def test_C10_the_lane_slot_is_held_per_attempt_and_the_backoff_is_outside_it(wt):
+def test_C10_the_lane_slot_is_held_per_attempt_and_the_backoff_is_outside_it(wt, argo):
     """C10: Argo keeps a template's locks under its retry node through every backoff (argo-workflows
-    #9875), so the semaphore and the backoff sit on two templates: the train task runs the DAG
-    ``train-retry`` (backoff retries, no lock), whose one task runs the resource template ``train``
-    (lane semaphore, timeout, in-place retries without backoff) with every input passed through;
-    ``{{retries}}`` in the job name is that template's own (it has a retryStrategy)."""
+    #9875), so the semaphore and the backoff sit on separate templates: the train task runs the
+    DAG ``train-retry``: the resource template ``train`` (lane semaphore, timeout, in-place retries
+    without backoff) and, after an Error, ``train-backoff``: a ``train-wait`` suspend of the
+    policy's delay, then ``train-retry`` again with ``retries`` + 1, until ``infra_limit``. Every
+    step input is passed through; ``{{retries}}`` in the job name is ``train``'s own. The delay and
+    counter expressions are evaluated with Argo's own code for each retry."""
     from pipectl.pipelines.launchers.base import TRAIN_STEP_INPUTS
+    from pipectl.pipelines.policy import RetryPolicy
 
     t = _templates(wt)
     task = next(x for x in t["training"]["dag"]["tasks"] if x["name"] == "train")
     assert task["template"] == "train-retry"
-    outer, inner = t["train-retry"], t["train"]
-    assert outer["retryStrategy"]["backoff"]["duration"] and "synchronization" not in outer and "timeout" not in outer
-    (attempt,) = outer["dag"]["tasks"]
-    assert attempt["template"] == "train"
+    step, backoff, inner = t["train-retry"], t["train-backoff"], t["train"]
+    assert not any("retryStrategy" in x or "synchronization" in x for x in (step, backoff, t["train-wait"]))
+    attempt, retry = step["dag"]["tasks"]
+    assert (attempt["template"], attempt["continueOn"], retry["template"], retry["dependencies"]) == ("train", {"error": True}, "train-backoff", ["train"])
+    names = {n.replace("_", "-") for n in TRAIN_STEP_INPUTS}
     passed = {p["name"]: p["value"] for p in attempt["arguments"]["parameters"]}
-    assert passed == {n.replace("_", "-"): "{{inputs.parameters.%s}}" % n.replace("_", "-") for n in TRAIN_STEP_INPUTS}
-    assert {p["name"] for p in outer["inputs"]["parameters"]} == set(passed) == {p["name"] for p in inner["inputs"]["parameters"]}
+    assert passed == {n: "{{inputs.parameters.%s}}" % n for n in names}
+    assert {p["name"] for p in inner["inputs"]["parameters"]} == names
     assert inner["synchronization"]["semaphores"][0]["configMapKeyRef"]["key"] == "{{inputs.parameters.lane}}"
-    assert "backoff" not in inner["retryStrategy"] and inner["timeout"]
-    assert "{{retries}}" in inner["resource"]["manifest"]
-    assert [x["name"] for x in wt["spec"]["templates"]].index("train") == [x["name"] for x in wt["spec"]["templates"]].index("train-retry") + 1
+    assert "backoff" not in inner["retryStrategy"] and inner["timeout"] and "{{retries}}" in inner["resource"]["manifest"]
+    assert t["train-wait"]["suspend"]["duration"] == "{{inputs.parameters.delay}}"
+    wait, nxt = backoff["dag"]["tasks"]
+    assert nxt["template"] == "train-retry" and nxt["dependencies"] == ["wait"]
+    delays, seen = RetryPolicy().delays_s(), []
+    for r in range(len(delays)):
+        counters = [p for p in nxt["arguments"]["parameters"] if p["name"] in ("retries", "retry-on")]
+        args = argo.substitute({"w": wait["arguments"]["parameters"], "n": counters}, {"inputs.parameters.retries": str(r)}, strict=True)
+        nxt_args = {p["name"]: p["value"] for p in args["n"]}
+        seen.append((int(args["w"][0]["value"]), nxt_args["retries"], nxt_args["retry-on"]))
+    assert seen == [(d, str(r + 1), "Error" if r + 1 < len(delays) else "none") for r, d in enumerate(delays)]
 
 
 def test_C10_lint_refuses_a_semaphore_held_through_a_backoff(wt):

@@ -7,18 +7,22 @@ backend (:mod:`pipectl.pipelines.backends.runner`) executes the very same compil
 Each step's container arguments are generated from the component's Input contract
 (``--<field> {{inputs.parameters.<field>}}``), so the template and the component cannot drift.
 The ``train`` step is an Argo resource template that creates ONE gang job (a Volcano Job or a
-PyTorchJob: :mod:`pipectl.pipelines.launchers`). Every template carries the typed retry policy and
-lane settings of :mod:`pipectl.pipelines.policy`.
+PyTorchJob: :mod:`pipectl.pipelines.launchers`) and holds a slot of its lane while it runs; the
+DAG task ``train`` runs it through ``train-retry``, which retries it after a backoff without
+holding the slot (C10). Every template carries the typed retry policy and lane settings of
+:mod:`pipectl.pipelines.policy`.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import re
 
 from hera.workflows import (
     DAG,
     Container,
+    Suspend,
     Parameter,
     Resource,
     Resources,
@@ -27,6 +31,7 @@ from hera.workflows import (
 )
 from hera.workflows.models import (
     ArtifactLocation,
+    ContinueOn,
     RetryStrategy,
     ConfigMapEnvSource,
     ConfigMapKeySelector,
@@ -225,8 +230,10 @@ def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type
 TRAIN_APPLY_FLAGS = ("--server-side", "--force-conflicts", "--field-manager=pipectl-train")
 
 TRAIN_RETRY_TEMPLATE = "train-retry"
-"""The template of the DAG task ``train``: the train step's retries with backoff (C10). Each of its
-attempts runs the resource template ``train`` once (with ``train``'s own in-place retries)."""
+"""The template of the DAG task ``train``: one attempt of the train step (the resource template
+``train``) and, when it ended in Error, the retry after a backoff (:func:`_train_retry_templates`, C10)."""
+TRAIN_BACKOFF_TEMPLATE = "train-backoff"
+TRAIN_WAIT_TEMPLATE = "train-wait"
 
 
 def _in_place_retry(cfg: CompileConfig) -> RetryStrategy:
@@ -237,32 +244,13 @@ def _in_place_retry(cfg: CompileConfig) -> RetryStrategy:
     shutdown, a kubelet eviction or admission refusal of the launcher pod; exit 75), in place, at
     once, on another node: their classification needs ``lastRetry.message``, which only the retry
     node directly above the attempt can read (operator.go buildRetryStrategyLocalScope). Errors
-    (``pod deleted``, quota) are left to :func:`_backoff_retry` one level up, which waits.
+    (``pod deleted``, quota) are left to the backoff around it (:func:`_train_retry_templates`).
     Budgets: ``infra_limit`` retries in place per backoff attempt; ``transient_limit`` counted here.
     """
     policy = cfg.retry.build()
     return RetryStrategy(limit=policy.limit, retry_policy="Always",
                          expression=f'lastRetry.status == "Failed" && ({cfg.retry.expression()})',
                          affinity=policy.affinity)
-
-
-def _backoff_retry(cfg: CompileConfig) -> RetryStrategy:
-    """The ``train-retry`` DAG's retries, with the policy's backoff (scale_up_s), for attempts that
-    ended in Error.
-
-    The retry node's child here is a DAG node, which keeps its task's phase (Error or Failed) but
-    neither its message nor an exit code (dag.go: ``markNodePhase`` without message; no outputs
-    unless Succeeded): so the class is read from the phase only. Failed attempts the policy retries
-    were already retried in place (:func:`_in_place_retry`); a Failed one that reaches this level is
-    a code failure, the job's failure condition, a timeout, or in-place retries used up. Lost against
-    the single-template shape: an Error whose message shows the API server refused the launcher
-    pod's spec (policy.SPEC_ERROR_PATTERNS) is retried here too, up to ``infra_limit`` times (the
-    lane slot free meanwhile); the launcher pod's spec is fixed at compile time and linted, and a
-    bad lane never gets past ``validate`` (C15).
-    """
-    policy = cfg.retry.build()
-    return RetryStrategy(limit=policy.limit, retry_policy="Always", expression='lastRetry.status == "Error"',
-                         backoff=policy.backoff)
 
 
 def _train_template(cfg: CompileConfig) -> Resource:
@@ -272,8 +260,8 @@ def _train_template(cfg: CompileConfig) -> Resource:
     The slot is taken when the attempt starts and given back when it ends: Argo holds a template's
     lock under its RETRY node until every retry is over, backoff included (workflow/controller
     operator.go executeTemplate v4.0.5; argoproj/argo-workflows#9875), so this template has no
-    backoff (:func:`_in_place_retry`) and the retries that wait belong to :func:`_train_retry_template`
-    around it. The gang job's name carries ``{{retries}}`` (this template's in-place retry count)
+    backoff (:func:`_in_place_retry`) and the retries that wait are around it
+    (:func:`_train_retry_templates`). The gang job's name carries ``{{retries}}`` (this template's in-place retry count)
     and a random suffix per attempt (launchers/base.py JOB_NAME), so every attempt, at either
     level, creates its own job.
 
@@ -315,23 +303,55 @@ def _train_template(cfg: CompileConfig) -> Resource:
     )
 
 
-def _train_retry_template(train: Resource, cfg: CompileConfig) -> DAG:
-    """The train step as the pipeline's DAG sees it: a one-task DAG running ``train`` (the attempt,
-    with the lane slot) under the backoff retries (:func:`_backoff_retry`), so no slot is held while
-    a failed attempt waits (C10). Same inputs as ``train``, passed through; no outputs (nothing
-    downstream reads the train step's). Argo names the nodes ``train`` (retry) > ``train(n)`` (this
-    DAG, attempt n) > ``train`` (``train``'s retry node) > ``train(m)`` (its pod).
+def _train_retry_templates(train: Resource, cfg: CompileConfig) -> list[DAG | Suspend]:
+    """The train step as the pipeline's DAG sees it, ``train-retry`` (then ``train-backoff`` and
+    ``train-wait``): the attempt ``train`` (lane slot, in-place retries) and, when it ended in
+    Error, a wait and the next ``train-retry`` — Argo's retry with backoff written as recursion,
+    so no lock is held while a failed attempt waits (C10).
 
-    Cost, Argo v4.0.5: a retry node's outbound node is its last child (operator.go
-    getOutboundNodes), so after a failed train step the omitted ``evaluate``/``register`` hang below
-    this DAG's node, which a plain in-place retry resets but keeps: the retried workflow would stay
-    Running. ``pipectl retry`` restarts omitted nodes too (backends/kube.py
-    ``ArgoServer.RETRY_NODE_SELECTOR``); in the Argo UI: RETRY with "Restart successful" and the
-    node field selector ``phase=Omitted`` (or RESUBMIT)."""
-    attempt = Task(name="train", template=train,
-                   arguments=[Parameter(name=kebab(n), value="{{inputs.parameters.%s}}" % kebab(n)) for n in TRAIN_STEP_INPUTS])
-    return DAG(name=TRAIN_RETRY_TEMPLATE, inputs=_input_params(list(TRAIN_STEP_INPUTS)), tasks=[attempt],
-               retry_strategy=_backoff_retry(cfg))
+    Why not a ``retryStrategy`` with backoff: on ``train`` Argo keeps the lane semaphore through
+    the backoff (operator.go executeTemplate, v4.0.5; argo-workflows#9875); on a template around
+    ``train`` its retry node's outbound node is a DAG node (operator.go getOutboundNodes), which an
+    in-place retry of the workflow (Argo UI RETRY, ``pipectl retry``) resets but keeps with the
+    omitted ``evaluate``/``register`` hanging below it: the retried workflow stayed Running (seen
+    on the control plane). Here every node after a failed attempt hangs below its pod, which such a
+    retry deletes, so the workflow runs again from that attempt.
+
+    What the backoff level knows: only the attempt's phase (a DAG ``when`` cannot read a node's
+    message), so every Error is retried — ``pod deleted``, quota, and, lost against a retry
+    expression on one template, an Error whose message shows the API server refused the launcher
+    pod's spec (policy.SPEC_ERROR_PATTERNS): retried up to ``infra_limit`` times with the lane slot
+    free; the launcher pod's spec is fixed at compile time and linted, and a bad lane never gets
+    past ``validate`` (C15). Failed attempts the policy retries were retried in place
+    (:func:`_in_place_retry`). Delays: :meth:`RetryPolicy.delays_s` (duration x 2^n, capped at
+    scale_up_s); at most ``infra_limit`` of them (no ``maxDuration``: attempts are bounded by their
+    timeout). Argo names the nodes ``train`` (this DAG) > ``train`` (``train``'s retry node) >
+    ``train(m)`` (its pod), and ``retry`` > ``wait``, ``next`` > ... for each retry.
+    """
+    delays = cfg.retry.delays_s()
+    limit = len(delays)
+    step_inputs = [kebab(n) for n in TRAIN_STEP_INPUTS]
+    passed = [Parameter(name=n, value="{{inputs.parameters.%s}}" % n) for n in step_inputs]
+    retries = "{{inputs.parameters.retries}}"
+    wait = Suspend(name=TRAIN_WAIT_TEMPLATE, inputs=[Parameter(name="delay")], duration="{{inputs.parameters.delay}}")
+    backoff = DAG(name=TRAIN_BACKOFF_TEMPLATE, inputs=_input_params(list(TRAIN_STEP_INPUTS)) + [Parameter(name="retries")], tasks=[
+        Task(name="wait", template=wait,
+             arguments=[Parameter(name="delay", value="{{=%s[asInt(inputs.parameters.retries)]}}" % json.dumps(delays))]),
+        Task(name="next", template=TRAIN_RETRY_TEMPLATE, dependencies=["wait"], arguments=passed + [
+            Parameter(name="retries", value="{{=asInt(inputs.parameters.retries) + 1}}"),
+            Parameter(name="retry-on", value="{{=asInt(inputs.parameters.retries) + 1 < %d ? 'Error' : 'none'}}" % limit)]),
+    ])
+    attempt = Task(name="train", template=train, arguments=passed,
+                   continue_on=ContinueOn(error=True))  # an Error is handled: by the retry below, or it ends the DAG
+    retry = Task(name="retry", template=backoff, dependencies=["train"],
+                 when="{{tasks.train.status}} == {{inputs.parameters.retry-on}}",
+                 arguments=passed + [Parameter(name="retries", value=retries)])
+    # inputs besides the step's: the attempt number (0 first) and the phase that earns a retry after
+    # a backoff (Error; "none" once infra_limit retries happened)
+    step = DAG(name=TRAIN_RETRY_TEMPLATE, tasks=[attempt, retry],
+               inputs=_input_params(list(TRAIN_STEP_INPUTS)) + [
+                   Parameter(name="retries", default="0"), Parameter(name="retry-on", default="Error" if limit else "none")])
+    return [step, backoff, wait]
 
 
 def _workflow_parameters() -> list[Parameter]:
@@ -356,9 +376,10 @@ def _wf(name: str) -> str:
     return "{{workflow.parameters.%s}}" % kebab(name)
 
 
-def _templates(cfg: CompileConfig) -> dict[str, Container | Resource | DAG]:
+def _templates(cfg: CompileConfig) -> dict[str, Container | Resource | list]:
     """Every step's template, by task name (the DAG's order); the train task's is the
-    ``train-retry`` DAG around the ``train`` resource template (:func:`_train_retry_template`)."""
+    ``train-retry`` DAG around the ``train`` resource template, with its backoff templates
+    (:func:`_train_retry_templates`)."""
     # C15: every workflow parameter parsed by the CLI's own contract inside the cluster, first;
     # its log tail (the parameter named) becomes the step's message in Argo and the UI.
     validate = _step(cfg, "validate", cfg.light_image, "validate", TrainingParameters, ValidateOutput, every_field=True)
@@ -374,7 +395,7 @@ def _templates(cfg: CompileConfig) -> dict[str, Container | Resource | DAG]:
         "stage": _step(cfg, "stage", cfg.light_image, "stage", StageInput, StageOutput, fixed={"bucket": cfg.bucket}),
         "warm": _step(cfg, "warm", cfg.light_image, "stage.warm", WarmInput, WarmOutput),
         "preprocess": preprocess,
-        "train": _train_retry_template(_train_template(cfg), cfg),
+        "train": _train_retry_templates(_train_template(cfg), cfg),
         "evaluate": _step(cfg, "evaluate", cfg.light_image, "evaluate", EvaluateInput, EvaluateOutput),
         "register": register,
     }
@@ -384,7 +405,7 @@ def _out(task: str, name: str) -> str:
     return "{{tasks.%s.outputs.parameters.%s}}" % (task, kebab(name))
 
 
-def _dag(cfg: CompileConfig, templates: dict[str, Container | Resource | DAG]) -> DAG:
+def _dag(cfg: CompileConfig, templates: dict[str, Container | Resource | list]) -> DAG:
     """The DAG: per task, (dependencies, arguments by input field, ``when``)."""
     run = RunLayout.for_workflow(cfg.bucket, "{{workflow.name}}")
     manifest = _out("stage", "manifest_uri")
@@ -405,17 +426,18 @@ def _dag(cfg: CompileConfig, templates: dict[str, Container | Resource | DAG]) -
                                     "promotion_metric": _wf("promotion_metric")}, None),
     }
     tasks = [
-        Task(name=name, template=templates[name], dependencies=deps or None, when=when,
+        Task(name=name, template=templates[name][0] if isinstance(templates[name], list) else templates[name],
+             dependencies=deps or None, when=when,
              arguments=[Parameter(name=kebab(k), value=v) for k, v in args.items()])
         for name, (deps, args, when) in table.items()
     ]
     return DAG(name="training", tasks=tasks)
 
 
-def _with_inner(template: Container | Resource | DAG) -> list:
-    """``template``, then the templates its DAG tasks run (the train step: ``train-retry``, ``train``)."""
-    if isinstance(template, DAG):
-        return [template, *[t.template for t in template.tasks]]
+def _with_inner(template: Container | Resource | list) -> list:
+    """The templates of one step: the train step's are ``train-retry``, ``train``, ``train-backoff``, ``train-wait``."""
+    if isinstance(template, list):
+        return [template[0], *[t.template for t in template[0].tasks if not isinstance(t.template, DAG)], *template[1:]]
     return [template]
 
 

@@ -328,25 +328,8 @@ class ArgoServer:
             raise ValidationFailed(f"{what}: {detail}", "only a Failed or Error workflow can be retried in place")
         raise PipectlError(f"{what}: Argo Server error {r.status_code}: {detail}")
 
-    RETRY_NODE_SELECTOR = "phase=Omitted"
-    """Nodes a retry restarts besides the failed ones: the steps Argo omitted after a failure.
-    The train step's retries with backoff sit on a DAG around its attempt (training.py
-    ``train-retry``, C10), so the steps after it hang below that DAG's node, which Argo's retry
-    resets but keeps, together with them (workflow/util FormulateRetryWorkflow, v4.0.5: only what
-    hangs below a failed POD is removed): left Omitted, they stop the retried workflow for good
-    (it stays Running). The Argo UI's RETRY needs the same: "Restart successful" with this node
-    field selector."""
-
     def retry(self, namespace: str, name: str) -> dict[str, Any]:
         """Retry workflow ``name`` in place: failed steps run again, succeeded ones keep their
-        outputs, omitted ones are restarted (:data:`RETRY_NODE_SELECTOR`;
-        PUT /api/v1/workflows/{namespace}/{name}/retry). Only a Failed or Error workflow:
-        :class:`ValidationFailed` (2) otherwise (with ``restartSuccessful`` the server would
-        accept a Succeeded one)."""
-        phase = (self._call(f"get {name}", "GET", f"/api/v1/workflows/{namespace}/{name}").get("status") or {}).get("phase")
-        if phase not in ("Failed", "Error"):
-            raise ValidationFailed(f"retry {name}: the workflow is {phase or 'not started'}",
-                                   "only a Failed or Error workflow can be retried in place")
+        outputs (PUT /api/v1/workflows/{namespace}/{name}/retry)."""
         return self._call(f"retry {name}", "PUT", f"/api/v1/workflows/{namespace}/{name}/retry",
-                          {"name": name, "namespace": namespace, "restartSuccessful": True,
-                           "nodeFieldSelector": self.RETRY_NODE_SELECTOR})
+                          {"name": name, "namespace": namespace})

@@ -382,6 +382,7 @@ class LocalRunner:
                 raise LocalBackendError(f"task {task}.{name}: no template {inner['template']!r}")
             last = self._run_template(f"{task}.{name}" if name != task else task, self.templates[inner["template"]], args, values,
                                       dirname if name == task else f"{dirname}.{name}")
+            values[f"tasks.{name}.status"] = last.phase  # for a later task's `when` (the train step's retry: training.py)
             if last.phase != "Succeeded":
                 return NodeResult(task, tmpl["name"], last.phase, last.exit_code, time.perf_counter() - t0,
                                   log_path=last.log_path, message=last.message, attempts=last.attempts)
