@@ -613,6 +613,30 @@ def _c10_workflow(name: str, cfg) -> dict:
             "metadata": {"name": name, "namespace": "pipectl"}, "spec": spec}
 
 
+def _lose_running_launcher_pod(test_cluster, api, workflow: str, spared: set[str] = frozenset()) -> str:
+    """Delete the pod of ``workflow``'s running train attempt as a lost node would (grace 0) and
+    return its name: once Argo's node for it is Running (a node still Pending gets its pod created
+    again: operator.go podReconciliation) and its gang job exists. Pods named in ``spared`` are older
+    attempts'."""
+    from kubernetes import client
+
+    core, custom = client.CoreV1Api(api), _custom(api)
+
+    def running() -> str | None:
+        nodes = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", workflow)
+        for n in (nodes.get("status", {}).get("nodes") or {}).values():
+            if n["type"] == "Pod" and n["phase"] == "Running" and n["templateName"] == "train":
+                pods = core.list_namespaced_pod("pipectl", label_selector=f"{WORKFLOW_LABEL}={workflow}").items
+                mine = [p.metadata.name for p in pods if (p.metadata.annotations or {}).get("workflows.argoproj.io/node-id") == n["id"]
+                        and p.status.phase == "Running" and p.metadata.name not in spared]
+                if mine and len(_gang_jobs(api, workflow)) > len(spared):
+                    return mine[0]
+        return None
+    pod = test_cluster.wait_for(f"a running train attempt of {workflow}", running, timeout_s=90)
+    core.delete_namespaced_pod(pod, "pipectl", grace_period_seconds=0)
+    return pod
+
+
 def test_C10_a_lane_slot_is_free_while_a_failed_train_attempt_waits_to_retry(
         project_applied, train_pod_annotations, test_cluster, k8s_api):
     """C10 on the real controller: the urgent lane has ONE slot (semaphore size 1). Workflow A's
@@ -645,20 +669,13 @@ def test_C10_a_lane_slot_is_free_while_a_failed_train_attempt_waits_to_retry(
                                                                label_selector=f"{WORKFLOW_LABEL}={wf}")["items"]
         return {j["metadata"]["name"]: j["metadata"]["creationTimestamp"] for j in items}
 
-    def launcher_pods(wf: str) -> list:
-        """The running pods of the workflow's nodes (gang pods carry the workflow label too, no node name)."""
-        return [p for p in core.list_namespaced_pod("pipectl", label_selector=f"{WORKFLOW_LABEL}={wf}").items
-                if "workflows.argoproj.io/node-name" in (p.metadata.annotations or {})
-                and p.status.phase in ("Pending", "Running") and not p.metadata.deletion_timestamp]
-
     try:
         custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", _c10_workflow(a, cfg))
         test_cluster.wait_for("A's first gang job", lambda: jobs(a), timeout_s=60)
         custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", _c10_workflow(b, cfg))
         time.sleep(3)  # B is reconciled several times (1 s requeue) and must not get the slot
         assert not jobs(b), "B got a gang job while A's attempt held the only slot"
-        (pod,) = test_cluster.wait_for("A's launcher pod running", lambda: launcher_pods(a), timeout_s=30)
-        core.delete_namespaced_pod(pod.metadata.name, "pipectl", grace_period_seconds=0)
+        _lose_running_launcher_pod(test_cluster, k8s_api, a)
         t_deleted = time.monotonic()
 
         # watch until B's gang job exists: A must be waiting out its backoff then, its retry not started
@@ -700,6 +717,46 @@ def test_C10_a_lane_slot_is_free_while_a_failed_train_attempt_waits_to_retry(
             except client.ApiException as e:
                 if e.status != 404:
                     raise
+        core.delete_namespaced_config_map(C10_LANES, "pipectl")
+
+
+def test_C10_a_train_step_whose_backoff_retries_are_used_up_fails_the_workflow(
+        project_applied, train_pod_annotations, test_cluster, k8s_api):
+    """The other end of C10's recursion (training.py _train_retry_templates): infra_limit=1, the
+    launcher pod of the attempt AND of its one retry deleted: the workflow ends Error — the attempt
+    task's continueOn must not turn used-up retries into a success — after one wait of the policy's
+    delay (5 s), with two attempts, both Error "pod deleted"."""
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    from kubernetes import client
+
+    from pipectl.pipelines.policy import RetryPolicy
+    from pipectl.pipelines.training import CompileConfig
+
+    core = client.CoreV1Api(k8s_api)
+    custom = _custom(k8s_api)
+    policy = RetryPolicy(scale_up_s=30, infra_limit=1, transient_limit=1, step_timeout_s=600)
+    assert policy.delays_s() == [5]
+    train_pod_annotations({"pipectl.io/run-duration": "60s"})
+    core.create_namespaced_config_map("pipectl", {"metadata": {"name": C10_LANES}, "data": {"urgent": "1"}})
+    name = f"c10-used-up-{int(time.time()) % 100000}"
+
+    try:
+        custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows",
+                                               _c10_workflow(name, CompileConfig(retry=policy)))
+        first = _lose_running_launcher_pod(test_cluster, k8s_api, name)
+        _lose_running_launcher_pod(test_cluster, k8s_api, name, spared={first})
+        done = _wait_phase(k8s_api, "pipectl", name, {"Succeeded", "Failed", "Error"}, timeout_s=90)
+        nodes = done["status"]["nodes"].values()
+        pods = [(n["phase"], n.get("message", "")) for n in sorted(nodes, key=lambda n: n["startedAt"]) if n["type"] == "Pod"]
+        assert done["status"]["phase"] == "Error" and pods == [("Error", "pod deleted")] * 2, (done["status"]["phase"], pods)
+        assert [n["type"] for n in nodes].count("Suspend") == 1
+    finally:
+        try:
+            custom.delete_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", name)
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
         core.delete_namespaced_config_map(C10_LANES, "pipectl")
 
 
