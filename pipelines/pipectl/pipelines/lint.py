@@ -193,7 +193,7 @@ def _semaphore_backoff_findings(tmpl: dict, at: str) -> list[Finding]:
     sync = tmpl.get("synchronization") or {}
     if (sync.get("semaphores") or sync.get("semaphore")) and (tmpl.get("retryStrategy") or {}).get("backoff"):
         return [Finding(f"{at} retryStrategy.backoff", f"template {tmpl['name']!r} holds a semaphore through its retry backoff "
-                        "(C10, argo-workflows#9875): retry with backoff in a template around it")]
+                        "(C10, argo-workflows#9875): wait and retry outside it (training.py train-retry)")]
     return []
 
 
