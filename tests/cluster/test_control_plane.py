@@ -867,6 +867,26 @@ def train_pod_annotations(k8s_api, training_outputs_supplied):
     return set_
 
 
+def submit_two_worker_training(test_cluster, k8s_api, train_pod_annotations, run_s: int) -> tuple[str, str, list]:
+    """`pipectl submit training` with a 2-pod gang whose pods KWOK keeps running ``run_s`` seconds;
+    returns (workflow name, gang job name, the gang's two Running pods) once both run."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(k8s_api)
+    train_pod_annotations({"pipectl.io/run-duration": f"{run_s}s"})
+    r = _pipectl(test_cluster, "submit", "training", "-p", "workers=2", "-p", "gpus-per-worker=1",
+                 "-p", "processes-per-worker=1", "--output", "json")
+    assert r.returncode == 0, r.stderr
+    name = json.loads(r.stdout)["name"]
+    job = test_cluster.wait_for("the gang job", lambda: _gang_jobs(k8s_api, name), timeout_s=90)[0]
+
+    def running_pods():
+        pods = core.list_namespaced_pod("pipectl", label_selector=f"volcano.sh/job-name={job}").items
+        running = [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+        return running if len(running) == 2 else None
+    return name, job, test_cluster.wait_for("the gang running", running_pods, timeout_s=90)
+
+
 def test_evicted_gang_pod_restarts_the_whole_gang_and_the_workflow_succeeds(
         project_applied, train_pod_annotations, test_cluster, k8s_api):
     """Delete one running pod of the train gang (what preemption, a drain or a scale-down does):
@@ -878,18 +898,7 @@ def test_evicted_gang_pod_restarts_the_whole_gang_and_the_workflow_succeeds(
     from kubernetes import client
 
     core = client.CoreV1Api(k8s_api)
-    train_pod_annotations({"pipectl.io/run-duration": "6s"})
-    r = _pipectl(test_cluster, "submit", "training", "-p", "workers=2", "-p", "gpus-per-worker=1",
-                 "-p", "processes-per-worker=1", "--output", "json")
-    assert r.returncode == 0, r.stderr
-    name = json.loads(r.stdout)["name"]
-    job = test_cluster.wait_for("the gang job", lambda: _gang_jobs(k8s_api, name), timeout_s=90)[0]
-
-    def running_pods():
-        pods = core.list_namespaced_pod("pipectl", label_selector=f"volcano.sh/job-name={job}").items
-        running = [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
-        return running if len(running) == 2 else None
-    first = test_cluster.wait_for("the gang running", running_pods, timeout_s=90)
+    name, job, first = submit_two_worker_training(test_cluster, k8s_api, train_pod_annotations, run_s=6)
     core.delete_namespaced_pod(first[1].metadata.name, "pipectl")
     wf = _wait_phase(k8s_api, "pipectl", name, {"Succeeded", "Failed", "Error"}, timeout_s=120)
     assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")

@@ -16,19 +16,17 @@ grace period (SIGKILL, 137: what Volcano >= 1.14 reports as PodFailed).
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
 from tests.cluster.test_control_plane import (  # noqa: F401 - fixtures
     _custom,
-    _gang_job,
     _lane_gang,
-    _pipectl,
     _vcjob,
     _wait_phase,
     project_applied,
+    submit_two_worker_training,
     train_pod_annotations,
     training_outputs_supplied,
 )
@@ -134,13 +132,7 @@ def test_C07_node_pressure_eviction_mid_training_and_the_workflow_succeeds(
     from kubernetes import client
 
     core = client.CoreV1Api(k8s_api)
-    train_pod_annotations({"pipectl.io/run-duration": "8s"})
-    r = _pipectl(test_cluster, "submit", "training", "-p", "workers=2", "-p", "gpus-per-worker=1",
-                 "-p", "processes-per-worker=1", "--output", "json")
-    assert r.returncode == 0, r.stderr
-    name = json.loads(r.stdout)["name"]
-    job = test_cluster.wait_for("the gang job", lambda: _gang_job(k8s_api, name), timeout_s=90)
-    first = test_cluster.wait_for("the gang running", lambda: _running_pods(core, job, 2), timeout_s=90)
+    name, job, first = submit_two_worker_training(test_cluster, k8s_api, train_pod_annotations, run_s=8)
     core.patch_namespaced_pod_status(first[0].metadata.name, NS, {"status": LOSSES["node-pressure-eviction-137"][0]})
     wf = _wait_phase(k8s_api, NS, name, {"Succeeded", "Failed", "Error"}, timeout_s=150)
     assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")
