@@ -61,6 +61,17 @@ def _custom(api):
     return client.CustomObjectsApi(api)
 
 
+def _delete_workflow(custom, name: str, ns: str = "pipectl") -> None:
+    """Delete a test's workflow; already gone (404: its TTL or the garbage collector) is fine."""
+    from kubernetes import client
+
+    try:
+        custom.delete_namespaced_custom_object("argoproj.io", "v1alpha1", ns, "workflows", name)
+    except client.ApiException as e:
+        if e.status != 404:
+            raise
+
+
 def _wait_phase(api, ns: str, name: str, phases: set[str], timeout_s: float = 90.0) -> dict:
     custom = _custom(api)
     deadline = time.monotonic() + timeout_s
@@ -712,11 +723,7 @@ def test_C10_a_lane_slot_is_free_while_a_failed_train_attempt_waits_to_retry(
         assert sorted(jobs(a).values())[1] >= b_end, (jobs(a), b_end)
     finally:
         for wf in (a, b):
-            try:
-                custom.delete_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", wf)
-            except client.ApiException as e:
-                if e.status != 404:
-                    raise
+            _delete_workflow(custom, wf)
         core.delete_namespaced_config_map(C10_LANES, "pipectl")
 
 
@@ -752,11 +759,7 @@ def test_C10_a_train_step_whose_backoff_retries_are_used_up_fails_the_workflow(
         assert done["status"]["phase"] == "Error" and pods == [("Error", "pod deleted")] * 2, (done["status"]["phase"], pods)
         assert [n["type"] for n in nodes].count("Suspend") == 1
     finally:
-        try:
-            custom.delete_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", name)
-        except client.ApiException as e:
-            if e.status != 404:
-                raise
+        _delete_workflow(custom, name)
         core.delete_namespaced_config_map(C10_LANES, "pipectl")
 
 

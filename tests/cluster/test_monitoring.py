@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.cluster.test_control_plane import EXCLUDED_DIRS, KIND_ORDER, TRAINING_STEP_OUTPUTS
 from tests.harness.argoexec import TEST_OUTPUTS_CONFIGMAP
 from tests.harness.prometheus import (Prometheus, absent_exporter, cluster_targets, metric_names, require_binaries,
                                       panel_queries, rendered, rules, split_threshold)
@@ -39,23 +40,6 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 PIPECTL = REPO / ".venv" / "bin" / "pipectl"
-# as tests/cluster/test_control_plane.py: what a namespace owner and cluster admin apply, minus the
-# controller's own config (namespace argo), monitoring (prometheus-operator CRDs), the Volcano
-# scheduler config (the test cluster's vc-scheduler reads it from a file) and autoscaling
-EXCLUDED_DIRS = {"controller", "monitoring", "volcano", "kube-apiserver", "autoscaling"}
-KIND_ORDER = {"Namespace": 0, "PriorityClass": 1, "ResourceQuota": 2, "ServiceAccount": 2, "Role": 3,
-              "RoleBinding": 4, "ConfigMap": 5, "Queue": 6, "WorkflowTemplate": 7}
-# what the steps would write (KWOK pods cannot): the argoexec stand-in reports them
-STEP_OUTPUTS = {
-    "stage": {"dataset-uri": "s3://pipectl/datasets/d1/", "manifest-uri": "s3://pipectl/datasets/d1/manifest.json",
-              "objects": 1797, "bytes": 1000000, "copied": 1797, "skipped": 0, "retries": 0},
-    "preprocess": {"shards-uri": "s3://pipectl/runs/x/shards/", "train-count": 1617, "validation-count": 180,
-                   "corrupt": 0, "images-per-s": 20000.0, "device": "cpu"},
-    "evaluate": {"mlflow-run-id": "r1", "model-uri": "runs:/r1/model", "metrics": "{}", "metric": 0.98,
-                 "champion-version": "", "champion-metric": "", "decision": "promote"},
-    "register": {"model-name": "digits-cnn", "version": "1", "alias": "champion", "created": "true",
-                 "champion-version": "1"},
-}
 
 
 def _pipectl(cluster, *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess:
@@ -102,7 +86,7 @@ def _run_one_good_and_one_bad_pipeline(cluster, k8s_api) -> tuple[str, str]:
     from kubernetes import client
 
     core, custom = client.CoreV1Api(k8s_api), client.CustomObjectsApi(k8s_api)
-    body = {"metadata": {"name": TEST_OUTPUTS_CONFIGMAP}, "data": {k: json.dumps(v) for k, v in STEP_OUTPUTS.items()}}
+    body = {"metadata": {"name": TEST_OUTPUTS_CONFIGMAP}, "data": {k: json.dumps(v) for k, v in TRAINING_STEP_OUTPUTS.items()}}
     try:
         core.create_namespaced_config_map("pipectl", body)
     except client.ApiException as e:

@@ -541,10 +541,12 @@ def _gang_job_of_run(c, run: str, new: str) -> dict:
 
     custom = _custom(c)
     wft = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflowtemplates", "training-v1")
-    manifest = next(t["resource"]["manifest"] for t in wft["spec"]["templates"] if "resource" in t)
+    resource = next(t for t in wft["spec"]["templates"] if "resource" in t)
+    manifest = resource["resource"]["manifest"]
     wf = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", run)
-    node = next(n for n in wf["status"]["nodes"].values()
-                if any(p["name"] == "shards-uri" for p in (n.get("inputs") or {}).get("parameters", [])))
+    # the attempt's pod node: it has every input of the resource template (the DAG and skipped
+    # retry nodes around it need not)
+    node = next(n for n in wf["status"]["nodes"].values() if n["type"] == "Pod" and n.get("templateName") == resource["name"])
     params = {p["name"]: p["value"].replace(run, new) if p["name"] == "run-uri" else p["value"]
               for p in node["inputs"]["parameters"]}
     text = re.sub(r"\{\{inputs\.parameters\.([\w-]+)\}\}", lambda m: params[m.group(1)], manifest)
@@ -571,7 +573,7 @@ def test_C07_node_pressure_eviction_by_the_real_kubelet_restarts_the_gang_from_i
     """Issue 12 / C07 on the real node: the kubelet itself evicts a training pod under memory
     pressure. The product's gang job (as the training run's train step created it) trains; the
     kubelet is restarted with a memory.available threshold 1 GiB below what it measures now, and a
-    2 GiB process on the host (outside Kubernetes) crosses it: the kubelet evicts a gang pod — the
+    process on the host (outside Kubernetes) growing to 5 GiB crosses it: the kubelet evicts a gang pod — the
     pod stays, phase Failed, reason Evicted; printed as the kubelet wrote it —, Volcano restarts the
     whole gang (PodFailed is not PodEvicted: before issue 12's fix PodFailed -> TerminateJob ended
     the job), the hog goes, the kubelet gets its usual threshold back, and the restarted workers
@@ -606,7 +608,10 @@ def test_C07_node_pressure_eviction_by_the_real_kubelet_restarts_the_gang_from_i
         default_hard = yaml.safe_load(nd.KUBELET_CONFIG.read_text())["evictionHard"]
         node.restart_kubelet(evictionHard={**default_hard, "memory.available": f"{threshold_mi}Mi"},
                              evictionPressureTransitionPeriod="5s")
-        hog = subprocess.Popen([sys.executable, "-c", f"import time\nx = b'\\x01' * {2 << 30}\ntime.sleep(900)"])
+        # grows by 256 MiB every 0.5 s up to 5 GiB: crosses the threshold even if other processes
+        # free memory meanwhile (a fixed 2 GiB did not once, on a loaded machine)
+        hog = subprocess.Popen([sys.executable, "-c", "import time\nx = []\nfor _ in range(20):\n"
+                                "    x.append(b'\\x01' * (256 << 20))\n    time.sleep(0.5)\ntime.sleep(900)"])
         t0 = time.monotonic()
 
         def evicted():
