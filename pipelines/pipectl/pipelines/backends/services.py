@@ -149,8 +149,9 @@ def save_s3_snapshot(url: str, dest: Path, *, threads: int = 8) -> int:
     partial, old = dest.with_name(dest.name + ".partial"), dest.with_name(dest.name + ".old")
     shutil.rmtree(partial, ignore_errors=True)
     (partial / "objects").mkdir(parents=True)
-    keys = [(b["Name"], o["Key"]) for b in s3.list_buckets().get("Buckets", [])
-            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=b["Name"]) for o in page.get("Contents", [])]
+    buckets = sorted(b["Name"] for b in s3.list_buckets().get("Buckets", []))
+    keys = [(bucket, o["Key"]) for bucket in buckets
+            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket) for o in page.get("Contents", [])]
 
     def copy(item: tuple[int, tuple[str, str]]) -> dict:
         n, (bucket, key) = item
@@ -162,7 +163,6 @@ def save_s3_snapshot(url: str, dest: Path, *, threads: int = 8) -> int:
 
     with ThreadPoolExecutor(threads) as pool:
         index = list(pool.map(copy, enumerate(keys)))
-    buckets = sorted({b["Name"] for b in s3.list_buckets().get("Buckets", [])})
     (partial / SNAPSHOT_INDEX).write_text(json.dumps({"buckets": buckets, "objects": index}))
     shutil.rmtree(old, ignore_errors=True)
     if dest.exists():
