@@ -1,28 +1,44 @@
 #!/usr/bin/env bash
-# scripts/test.sh — `make test` (and so `.ci/run`): prepare everything the tests use, in parallel
-# where it is independent, then run the test suite, and print a table of the phases at the end.
+# scripts/test.sh — `make test` (and so `.ci/run`): prepare everything the tests use, overlapping
+# what waits on different things, run the three test tiers, and print a table of the phases, their
+# budgets and the ten slowest tests at the end.
 #
-#   system-deps   Debian packages (Ceph, Java/Maven, Docker, containerd, ...)    serial, first
-#   venv          the project's cached virtual environment (scripts/setup.sh)    ┐
-#   go-build      the test cluster's binaries from the Go module proxy          ├ in parallel:
-#   images        the step images (scripts/images.sh)                            │ pip/apt downloads
-#   node-images   the step images into the real node's containerd store         ┘ overlap Go compiles
-#                 (tests/cluster/node.py preload; after images)
-#   tests         pytest: unit, golden, integration, Ceph, Alluxio, KWOK cluster
-#   real-pods     pytest tests/cluster/test_real_pods.py (the real node; after the KWOK cluster is
-#                 down: both bind the node's ports and load the 2 cores)
+#   system-deps    Debian packages (Ceph, Java/Maven, Docker, containerd, ...)       serial, first
+#   venv           the project's cached virtual environment (scripts/setup.sh)       ┐ in parallel:
+#   go-cluster     the KWOK control plane's binaries (Go module proxy; cached)       │ PyPI / apt /
+#   images         the step images (scripts/images.sh)                               ┘ Go compiles
+#   tests-local    pytest tier 1: unit, golden, integration, Ceph, Alluxio — starts as soon as the
+#                  venv exists, beside the Go builds (cold) or beside tier 2 (warm): it needs no
+#                  cluster binary
+#   node-images    the step images into the real node's containerd store (after images + venv)
+#   go-node        the real node's binaries (kubelet, pause, argoexec, coredns), after go-cluster,
+#                  beside tier 2
+#   tests-cluster  pytest tier 2: the KWOK control plane (tests/cluster), once go-cluster is done
+#   real-pods      pytest tier 3: tests/cluster/test_real_pods.py on the real node, once tiers 1
+#                  and 2 are done (the node binds fixed ports and loads both cores)
 #
-# Both pytest runs always run; the exit status is non-zero if any phase failed. Each parallel phase
-# writes its log to $PIPECTL_TEST_LOGS (default .pipectl/test-logs); a failed one has its tail
-# printed. The phase table goes to stdout and to $PIPECTL_TEST_LOGS/phases.txt.
-# Usage: scripts/test.sh [PYTEST_ARGS...]   (extra arguments go to the first pytest run)
+# Every tier always runs when what it needs was prepared; the exit status is non-zero if any phase
+# failed. Each background phase writes its log to $PIPECTL_TEST_LOGS (default .pipectl/test-logs);
+# a failed one has its tail printed. The phase table goes to stdout and to $PIPECTL_TEST_LOGS/phases.txt.
+# Usage: scripts/test.sh [PYTEST_ARGS...]   (extra arguments go to the tier 1 and tier 2 runs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS=${PIPECTL_TEST_LOGS:-.pipectl/test-logs}
 mkdir -p "$LOGS"
+rm -f "$LOGS"/*.xml
 : >"$LOGS/phases.tsv"
 T0=$SECONDS
 rc_all=0
+# The whole run warns past this (seconds): the CI gate stops at 90 minutes.
+WARN_TOTAL_S=${PIPECTL_TEST_WARN_S:-3600}
+# Budget of each phase in seconds (wall time; cold figures where a cache makes it a no-op warm).
+declare -A BUDGET=([system-deps]=180 [venv]=420 [images]=900 [go-cluster]=2100 [go-node]=900
+                   [node-images]=900 [tests-local]=1500 [tests-cluster]=1800 [real-pods]=900)
+# Go components by tier (tests/cluster/build.sh builds each once per version).
+GO_CLUSTER=(etcd kube-apiserver kube-controller-manager kube-scheduler workflow-controller argo
+            vc-scheduler vc-controller-manager kwok karpenter kubectl)
+GO_NODE=(kubelet pause argoexec coredns)
+PYTEST=(.venv/bin/pytest -p no:cacheprovider)
 
 log() { printf '[test %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 record() {  # record NAME START_S RC [END_S]
@@ -38,24 +54,47 @@ run_phase() {  # run_phase NAME CMD...: in the foreground, output to the termina
   record "$name" "$t" "$rc"
   return "$rc"
 }
+slowest() {  # the ten slowest tests of every tier (from their JUnit XML)
+  compgen -G "$LOGS/*.xml" >/dev/null || return 0
+  [[ -x .venv/bin/python ]] || return 0
+  .venv/bin/python - "$LOGS"/*.xml <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+rows = []
+for path in sys.argv[1:]:
+    tier = path.rsplit("/", 1)[-1].removesuffix(".xml")
+    for case in ET.parse(path).iter("testcase"):
+        rows.append((float(case.get("time", 0)), tier, f"{case.get('classname')}::{case.get('name')}"))
+rows.sort(reverse=True)
+print("\nTen slowest tests (seconds, tier, test):")
+for t, tier, name in rows[:10]:
+    print(f"  {t:8.1f}  {tier:<13} {name}")
+print(f"  ({len(rows)} tests in all)")
+PY
+}
 table() {
+  local total=$((SECONDS - T0))
   {
     echo
-    echo "Phases of this run (seconds from the start; wall time of each phase):"
-    printf '  %-12s %7s %9s  %s\n' phase start took result
+    echo "Phases of this run (seconds from the start; wall time of each phase; its budget):"
+    printf '  %-14s %7s %9s %8s  %s\n' phase start took budget result
     while IFS=$'\t' read -r name start took rc; do
-      printf '  %-12s %6ss %8ss  %s\n' "$name" "$start" "$took" "$([[ $rc -eq 0 ]] && echo ok || echo "FAILED (exit $rc)")"
+      local b=${BUDGET[$name]:-0} over=""
+      [[ $b -gt 0 && $took -gt $b ]] && over=" — OVER BUDGET"
+      printf '  %-14s %6ss %8ss %7ss  %s%s\n' "$name" "$start" "$took" "$b" \
+        "$([[ $rc -eq 0 ]] && echo ok || echo "FAILED (exit $rc)")" "$over"
     done <"$LOGS/phases.tsv"
-    printf '  %-12s %7s %8ss  %s\n' total "" "$((SECONDS - T0))" "$([[ $rc_all -eq 0 ]] && echo ok || echo FAILED)"
+    printf '  %-14s %7s %8ss %7ss  %s\n' total "" "$total" "$WARN_TOTAL_S" "$([[ $rc_all -eq 0 ]] && echo ok || echo FAILED)"
+    slowest
+    if [[ $total -gt $WARN_TOTAL_S ]]; then
+      echo "WARNING: this run took $((total / 60)) min, over the $((WARN_TOTAL_S / 60))-minute warning line (the CI gate stops at 90 min)"
+    fi
   } | tee "$LOGS/phases.txt"
 }
 trap table EXIT
 
 run_phase system-deps bash scripts/system-deps.sh ceph alluxio node ui || exit 1
 
-# Independent, and each mostly waits on a different thing (PyPI, the Go compiler, Docker builds).
-# node-images (the step images into the real node's cached containerd store, minutes cold) starts
-# once the images and the venv are there, still beside the Go builds.
 declare -A pid start
 bg() {  # bg NAME CMD...
   local p=$1
@@ -67,32 +106,53 @@ bg() {  # bg NAME CMD...
   ( "$@"; rc=$?; echo "$SECONDS" >"$LOGS/$p.end"; exit "$rc" ) >"$LOGS/$p.log" 2>&1 &
   pid[$p]=$!
 }
-prepared=0
-reap() {  # reap NAME: wait for it, record it, show its tail (all of the end when it failed)
+reap() {  # reap NAME [TAIL_LINES]: wait for it, record it, show its tail (more of it when it failed)
   local p=$1 rc
+  [[ -n ${pid[$p]:-} ]] || return 1
   wait "${pid[$p]}"
   rc=$?
   record "$p" "${start[$p]}" "$rc" "$(cat "$LOGS/$p.end" 2>/dev/null || echo "$SECONDS")"
   if [[ $rc -ne 0 ]]; then
-    prepared=1
     log "phase $p FAILED (exit $rc); last lines of $LOGS/$p.log:"
-    tail -n 40 "$LOGS/$p.log" | sed 's/^/    | /' >&2
+    if grep -q '^=* FAILURES =*$' "$LOGS/$p.log"; then  # a pytest tier: its failures and summary
+      sed -n '/^=* FAILURES =*$/,$p' "$LOGS/$p.log" | tail -n 800 | sed "s/^/    [$p] /" >&2
+    else
+      tail -n "${2:-60}" "$LOGS/$p.log" | sed "s/^/    [$p] /" >&2
+    fi
   else
-    tail -n 3 "$LOGS/$p.log" | sed "s/^/    [$p] /" >&2
+    tail -n "${2:-3}" "$LOGS/$p.log" | sed "s/^/    [$p] /" >&2
   fi
   return "$rc"
 }
-bg venv bash scripts/setup.sh
-bg go-build bash tests/cluster/build.sh
-bg images bash scripts/images.sh
-reap venv
-reap images
-[[ $prepared -eq 0 ]] && bg node-images .venv/bin/python tests/cluster/node.py preload
-reap go-build
-[[ -z ${start[node-images]:-} ]] || reap node-images
-[[ $prepared -eq 0 ]] || exit 1
+tier() {  # tier NAME PYTEST_ARGS...: one pytest run with its JUnit XML kept for the slowest list
+  local name=$1
+  shift
+  "${PYTEST[@]}" --durations=10 --junitxml="$LOGS/$name.xml" "$@"
+}
 
 export PIPECTL_REQUIRE_CEPH=1 PIPECTL_REQUIRE_CLUSTER=1
-run_phase tests .venv/bin/pytest --durations=15 --ignore=tests/cluster/test_real_pods.py "$@"
-PIPECTL_NODE_TESTS=1 run_phase real-pods .venv/bin/pytest --durations=10 tests/cluster/test_real_pods.py
+bg venv bash scripts/setup.sh
+bg go-cluster bash tests/cluster/build.sh "${GO_CLUSTER[@]}"
+bg images bash scripts/images.sh
+reap venv || exit 1
+bg tests-local tier tests-local --ignore=tests/cluster "$@"
+images_ok=0
+reap images && images_ok=1 && bg node-images .venv/bin/python tests/cluster/node.py preload
+cluster_ok=0
+if reap go-cluster; then
+  cluster_ok=1
+  bg go-node bash tests/cluster/build.sh "${GO_NODE[@]}"
+  run_phase tests-cluster tier tests-cluster tests/cluster --ignore=tests/cluster/test_real_pods.py "$@"
+fi
+# tier 1's whole report: its failures and the slowest tests are in the last lines
+reap tests-local 120
+node_ok=$cluster_ok
+[[ $cluster_ok -eq 1 ]] && { reap go-node || node_ok=0; }
+[[ $images_ok -eq 1 ]] && { reap node-images || node_ok=0; }
+if [[ $node_ok -eq 1 && $images_ok -eq 1 ]]; then
+  PIPECTL_NODE_TESTS=1 run_phase real-pods tier real-pods tests/cluster/test_real_pods.py
+else
+  log "real-pods not run: what it needs was not prepared (see the phases above)"
+  rc_all=1
+fi
 exit "$rc_all"

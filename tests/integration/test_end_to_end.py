@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipectl.components.contracts import TrainingParameters
+from tests.tools.procs import default_signals
 
 pytestmark = pytest.mark.integration
 
@@ -109,7 +110,7 @@ def test_a_signal_stops_every_process_the_run_started(tmp_path, signame, code):
     import psutil
 
     proc = subprocess.Popen([PIPECTL, "run", "training", "--state-dir", str(tmp_path / "state")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     runs = tmp_path / "state" / "runs"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not list(runs.glob("*/train/main.log")):

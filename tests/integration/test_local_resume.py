@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tools.procs import default_signals
+
 pytestmark = pytest.mark.integration
 
 PIPECTL = str(Path(sys.executable).parent / "pipectl")
@@ -42,7 +44,7 @@ def _interrupt_during_training(state: Path, signame: str) -> tuple[int, int]:
     err = state.parent / "interrupted-run.stderr"
     with open(err, "w") as f:
         proc = subprocess.Popen([PIPECTL, "run", "training", "--state-dir", str(state), *PARAMS],
-                                stdout=subprocess.DEVNULL, stderr=f)
+                                stdout=subprocess.DEVNULL, stderr=f, preexec_fn=default_signals)
     try:
         deadline = time.monotonic() + 300
         step = 0

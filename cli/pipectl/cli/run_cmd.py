@@ -44,6 +44,7 @@ def run(pipeline: str, params: tuple[str, ...], parameter_file: Path | None, out
     Needs the steps' dependencies: pip install 'pipectl[steps]'.
 
     Interrupted (Ctrl-C, SIGTERM, SIGHUP) it stops every process it started; `--resume` continues it.
+    A SIGINT or SIGHUP ignored when it starts (nohup, `cmd &` in a script) stays ignored: stop it with SIGTERM.
     Exit codes: 0 Succeeded, 1 the workflow Failed, 2 bad input or nothing to resume, 3 a service
     is unreachable, 128+N stopped by signal N."""
     parameters = training_parameters(params, parameter_file)
@@ -81,26 +82,45 @@ def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str |
         console.print("[dim]services: " + redact_credentials(", ".join(f"{k} {v}" for k, v in urls.items())) + "[/]", soft_wrap=True)
         progress.start()
 
-    def on_signal(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)  # unwinds: gang processes and services are stopped on the way out
-
-    # SIGTERM (kill, systemd), SIGHUP (the terminal closed): stop everything this run started;
-    # SIGINT (Ctrl-C) arrives as KeyboardInterrupt and unwinds the same way (exit 130).
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
     started = time.time()
     try:
-        summary = run_training_locally(parameters, settings, on_event, on_services, launcher=launcher, resume=resume)
+        with stop_on_signals():
+            summary = run_training_locally(parameters, settings, on_event, on_services, launcher=launcher, resume=resume)
     except (KeyboardInterrupt, SystemExit):
         progress.stop()
         _print_resume_hint(settings, started, console)
         raise
     finally:
         progress.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
     (_print_failure if summary["phase"] != "Succeeded" else _print_summary)(summary, console)
     return summary
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Any:
+    """While inside: SIGTERM (kill, systemd), SIGHUP (the terminal closed) and SIGINT (Ctrl-C) raise
+    ``SystemExit(128 + N)``, which unwinds the run: every process it started is stopped on the way
+    out and the run is left resumable.
+
+    A SIGHUP or SIGINT that this process started with *ignored* stays ignored, as the shell meant
+    it: ``nohup pipectl run …`` survives the terminal closing, and ``pipectl run … &`` in a script
+    (no job control: the shell ignores SIGINT for it) is not stopped by a Ctrl-C meant for the
+    script. SIGTERM always stops the run; use it (``kill PID``) for a run started that way."""
+
+    def on_signal(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS
+                if sig == signal.SIGTERM or signal.getsignal(sig) != signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _print_resume_hint(settings: Any, since: float, console: Any) -> None:
