@@ -60,7 +60,8 @@ class TrainBench:
         from pipectl.components.contracts import RunSettings, TrainingParameters
         from pipectl.pipelines.backends.services import S3_ACCESS_KEY, S3_SECRET_KEY, EmbeddedServices
         from pipectl.pipelines.backends.runner import LocalRunner
-        from pipectl.pipelines.training import CompileConfig, build_training
+        from pipectl.pipelines.builtin import build_training
+        from pipectl.pipelines.training import CompileConfig
 
         self.services = EmbeddedServices(self.state_dir, s3=True, mlflow=True).__enter__()
         settings = RunSettings(s3_endpoint=self.services.s3_url, s3_access_key=S3_ACCESS_KEY, s3_secret_key=S3_SECRET_KEY,

@@ -308,7 +308,13 @@ def test_volcano_gang_too_big_binds_nothing(test_cluster, k8s_api, test_namespac
             lambda: (ps := core.list_namespaced_pod(
                 test_namespace, label_selector=f"volcano.sh/job-name={name}").items)
             and len(ps) == replicas and ps, timeout_s=30)
-        time.sleep(5)  # several scheduling cycles (1 s each)
+        deadline = time.monotonic() + 5  # several scheduling cycles (1 s each)
+        while time.monotonic() < deadline:
+            pods = core.list_namespaced_pod(test_namespace, label_selector=f"volcano.sh/job-name={name}").items
+            bound = [(p.metadata.name, p.spec.node_name, p.status.phase) for p in pods
+                     if p.spec.node_name or p.status.phase != "Pending"]
+            assert not bound, f"a pod of a gang too big for the cluster was bound: {bound}"
+            time.sleep(0.25)
         pods = core.list_namespaced_pod(test_namespace,
                                         label_selector=f"volcano.sh/job-name={name}").items
         assert [p.spec.node_name for p in pods] == [None] * replicas
@@ -608,7 +614,7 @@ def _c10_workflow(name: str, cfg) -> dict:
     retries, its attempt template and its lane semaphore) for the urgent lane, a gang of 1 pod x 1
     GPU; the semaphore read from :data:`C10_LANES`."""
     from pipectl.components.names import SEMAPHORE_CONFIGMAP
-    from pipectl.pipelines.training import build_training
+    from pipectl.pipelines.builtin import build_training
 
     wt = build_training(cfg).to_dict()
     entry = next(t for t in wt["spec"]["templates"] if t["name"] == wt["spec"]["entrypoint"])
@@ -684,7 +690,10 @@ def test_C10_a_lane_slot_is_free_while_a_failed_train_attempt_waits_to_retry(
         custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", _c10_workflow(a, cfg))
         test_cluster.wait_for("A's first gang job", lambda: jobs(a), timeout_s=60)
         custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", _c10_workflow(b, cfg))
-        time.sleep(3)  # B is reconciled several times (1 s requeue) and must not get the slot
+        deadline = time.monotonic() + 3  # B is reconciled several times (1 s requeue) and must not get the slot
+        while time.monotonic() < deadline:
+            assert not jobs(b), "B got a gang job while A's attempt held the only slot"
+            time.sleep(0.25)
         assert not jobs(b), "B got a gang job while A's attempt held the only slot"
         _lose_running_launcher_pod(test_cluster, k8s_api, a)
         t_deleted = time.monotonic()

@@ -23,6 +23,20 @@ def _run(args, timeout=600):
     return subprocess.run([PIPECTL, "run", "training", "--output", "json", *args], capture_output=True, text=True, timeout=timeout)
 
 
+def _launcher_with_a_worker(processes) -> bool:
+    """``processes`` hold the train step's launcher (torchrun) and a worker process under it."""
+    import psutil
+
+    for p in processes:
+        try:
+            if "pipectl.components.train.launch" in " ".join(p.cmdline()) and any(
+                    "pipectl.components.train.launch" not in " ".join(c.cmdline()) for c in p.children()):
+                return True
+        except psutil.Error:  # a process that ended meanwhile
+            continue
+    return False
+
+
 def test_default_run_registers_a_champion_above_095_on_digits(tmp_path):
     """The README's demo: no configuration, embedded S3 and MLflow, the bundled digits."""
     r = _run(["--state-dir", str(tmp_path / "state")])
@@ -115,9 +129,12 @@ def test_a_signal_stops_every_process_the_run_started(tmp_path, signame, code):
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not list(runs.glob("*/train/main.log")):
         time.sleep(0.2)
-    time.sleep(2)  # torchrun and its workers are up
+    deadline = time.monotonic() + 60  # torchrun and its workers are up
+    while time.monotonic() < deadline and not _launcher_with_a_worker(psutil.Process(proc.pid).children(recursive=True)):
+        time.sleep(0.2)
     started = psutil.Process(proc.pid).children(recursive=True)
     assert any("pipectl.components.train.launch" in " ".join(p.cmdline()) for p in started), "the kill must land during training"
+    assert _launcher_with_a_worker(started), "the kill must land while torchrun's workers run"
     second = subprocess.run([PIPECTL, "run", "training", "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=120)
     assert second.returncode == 2 and f"another `pipectl run` (pid {proc.pid}) is using the state folder" in second.stderr, second.stderr
     assert "services:" not in second.stderr  # refused before any service started

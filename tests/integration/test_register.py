@@ -89,16 +89,17 @@ def test_C05b_two_promotions_end_with_one_champion_the_better_one(client):
 class _RaceBothWrites:
     """The client of one register step, for the worst interleaving of C08: both steps have checked
     "no champion" before either writes the alias (a barrier holds the first write of each), then
-    the weaker one writes last (``delay_s``)."""
+    the weaker one writes last: once ``after`` is set (the other step has finished)."""
 
-    def __init__(self, client, barrier: threading.Barrier, delay_s: float) -> None:
-        self._client, self._barrier, self._delay_s, self._first = client, barrier, delay_s, True
+    def __init__(self, client, barrier: threading.Barrier, after: threading.Event | None = None) -> None:
+        self._client, self._barrier, self._after, self._first = client, barrier, after, True
 
     def set_registered_model_alias(self, *args):
         if self._first:
             self._first = False
             self._barrier.wait(timeout=60)
-            time.sleep(self._delay_s)
+            if self._after is not None:
+                self._after.wait(timeout=60)
         return self._client.set_registered_model_alias(*args)
 
     def __getattr__(self, attr):
@@ -112,13 +113,19 @@ def test_C08_concurrent_promotions_end_with_the_better_one_as_champion(client):
     name = f"m-{uuid.uuid4().hex[:8]}"
     strong, weak = _candidate(0.99), _candidate(0.96)
     _ensure_registered_model(client, name)
-    barrier = threading.Barrier(2)
+    barrier, a_done = threading.Barrier(2), threading.Event()
     results: dict[str, object] = {}
 
-    def step(key, evaluation, delay_s):
-        results[key] = register(_inp(name, key), evaluation, _RaceBothWrites(client, barrier, delay_s))
+    def step_a():
+        try:
+            results["wf-a"] = register(_inp(name, "wf-a"), strong, _RaceBothWrites(client, barrier))
+        finally:
+            a_done.set()
 
-    threads = [threading.Thread(target=step, args=("wf-a", strong, 0.0)), threading.Thread(target=step, args=("wf-b", weak, 1.0))]
+    def step_b():
+        results["wf-b"] = register(_inp(name, "wf-b"), weak, _RaceBothWrites(client, barrier, after=a_done))
+
+    threads = [threading.Thread(target=step_a), threading.Thread(target=step_b)]
     for t in threads:
         t.start()
     for t in threads:
@@ -141,7 +148,7 @@ def test_an_operators_rollback_is_not_undone_by_a_later_promotion(client, monkey
     v2 = register(_inp(name, "wf-2"), _candidate(0.97, champion=v1.version), client)
     assert v2.alias == "champion"
     client.set_registered_model_alias(name, "champion", v1.version)  # the operator's rollback
-    time.sleep(2.5)
+    time.sleep(2.5)  # a delay, not a wait: v3 must be created more than ROUND_WINDOW_S (1 s) after v2
     v3 = register(_inp(name, "wf-3"), _candidate(0.96, champion=v1.version), client)
     assert (v3.version, v3.alias, v3.champion_version) == ("3", "champion", "3")
 

@@ -202,7 +202,10 @@ def test_many_small_files_go_through_worker_processes_which_die_with_stage(ceph_
     gone, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, "worker processes outlived stage"
     after_kill = _count(s3, ceph_settings.bucket)
-    time.sleep(1)
+    deadline = time.monotonic() + 1
+    while time.monotonic() < deadline:
+        assert _count(s3, ceph_settings.bucket) == after_kill, "nothing written after the kill"
+        time.sleep(0.25)
     assert _count(s3, ceph_settings.bucket) == after_kill < n, "nothing written after the kill"
 
     final = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)

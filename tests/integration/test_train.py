@@ -105,6 +105,18 @@ def test_launcher_keeps_the_workers_exit_code(tmp_path, worker_exit, retry_oom, 
     assert r.returncode == expected, r.stderr[-2000:]
 
 
+def _workers_running(pid: int, script: Path) -> int:
+    """How many processes under ``pid`` run ``script``: torchrun's workers, past their exec."""
+    n = 0
+    for p in psutil.Process(pid).children(recursive=True):
+        try:
+            cmd = p.cmdline()
+        except psutil.Error:  # a process that ended meanwhile
+            continue
+        n += str(script) in cmd and "pipectl.components.train.launch" not in cmd
+    return n
+
+
 def test_launcher_turns_sigterm_into_143(tmp_path):
     """A kubelet's SIGTERM (node shutdown, eviction) must read as 128+15, not torchrun's 1."""
     script = tmp_path / "s.py"
@@ -113,9 +125,9 @@ def test_launcher_turns_sigterm_into_143(tmp_path):
                              "--nproc-per-node=2", str(script)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(psutil.Process(proc.pid).children(recursive=True)) < 2:
+    while time.monotonic() < deadline and _workers_running(proc.pid, script) < 2:
         time.sleep(0.2)
-    time.sleep(1)
+    assert _workers_running(proc.pid, script) >= 2, "the SIGTERM must land while both workers run"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 143
 

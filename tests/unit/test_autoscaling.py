@@ -16,7 +16,8 @@ from pipectl.pipelines.autoscaling import (
     node_pools,
 )
 from pipectl.pipelines.policy import LANES, RetryPolicy
-from pipectl.pipelines.training import CompileConfig, build_training
+from pipectl.pipelines.builtin import build_training
+from pipectl.pipelines.training import CompileConfig
 
 
 @pytest.mark.parametrize("scale_up_s", list(range(30, 7201, 61)) + [7200])

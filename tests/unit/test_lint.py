@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from pipectl.pipelines.lint import lint_objects
-from pipectl.pipelines.training import CompileConfig, build_training
+from pipectl.pipelines.builtin import build_training
+from pipectl.pipelines.training import CompileConfig
 
 ARGO = Path(__file__).resolve().parents[2] / "argo"
 

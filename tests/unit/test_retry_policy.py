@@ -103,7 +103,7 @@ def test_C11_an_attempt_without_exit_code_is_still_counted_by_class(argo):
     unresolved variable drops the metric: operator.go computeMetrics). An attempt whose pod was
     deleted has status Error and no exitCode: it must still give one attempts sample, class
     "infrastructure"; the exit-code counter is only for Failed attempts."""
-    from pipectl.pipelines.training import build_training
+    from pipectl.pipelines.builtin import build_training
 
     wt = build_training().to_dict()
     train = next(t for t in wt["spec"]["templates"] if t["name"] == "stage")
@@ -132,7 +132,8 @@ def test_C12_dashboards_and_alerts_query_the_names_the_controller_exports():
     import re
 
     from pipectl.pipelines.manifests import grafana_dashboard, prometheus_rules
-    from pipectl.pipelines.training import CompileConfig, build_training
+    from pipectl.pipelines.builtin import build_training
+    from pipectl.pipelines.training import CompileConfig
 
     names = {m["name"] for t in build_training().to_dict()["spec"]["templates"] for m in (t.get("metrics") or {}).get("prometheus", [])}
     exprs = [p["targets"][0]["expr"] for p in json.loads(grafana_dashboard(CompileConfig())[0]["data"]["pipectl.json"])["panels"]]
@@ -149,7 +150,7 @@ def test_C01_C10_the_train_step_gives_C01s_answers_through_its_two_retry_levels(
     the ``retry-on`` phase (a ``when`` sees the phase only: dag.go buildLocalScope has no message).
     Every answer is C01's except the Errors whose message shows a refused pod spec (f, h): they
     are retried too (bounded by the limit; the lane slot is free while they wait)."""
-    from pipectl.pipelines.training import build_training
+    from pipectl.pipelines.builtin import build_training
 
     templates = {t["name"]: t for t in build_training().to_dict()["spec"]["templates"]}
     in_place, step = templates["train"]["retryStrategy"], templates["train-retry"]

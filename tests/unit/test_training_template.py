@@ -5,7 +5,8 @@ import yaml
 
 from pipectl.components.contracts import TrainingParameters
 from pipectl.pipelines.substitution import expand_k8s_vars, substitute
-from pipectl.pipelines.training import CompileConfig, build_training
+from pipectl.pipelines.builtin import build_training
+from pipectl.pipelines.training import CompileConfig
 
 
 @pytest.fixture(scope="module")

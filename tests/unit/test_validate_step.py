@@ -20,7 +20,7 @@ from pipectl.components.contracts import TrainingParameters, kebab
 from pipectl.components.runtime import step_main
 from pipectl.components.validate.core import run
 from pipectl.pipelines.substitution import substitute
-from pipectl.pipelines.training import build_training
+from pipectl.pipelines.builtin import build_training
 from tests.tools.argo import ArgoExpr
 
 WT = build_training().to_dict()

@@ -28,9 +28,6 @@ from pipectl.cli.common import (
 )
 from pipectl.components.names import LANE_LABEL
 
-PIPELINES = ("training",)
-
-
 def _cluster(namespace: str, context: str | None) -> Any:
     from pipectl.pipelines.backends.kube import ArgoCluster
 
@@ -52,7 +49,7 @@ def _print_objects(objects: list[dict]) -> None:
 
 
 @click.command()
-@click.argument("pipeline", type=click.Choice(PIPELINES))
+@click.argument("pipeline")
 @parameter_option
 @lane_option
 @click.option("--dry-run", is_flag=True, help="Print the Workflow that would be created; send nothing.")
@@ -61,13 +58,16 @@ def _print_objects(objects: list[dict]) -> None:
 @listing_output_option
 def submit(pipeline: str, params: tuple[str, ...], parameter_file: Any, lane: str | None, dry_run: bool, wait: bool,
            namespace: str, context: str | None, output_format: str) -> None:
-    """Submit PIPELINE: a Workflow referencing its WorkflowTemplate, with validated parameters
-    (--parameter-file, then -p, then --lane: the last wins)."""
-    from pipectl.components.names import TEMPLATE_NAME
+    """Submit PIPELINE: a Workflow referencing its WorkflowTemplate (put there by `pipectl templates
+    apply PIPELINE`), with validated parameters (--parameter-file, then -p, then --lane: the last wins).
+
+    PIPELINE: a built-in pipeline (training), or your own: path/to/file.py:NAME or package.module:NAME."""
+    from pipectl.cli.pipeline_ref import load_pipeline
     from pipectl.pipelines.workflows import workflow_for
 
+    template_name = f"{load_pipeline(pipeline).name}-v1"
     parameters = training_parameters(params + ((f"lane={lane}",) if lane else ()), parameter_file)
-    wf = workflow_for(TEMPLATE_NAME, namespace, parameters)
+    wf = workflow_for(template_name, namespace, parameters)
     _check([wf])
     if dry_run:
         _print_objects([wf])
@@ -93,16 +93,21 @@ def templates() -> None:
 
 
 @templates.command("apply")
+@click.argument("pipelines", nargs=-1, metavar="[PIPELINE]...")
 @click.option("--dry-run", is_flag=True)
 @image_options
 @cluster_options
-def templates_apply(dry_run: bool, registry: str | None, images: tuple[str, ...], namespace: str, context: str | None) -> None:
-    """Create or update every pipeline's WorkflowTemplate (linted first). Deploy a build with the
-    references scripts/images.sh printed: --image step-light=c-<hash> --image step-train=c-<hash>."""
-    from pipectl.pipelines.training import build_training
+def templates_apply(pipelines: tuple[str, ...], dry_run: bool, registry: str | None, images: tuple[str, ...],
+                    namespace: str, context: str | None) -> None:
+    """Create or update the WorkflowTemplate of each PIPELINE (default: the built-in ones), linted
+    first. PIPELINE: a built-in name, path/to/file.py:NAME or package.module:NAME. Deploy a build with
+    the references scripts/images.sh printed: --image step-light=c-<hash> --image step-train=c-<hash>."""
+    from pipectl.cli.pipeline_ref import load_pipeline
+    from pipectl.pipelines.builtin import PIPELINES
 
     cfg = compile_config(namespace=namespace, **image_config(registry, images))
-    _apply([build_training(cfg).to_dict()], dry_run, namespace, context)
+    chosen = [load_pipeline(ref) for ref in pipelines] or list(PIPELINES.values())
+    _apply([p.build(cfg).to_dict() for p in chosen], dry_run, namespace, context)
 
 
 @click.group()

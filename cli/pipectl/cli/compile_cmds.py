@@ -10,11 +10,8 @@ import click
 
 from pipectl.cli.common import compile_config, console, fail, image_config, image_options, launcher_option, needs_steps_extra
 
-RENDERABLE = ("training", "cluster")
-
-
 @click.command()
-@click.argument("what", type=click.Choice(RENDERABLE))
+@click.argument("what", metavar="PIPELINE|cluster")
 @click.option("--bucket", envvar="PIPECTL_BUCKET", default=None, help="Bucket baked into the template's URIs.")
 @launcher_option
 @image_options
@@ -25,8 +22,10 @@ RENDERABLE = ("training", "cluster")
                    "(a lost pod then fails the training attempt).")
 def render(what: str, bucket: str | None, launcher: str | None, registry: str | None, images: tuple[str, ...],
            write_dir: Path | None, accept_no_gang_restart: bool) -> None:
-    """Print the WorkflowTemplate of a pipeline (what submit sends and run executes), or with
-    `cluster` every manifest of argo/ (namespace, RBAC, lanes, config, alerts, templates, cron)."""
+    """Print the WorkflowTemplate of PIPELINE (what submit sends and run executes), or with
+    `cluster` every manifest of argo/ (namespace, RBAC, lanes, config, alerts, templates, cron).
+
+    PIPELINE: a built-in pipeline (training), or your own: path/to/file.py:NAME or package.module:NAME."""
     cfg = compile_config(bucket, launcher, **image_config(registry, images))
     from pipectl.pipelines.launchers import LAUNCHERS
 
@@ -34,10 +33,10 @@ def render(what: str, bucket: str | None, launcher: str | None, registry: str | 
     if limitation and not accept_no_gang_restart:
         fail(f"launcher {cfg.launcher!r} cannot restart the whole gang after an infrastructure loss: {limitation}",
              "use --launcher volcano (whole-gang restart from the checkpoint), or add --accept-no-gang-restart", code=2)
-    if what == "training":
-        from pipectl.pipelines.training import build_training
+    if what != "cluster":
+        from pipectl.cli.pipeline_ref import load_pipeline
 
-        click.echo(build_training(cfg).to_yaml(), nl=False)
+        click.echo(load_pipeline(what).build(cfg).to_yaml(), nl=False)
         return
     from pipectl.pipelines.manifests import render_files
 

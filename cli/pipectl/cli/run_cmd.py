@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 import sys
@@ -16,14 +17,11 @@ import click
 from pipectl.cli.common import console, launcher_option, needs_steps_extra, output_option, parameter_option, training_parameters
 from pipectl.components.errors import redact_credentials
 
-PIPELINES = ("training",)
-
-
 _CAUSE = re.compile(r"^(error|hint): |^[A-Za-z_.]+(Error|Exception): ")
 
 
 @click.command()
-@click.argument("pipeline", type=click.Choice(PIPELINES))
+@click.argument("pipeline")
 @parameter_option
 @click.option("--s3-endpoint", default=None, help="S3 endpoint (Ceph RGW...). Default: start an embedded S3 server.")
 @click.option("--s3-access-key", default=None)
@@ -41,15 +39,24 @@ _CAUSE = re.compile(r"^(error|hint): |^[A-Za-z_.]+(Error|Exception): ")
 def run(pipeline: str, params: tuple[str, ...], parameter_file: Path | None, output_format: str, launcher: str | None,
         resume: str | None, **opts: Any) -> None:
     """Run PIPELINE on this machine with the embedded local backend (same compiled workflow).
-    Needs the steps' dependencies: pip install 'pipectl[steps]'.
+    Needs the steps' dependencies: pip install 'pipectl[steps]'. PIPELINE: a built-in pipeline
+    (training), or your own: path/to/file.py:NAME or package.module:NAME (its steps' commands run
+    here, importing from the file's folder).
 
     Interrupted (Ctrl-C, SIGTERM, SIGHUP) it stops every process it started; `--resume` continues it.
     A SIGINT or SIGHUP ignored when it starts (nohup, `cmd &` in a script) stays ignored: stop it with SIGTERM.
     Exit codes: 0 Succeeded, 1 the workflow Failed, 2 bad input or nothing to resume, 3 a service
     is unreachable, 128+N stopped by signal N."""
+    from pipectl.cli.pipeline_ref import load_pipeline, user_code_path
+
+    chosen = load_pipeline(pipeline)
+    code_path = user_code_path(pipeline)
+    if code_path:  # the steps' processes import the user's modules as the pipeline file did
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (code_path, os.environ.get("PYTHONPATH")) if p)
     parameters = training_parameters(params, parameter_file)
     resume_arg: str | bool = False if resume is None else (resume or True)
-    result = _run_with_progress(parameters, {k: v for k, v in opts.items() if v is not None}, launcher, console(), resume_arg)
+    result = _run_with_progress(parameters, {k: v for k, v in opts.items() if v is not None}, launcher, console(), resume_arg,
+                                pipeline=chosen)
     if output_format == "json":
         click.echo(json.dumps(result, indent=2, sort_keys=True))
     if result["phase"] != "Succeeded":
@@ -57,7 +64,7 @@ def run(pipeline: str, params: tuple[str, ...], parameter_file: Path | None, out
 
 
 def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str | None, console: Any,
-                       resume: str | bool = False) -> dict[str, Any]:
+                       resume: str | bool = False, pipeline: Any = None) -> dict[str, Any]:
     """Run with progress on ``console``; returns the summary dict (see pipelines.backends.local)."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -85,7 +92,8 @@ def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str |
     started = time.time()
     try:
         with stop_on_signals():
-            summary = run_training_locally(parameters, settings, on_event, on_services, launcher=launcher, resume=resume)
+            summary = run_training_locally(parameters, settings, on_event, on_services, launcher=launcher, resume=resume,
+                                           pipeline=pipeline)
     except (KeyboardInterrupt, SystemExit):
         progress.stop()
         _print_resume_hint(settings, started, console)

@@ -18,7 +18,8 @@ from pipectl.pipelines.autoscaling import buffer_node_pool, node_pools
 from pipectl.pipelines.launchers import LAUNCHERS
 from pipectl.pipelines.policy import LANES, exported
 from pipectl.pipelines.security import POD_SECURITY_LABELS, restricted_container_security_context
-from pipectl.pipelines.training import CompileConfig, build_training
+from pipectl.pipelines.builtin import build_training
+from pipectl.pipelines.training import CompileConfig
 
 ARTIFACT_BUCKET = "pipectl-artifacts"
 CEPH_RGW_ENDPOINT = "rook-ceph-rgw-pipectl.rook-ceph.svc:80"

@@ -1,8 +1,11 @@
-"""The ``training`` pipeline, defined once with Hera: stage -> preprocess -> train -> evaluate -> register.
+"""The templates of pipectl's built-in steps, defined once with Hera: validate, stage, warm,
+preprocess, train, evaluate, register — and the WorkflowTemplate around a pipeline's DAG.
 
-Pure: :func:`build_training` maps a :class:`CompileConfig` to a Hera ``WorkflowTemplate``;
-nothing here does I/O. ``pipectl render`` prints it, ``pipectl submit`` sends it, and the local
-backend (:mod:`pipectl.pipelines.backends.runner`) executes the very same compiled dict.
+Pure: each ``<step>_templates(cfg)`` maps a :class:`CompileConfig` to Hera templates; nothing here
+does I/O. Pipelines compose these steps (:mod:`pipectl.pipelines.composer`, public as
+:mod:`pipectl.sdk`); the built-in ``training`` pipeline is one such composition
+(:mod:`pipectl.pipelines.builtin`). ``pipectl render`` prints it, ``pipectl submit`` sends it, and
+the local backend (:mod:`pipectl.pipelines.backends.runner`) executes the very same compiled dict.
 
 Each step's container arguments are generated from the component's Input contract
 (``--<field> {{inputs.parameters.<field>}}``), so the template and the component cannot drift.
@@ -56,7 +59,6 @@ from pipectl.components.contracts import (
     PreprocessInput,
     PreprocessOutput,
     RegisterInput,
-    RunLayout,
     RegisterOutput,
     StageInput,
     StageOutput,
@@ -372,101 +374,107 @@ def _workflow_parameters() -> list[Parameter]:
     return params
 
 
-def _wf(name: str) -> str:
-    return "{{workflow.parameters.%s}}" % kebab(name)
+def workflow_parameters() -> list[Parameter]:
+    """The WorkflowTemplate's arguments: one per :class:`TrainingParameters` field."""
+    return _workflow_parameters()
 
 
-def _templates(cfg: CompileConfig) -> dict[str, Container | Resource | list]:
-    """Every step's template, by task name (the DAG's order); the train task's is the
-    ``train-retry`` DAG around the ``train`` resource template, with its backoff templates
-    (:func:`_train_retry_templates`)."""
-    # C15: every workflow parameter parsed by the CLI's own contract inside the cluster, first;
-    # its log tail (the parameter named) becomes the step's message in Argo and the UI.
+# -- one builder per built-in step: its templates (the first is the one the DAG task runs) --------
+
+def validate_templates(cfg: CompileConfig) -> list:
+    """C15: every workflow parameter parsed by the CLI's own contract inside the cluster, first;
+    its log tail (the parameter named) becomes the step's message in Argo and the UI."""
     validate = _step(cfg, "validate", cfg.light_image, "validate", TrainingParameters, ValidateOutput, every_field=True)
     validate.termination_message_policy = "FallbackToLogsOnError"
+    return [validate]
+
+
+def stage_templates(cfg: CompileConfig) -> list:
+    return [_step(cfg, "stage", cfg.light_image, "stage", StageInput, StageOutput, fixed={"bucket": cfg.bucket})]
+
+
+def warm_templates(cfg: CompileConfig) -> list:
+    return [_step(cfg, "warm", cfg.light_image, "stage.warm", WarmInput, WarmOutput)]
+
+
+def preprocess_templates(cfg: CompileConfig) -> list:
     preprocess = _step(cfg, "preprocess", cfg.train_image, "preprocess", PreprocessInput, PreprocessOutput)
     preprocess.volume_mounts += [VolumeMount(name="dshm", mount_path="/dev/shm")]
     preprocess.volumes += [Volume(name="dshm", empty_dir=EmptyDirVolumeSource(medium="Memory", size_limit=f"{cfg.shm_gib}Gi"))]
+    return [preprocess]
+
+
+def train_templates(cfg: CompileConfig) -> list:
+    """``train-retry`` (what the DAG task runs), ``train`` (the attempt), ``train-backoff``, ``train-wait``."""
+    step, backoff, wait = _train_retry_templates(_train_template(cfg), cfg)
+    inner = [t.template for t in step.tasks if not isinstance(t.template, DAG)]
+    return [step, *inner, backoff, wait]
+
+
+def evaluate_templates(cfg: CompileConfig) -> list:
+    return [_step(cfg, "evaluate", cfg.light_image, "evaluate", EvaluateInput, EvaluateOutput)]
+
+
+def register_templates(cfg: CompileConfig) -> list:
     register = _step(cfg, "register", cfg.light_image, "register", RegisterInput, RegisterOutput)
     # C08: promotions of one model run one at a time (the step also verifies after writing)
     register.synchronization = Synchronization(mutexes=[Mutex(name=REGISTER_MUTEX)])
-    return {
-        "validate": validate,
-        "stage": _step(cfg, "stage", cfg.light_image, "stage", StageInput, StageOutput, fixed={"bucket": cfg.bucket}),
-        "warm": _step(cfg, "warm", cfg.light_image, "stage.warm", WarmInput, WarmOutput),
-        "preprocess": preprocess,
-        "train": _train_retry_templates(_train_template(cfg), cfg),
-        "evaluate": _step(cfg, "evaluate", cfg.light_image, "evaluate", EvaluateInput, EvaluateOutput),
-        "register": register,
-    }
+    return [register]
 
 
-def _out(task: str, name: str) -> str:
-    return "{{tasks.%s.outputs.parameters.%s}}" % (task, kebab(name))
+def user_container_template(cfg: CompileConfig, name: str, image: str, command: list[str], args: list[str],
+                            inputs: list[str], outputs: list[str], env: dict[str, str], store_access: bool,
+                            cpu: float | None, memory_gib: float | None) -> Container:
+    """A user's own container step, with what every step pod gets (restricted security context,
+    requests, lane priority and toleration, the retry policy, a timeout, metrics): ``inputs`` are
+    input parameter names (``{{inputs.parameters.<name>}}`` in ``args``/``env``), ``outputs`` are
+    read from ``$PIPECTL_OUTPUTS_DIR/<name>`` (``/tmp/outputs``) when the container ends; the store's ConfigMap and Secret
+    only with ``store_access``."""
+    from hera.workflows import Env
+
+    if outputs:
+        env = {**env, "PIPECTL_OUTPUTS_DIR": OUTPUTS_DIR}
+    return Container(
+        name=name,
+        image=image,
+        command=list(command),
+        args=list(args) or None,
+        inputs=_input_params(inputs) or None,
+        outputs=[Parameter(name=o, value_from=ValueFrom(path=f"{OUTPUTS_DIR}/{o}")) for o in outputs] or None,
+        env=[Env(name=k, value=v) for k, v in env.items()] or None,
+        env_from=_store_env() if store_access else None,
+        resources=Resources(cpu_request=cpu or cfg.step_cpu, memory_request=f"{memory_gib or cfg.step_memory_gib:g}Gi"),
+        security_context=SecurityContext.model_validate(restricted_container_security_context()),
+        volume_mounts=[VolumeMount(name=TMP_VOLUME["name"], mount_path="/tmp")],
+        volumes=[Volume.model_validate(TMP_VOLUME)],
+        retry_strategy=cfg.retry.build(),
+        timeout=f"{cfg.retry.attempt_timeout_s}s",
+        priority_class_name=lane_object_name("{{workflow.parameters.lane}}"),
+        tolerations=[lane_toleration_for("{{workflow.parameters.lane}}")],
+        metrics=step_metrics(name, container=True),
+    )
 
 
-def _dag(cfg: CompileConfig, templates: dict[str, Container | Resource | list]) -> DAG:
-    """The DAG: per task, (dependencies, arguments by input field, ``when``)."""
-    run = RunLayout.for_workflow(cfg.bucket, "{{workflow.name}}")
-    manifest = _out("stage", "manifest_uri")
-    shards = _out("preprocess", "shards_uri")
-    table: dict[str, tuple[list[str], dict[str, str], str | None]] = {
-        "validate": ([], {n: _wf(n) for n in TrainingParameters.model_fields}, None),
-        "stage": (["validate"], {"source_uri": _wf("dataset_uri")}, None),
-        # optional: load the staged dataset into Alluxio (skipped unless warm-cache=true; a
-        # skipped task satisfies its dependants' `dependencies`)
-        "warm": (["stage"], {"manifest_uri": manifest}, f"{_wf('warm_cache')} == true"),
-        "preprocess": (["stage", "warm"], {"manifest_uri": manifest, "output_uri": run.shards_uri,
-                                           **{n: _wf(n) for n in ("image_size", "validation_fraction", "max_corrupt_fraction")}}, None),
-        "train": (["preprocess"], {"shards_uri": shards, "run_uri": run.run_uri,
-                                   **{n: _wf(n) for n in TRAIN_STEP_INPUTS if n not in ("shards_uri", "run_uri")}}, None),
-        "evaluate": (["train"], {"shards_uri": shards, "run_uri": run.run_uri,
-                                 **{n: _wf(n) for n in ("model_name", "promotion_metric", "promotion_threshold")}}, None),
-        "register": (["evaluate"], {"run_uri": run.run_uri, "model_name": _wf("model_name"), "run_key": "{{workflow.uid}}",
-                                    "promotion_metric": _wf("promotion_metric")}, None),
-    }
-    tasks = [
-        Task(name=name, template=templates[name][0] if isinstance(templates[name], list) else templates[name],
-             dependencies=deps or None, when=when,
-             arguments=[Parameter(name=kebab(k), value=v) for k, v in args.items()])
-        for name, (deps, args, when) in table.items()
-    ]
-    return DAG(name="training", tasks=tasks)
-
-
-def _with_inner(template: Container | Resource | list) -> list:
-    """The templates of one step: the train step's are ``train-retry``, ``train``, ``train-backoff``, ``train-wait``."""
-    if isinstance(template, list):
-        return [template[0], *[t.template for t in template[0].tasks if not isinstance(t.template, DAG)], *template[1:]]
-    return [template]
-
-
-def build_training(cfg: CompileConfig | None = None) -> WorkflowTemplate:
-    """The ``training-v1`` WorkflowTemplate for ``cfg`` (defaults when None)."""
-    cfg = cfg or CompileConfig()
-    templates = _templates(cfg)
-    dag = _dag(cfg, templates)
+def workflow_template(cfg: CompileConfig, name: str, title: str, description: str, entry: DAG, templates: list) -> WorkflowTemplate:
+    """The WorkflowTemplate ``<name>-v1`` around a pipeline's entry DAG ``entry`` (named ``name``)
+    and its step templates: service account, restricted pod security, labels, the UI's title and
+    description, the typed arguments."""
     return WorkflowTemplate(
-        name=TEMPLATE_NAME,
+        name=f"{name}-v1",
         namespace=cfg.namespace,
-        entrypoint="training",
+        entrypoint=entry.name,
         service_account_name=cfg.service_account,
-        # every pod of the workflow, resource pods and Argo's own containers included (issue 13)
+        # every pod of the workflow, resource pods and Argo's own containers included
         security_context=PodSecurityContext.model_validate(restricted_pod_security_context()),
         labels=dict(PART_OF),
-        annotations={
-            "workflows.argoproj.io/title": "Training pipeline",
-            "workflows.argoproj.io/description": "Stage, optionally warm Alluxio, preprocess (DALI), train (DDP gang), evaluate against the champion, register in MLflow.",
-        },
+        annotations={"workflows.argoproj.io/title": title, "workflows.argoproj.io/description": description},
         workflow_metadata=WorkflowMetadata(
             annotations={
-                "workflows.argoproj.io/title": "training: {{workflow.parameters.model-name}} ({{workflow.parameters.lane}} lane)",
+                "workflows.argoproj.io/title": name + ": {{workflow.parameters.model-name}} ({{workflow.parameters.lane}} lane)",
                 "workflows.argoproj.io/description": "dataset {{workflow.parameters.dataset-uri}}",
             },
             labels={LANE_LABEL: "{{workflow.parameters.lane}}"},
         ),
-        arguments=_workflow_parameters(),
-        # the train step's attempt template after its retry DAG (the only template no task of the
-        # entry DAG names directly)
-        templates=[dag, *[t for step in templates.values() for t in _with_inner(step)]],
+        arguments=workflow_parameters(),
+        templates=[entry, *templates],
     )

@@ -17,13 +17,16 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from pipectl.components.contracts import RunSettings, TrainingParameters
 from pipectl.components.errors import PipectlError, Unreachable, ValidationFailed
 from pipectl.pipelines.backends.runner import RECORD_FILE, LocalRunner, NodeResult, RunRecord, RunResult
 from pipectl.pipelines.launchers import DEFAULT_LAUNCHER
 from pipectl.pipelines.substitution import TemplateError
+
+if TYPE_CHECKING:
+    from pipectl.pipelines.composer import Pipeline
 
 
 def _probe_tcp(url: str, what: str, hint: str, timeout_s: float = 3.0) -> None:
@@ -322,8 +325,10 @@ def run_training_locally(
     *,
     launcher: str | None = None,
     resume: str | bool = False,
+    pipeline: Pipeline | None = None,
 ) -> dict[str, Any]:
-    """Run the compiled ``training`` workflow on this machine; returns :func:`summarise`'s dict.
+    """Run the compiled workflow of ``pipeline`` (default: the built-in ``training``) on this
+    machine; returns :func:`summarise`'s dict.
 
     ``launcher``: the gang launcher (None: the default, or the resumed run's).
     ``resume``: False for a new run; True to resume the state folder's last run; a workflow name to
@@ -338,7 +343,8 @@ def run_training_locally(
         S3_ACCESS_KEY, S3_SECRET_KEY, EmbeddedServices, ServiceStartError, load_s3_snapshot, remove_s3_snapshot,
         s3_snapshot_path, save_s3_snapshot,
     )
-    from pipectl.pipelines.training import CompileConfig, build_training
+    from pipectl.pipelines.builtin import training
+    from pipectl.pipelines.training import CompileConfig
 
     state_dir = Path(settings.state_dir).resolve()
     record: RunRecord | None = None
@@ -358,7 +364,7 @@ def run_training_locally(
             _check_same_store(record, settings)
         launcher = launcher or DEFAULT_LAUNCHER
         preflight(parameters, settings)
-        template = build_training(CompileConfig(bucket=settings.bucket, launcher=launcher)).to_dict()
+        template = (pipeline or training).build(CompileConfig(bucket=settings.bucket, launcher=launcher)).to_dict()
         if record is not None and record.template != template:
             raise ValidationFailed(f"run {record.name} ran another compiled workflow than this pipectl compiles",
                                    "resume it with the pipectl version that started it, or start a new run")

@@ -435,6 +435,9 @@ class LocalRunner:
             raise LocalBackendError(f"task {task}: container has no command (templates must set command:)")
         argv = [self._map_path(a, taskdir) for a in argv]
         env = self._container_env(c, f"task {task}")
+        for item in c.get("env", []) or []:  # the outputs folder named in the pod's env, too
+            if item["name"] in env:
+                env[item["name"]] = self._map_path(env[item["name"]], taskdir)
         argv = [expand_k8s_vars(a, env) for a in argv]
         log_path = taskdir / "main.log"
         (taskdir / "argv.json").write_text(json.dumps([argv]))

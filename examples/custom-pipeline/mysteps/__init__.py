@@ -1,0 +1,1 @@
+"""An example team package with one pipeline step (``python -m mysteps.report``)."""

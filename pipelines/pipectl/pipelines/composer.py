@@ -1,0 +1,319 @@
+"""Pipelines as compositions of steps: what :mod:`pipectl.sdk` exports.
+
+A :class:`Pipeline` is a name and an ordered list of steps. ``validate`` always runs first (it
+parses every parameter inside the cluster before anything else runs); each step then runs after
+the one before it (and, after an optional step such as ``warm``, after the one before that too).
+pipectl's own steps (:func:`stage` … :func:`register`) pass data along: stage
+makes the dataset's manifest, preprocess the shards, train the model, evaluate the decision that
+register acts on; a step that needs data no earlier step makes is refused when the pipeline is
+built, naming the step to add or move. A user's :class:`ContainerStep` can sit anywhere after
+``validate`` and reads what it needs through :class:`Value` s (the run's folder in the store, the
+shards, a parameter, an earlier step's output).
+
+Pure (compile layer): :meth:`Pipeline.build` maps a :class:`CompileConfig` to a Hera
+``WorkflowTemplate`` named ``<pipeline>-v1``; the CLI renders, submits and runs that one object.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from hera.workflows import DAG, Parameter, Task, WorkflowTemplate
+
+from pipectl.components.contracts import RunLayout, TrainingParameters
+from pipectl.components.names import kebab
+from pipectl.pipelines import training as t
+from pipectl.pipelines.launchers.base import TRAIN_STEP_INPUTS
+from pipectl.pipelines.training import CompileConfig
+
+_NAME = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
+RESERVED_TEMPLATES = frozenset({"validate", "stage", "warm", "preprocess", "train", "train-retry", "train-backoff",
+                                "train-wait", "evaluate", "register"})
+"""Template names of pipectl's steps: a user step or a pipeline may not take one of them."""
+
+
+class PipelineError(ValueError):
+    """A pipeline definition that cannot be built; the message names the step and the fix."""
+
+
+# -- values a step reads ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Value:
+    """A value known when the workflow runs, for a :class:`ContainerStep`'s ``args`` or ``env``.
+
+    Use the constants and functions of :mod:`pipectl.sdk` (``RUN_URI``, ``SHARDS_URI``,
+    ``MANIFEST_URI``, ``WORKFLOW_NAME``, ``parameter(name)``, ``output(step, name)``), not this
+    class. ``name`` is the step's input parameter that carries it (shown in the Argo UI)."""
+
+    name: str
+    needs: str | None = None
+    """The data an earlier step must make (``manifest``, ``shards``, ``model``), or None."""
+    source: tuple[str, ...] = ()
+
+
+MANIFEST, SHARDS, MODEL, DECISION = "manifest", "shards", "model", "decision"
+RUN_URI = Value("run-uri", None, ("run",))
+"""The run's folder in the store, one per workflow (:class:`pipectl.components.contracts.RunLayout`):
+the shards, the checkpoints, the trained model and what train and evaluate report."""
+SHARDS_URI = Value("shards-uri", SHARDS, ("data", SHARDS))
+"""The preprocessed shards (in the run's folder, with their index); needs preprocess."""
+MANIFEST_URI = Value("manifest-uri", MANIFEST, ("data", MANIFEST))
+"""The staged dataset's manifest (JSON lines: key, size, sha256, label); needs stage."""
+WORKFLOW_NAME = Value("workflow-name", None, ("workflow", "name"))
+"""The workflow's name (unique per run)."""
+
+
+def parameter(name: str) -> Value:
+    """A workflow parameter by its kebab name, e.g. ``parameter("model-name")``."""
+    fields = {kebab(f) for f in TrainingParameters.model_fields}
+    if name not in fields:
+        raise PipelineError(f"parameter({name!r}): no such workflow parameter; one of {', '.join(sorted(fields))}")
+    return Value(name, None, ("parameter", name))
+
+
+def output(step: str, name: str) -> Value:
+    """Output ``name`` of an earlier :class:`ContainerStep` ``step`` (declared in its ``outputs``)."""
+    return Value(f"{step}-{name}", None, ("output", step, name))
+
+
+# -- steps -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Context:
+    """What a step's arguments are built from: the config, the run's layout, and which task made
+    each piece of data and each output so far."""
+
+    cfg: CompileConfig
+    run: RunLayout
+    makers: dict[str, str]
+    outputs: dict[str, set[str]]
+
+    def resolve(self, v: Value, where: str) -> str:
+        kind = v.source[0]
+        if kind == "run":
+            return self.run.run_uri
+        if kind == "workflow":
+            return "{{workflow.name}}"
+        if kind == "parameter":
+            return _wf(v.source[1])
+        if kind == "data":
+            return _out(self.makers[v.source[1]], DATA_OUTPUT[v.source[1]])
+        step, name = v.source[1], v.source[2]
+        if name not in self.outputs.get(step, set()):
+            raise PipelineError(f"{where}: reads output {name!r} of step {step!r}, but no earlier step "
+                                f"{step!r} declares it (outputs=[{name!r}] on a ContainerStep before it)")
+        return _out(step, name)
+
+
+DATA_OUTPUT = {MANIFEST: "manifest_uri", SHARDS: "shards_uri"}
+"""Output parameter of the step that makes each piece of data (its field name)."""
+
+
+def _wf(name: str) -> str:
+    return "{{workflow.parameters.%s}}" % kebab(name)
+
+
+def _out(task: str, name: str) -> str:
+    return "{{tasks.%s.outputs.parameters.%s}}" % (task, kebab(name))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One of pipectl's own steps; make them with :func:`stage`, :func:`preprocess`, … ."""
+
+    name: str
+    needs: tuple[str, ...]
+    makes: tuple[str, ...]
+    templates: Callable[[CompileConfig], list]
+    arguments: Callable[[_Context], dict[str, str]]
+    when: Callable[[_Context], str | None] = lambda ctx: None
+
+
+def _validate() -> Step:
+    return Step("validate", (), (), t.validate_templates, lambda ctx: {n: _wf(n) for n in TrainingParameters.model_fields})
+
+
+def stage() -> Step:
+    """Copy the dataset (``dataset-uri``: a local folder, ``s3://`` prefix or a bundled example)
+    into the store under a content-addressed prefix with a manifest. Makes: the manifest."""
+    return Step("stage", (), (MANIFEST,), t.stage_templates, lambda ctx: {"source_uri": _wf("dataset_uri")})
+
+
+def warm() -> Step:
+    """Load the staged dataset into Alluxio when the run's ``warm-cache`` is true (skipped
+    otherwise). Needs: stage."""
+    return Step("warm", (MANIFEST,), (), t.warm_templates,
+                lambda ctx: {"manifest_uri": ctx.resolve(MANIFEST_URI, "warm")},
+                when=lambda ctx: f"{_wf('warm_cache')} == true")
+
+
+def preprocess() -> Step:
+    """Decode, resize and normalise with DALI (GPU decode when there is a GPU) into train and
+    validation shards in the run's folder; corrupt images quarantined. Needs: stage. Makes: shards."""
+    return Step("preprocess", (MANIFEST,), (SHARDS,), t.preprocess_templates, lambda ctx: {
+        "manifest_uri": ctx.resolve(MANIFEST_URI, "preprocess"), "output_uri": ctx.run.shards_uri,
+        **{n: _wf(n) for n in ("image_size", "validation_fraction", "max_corrupt_fraction")}})
+
+
+def train() -> Step:
+    """Train with PyTorch DDP as one gang (Volcano Job or PyTorchJob, all workers or none),
+    checkpointing to the run's folder and resuming from the latest after a restart;
+    infrastructure failures retried with backoff. Needs: preprocess. Makes: the model."""
+    return Step("train", (SHARDS,), (MODEL,), t.train_templates, lambda ctx: {
+        "shards_uri": ctx.resolve(SHARDS_URI, "train"), "run_uri": ctx.run.run_uri,
+        **{n: _wf(n) for n in TRAIN_STEP_INPUTS if n not in ("shards_uri", "run_uri")}})
+
+
+def evaluate() -> Step:
+    """Score the trained model and the current ``champion`` on the held-out shards; decide
+    promote/keep by ``promotion-metric`` and ``promotion-threshold``. Needs: train. Makes: the decision."""
+    return Step("evaluate", (SHARDS, MODEL), (DECISION,), t.evaluate_templates, lambda ctx: {
+        "shards_uri": ctx.resolve(SHARDS_URI, "evaluate"), "run_uri": ctx.run.run_uri,
+        **{n: _wf(n) for n in ("model_name", "promotion_metric", "promotion_threshold")}})
+
+
+def register() -> Step:
+    """Register one MLflow model version per run (a retried step finds its own) and move the
+    ``champion`` alias when evaluate promoted it. Needs: evaluate."""
+    return Step("register", (DECISION,), (), t.register_templates, lambda ctx: {
+        "run_uri": ctx.run.run_uri, "model_name": _wf("model_name"), "run_key": "{{workflow.uid}}",
+        "promotion_metric": _wf("promotion_metric")})
+
+
+@dataclass(frozen=True)
+class ContainerStep:
+    """A step of your own: ``command`` + ``args`` in ``image``, e.g. export to ONNX or notify.
+
+    ``args`` and ``env`` values are strings or :class:`Value` s (resolved when the workflow runs).
+    Write an output ``x`` (declared in ``outputs``) to ``$PIPECTL_OUTPUTS_DIR/x`` (``/tmp/outputs/x`` in
+    the pod); later steps read it with
+    ``output(<this step>, "x")``. ``store_access``: the store's settings in the environment
+    (``PIPECTL_S3_ENDPOINT``, ``PIPECTL_S3_ACCESS_KEY``, ``PIPECTL_S3_SECRET_KEY``, ``PIPECTL_S3_REGION``,
+    ``PIPECTL_BUCKET``, ``PIPECTL_MLFLOW_URI``). ``cpu`` (cores) and
+    ``memory_gib`` (GiB) are requests; default: the site's step defaults. With ``pipectl run`` the
+    command runs on this machine (``python`` is pipectl's interpreter; the image is not used)::
+
+        ContainerStep("export-onnx", image="registry.example.com/me/export:1.0",
+                      command=["python", "-m", "mypkg.export"], args=["--run-uri", RUN_URI])
+    """
+
+    name: str
+    image: str
+    command: Sequence[str]
+    args: Sequence[str | Value] = ()
+    env: dict[str, str | Value] = field(default_factory=dict)
+    outputs: Sequence[str] = ()
+    store_access: bool = True
+    cpu: float | None = None
+    memory_gib: float | None = None
+
+    def check(self) -> None:
+        where = f"step {self.name!r}"
+        if not isinstance(self.image, str) or not self.image.strip():
+            raise PipelineError(f"{where}: image is empty", "set image= to the image the step runs in")
+        if isinstance(self.command, str) or not self.command or not all(isinstance(c, str) and c for c in self.command):
+            raise PipelineError(f"{where}: command must be a non-empty list of strings (got {self.command!r})",
+                                "e.g. command=['python', '-m', 'mypkg.export']")
+        for a in [*self.args, *self.env.values()]:
+            if not isinstance(a, (str, Value)):
+                raise PipelineError(f"{where}: argument {a!r} is a {type(a).__name__}", "pass strings or pipectl.sdk values")
+        for o in self.outputs:
+            if not _NAME.match(o):
+                raise PipelineError(f"{where}: output name {o!r} is not a lower-case name (a-z, 0-9, -)")
+        for k in self.env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+                raise PipelineError(f"{where}: environment variable name {k!r} is not valid")
+
+
+def _container_task(step: ContainerStep, ctx: _Context) -> tuple[list, dict[str, str]]:
+    """The step's template and its task arguments: each Value becomes an input parameter."""
+    where = f"step {step.name!r}"
+    values = [v for v in [*step.args, *step.env.values()] if isinstance(v, Value)]
+    inputs = list(dict.fromkeys(v.name for v in values))
+    arguments = {v.name: ctx.resolve(v, where) for v in values}
+
+    def text(v: str | Value) -> str:
+        return "{{inputs.parameters.%s}}" % v.name if isinstance(v, Value) else v
+
+    template = t.user_container_template(
+        ctx.cfg, step.name, step.image, list(step.command), [text(a) for a in step.args], inputs, list(step.outputs),
+        {k: text(v) for k, v in step.env.items()}, step.store_access, step.cpu, step.memory_gib)
+    return [template], arguments
+
+
+# -- the pipeline ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A training pipeline: ``name`` (lower-case, the WorkflowTemplate is ``<name>-v1``) and its
+    steps in order, after ``validate``, which always runs first::
+
+        from pipectl.sdk import Pipeline, stage, preprocess, train, evaluate, register
+        pipeline = Pipeline("my-training", [stage(), preprocess(), train(), evaluate(), register()])
+
+    Every pipeline takes the same typed parameters (``pipectl submit --help`` lists them)."""
+
+    name: str
+    steps: Sequence[Step | ContainerStep]
+    title: str = ""
+    description: str = ""
+
+    def check(self) -> None:
+        """Raise :class:`PipelineError` naming what is wrong: a bad name, two steps with one name,
+        a step before the data it needs, an unknown kind of step."""
+        if not isinstance(self.name, str) or not _NAME.match(self.name) or self.name in RESERVED_TEMPLATES:
+            raise PipelineError(f"pipeline name {self.name!r} must be lower-case letters, digits and '-' (at most 40), "
+                                f"not one of pipectl's step names")
+        seen: set[str] = {"validate"}
+        made: set[str] = set()
+        for i, step in enumerate(self.steps):
+            if not isinstance(step, (Step, ContainerStep)):
+                raise PipelineError(f"step {i + 1} of pipeline {self.name!r} is a {type(step).__name__}, not a step",
+                                    "use pipectl.sdk's stage(), preprocess(), ... or ContainerStep(...)")
+            if step.name in seen or step.name == self.name:
+                raise PipelineError(f"two steps named {step.name!r} in pipeline {self.name!r}", "give each step its own name")
+            if isinstance(step, ContainerStep):
+                if not _NAME.match(step.name) or step.name in RESERVED_TEMPLATES:
+                    raise PipelineError(f"step name {step.name!r}: lower-case letters, digits and '-' (at most 40), "
+                                        f"not one of pipectl's step names ({', '.join(sorted(RESERVED_TEMPLATES))})")
+                step.check()
+                needs = {v.needs for v in [*step.args, *step.env.values()] if isinstance(v, Value) and v.needs}
+            else:
+                needs = set(step.needs)
+            for need in sorted(needs - made):
+                raise PipelineError(f"step {step.name!r} needs the {need} that {_MAKER[need]} makes, and no step before it does",
+                                    f"put {_MAKER[need]}() before {step.name!r} in pipeline {self.name!r}")
+            seen.add(step.name)
+            made.update(step.makes if isinstance(step, Step) else ())
+
+    def build(self, cfg: CompileConfig | None = None) -> WorkflowTemplate:
+        """The compiled WorkflowTemplate ``<name>-v1`` for ``cfg`` (defaults when None)."""
+        cfg = cfg or CompileConfig()
+        self.check()
+        ctx = _Context(cfg, RunLayout.for_workflow(cfg.bucket, "{{workflow.name}}"), {}, {})
+        tasks: list[Task] = []
+        templates: list = []
+        after: list[str] = []  # what the next step depends on
+        for step in [_validate(), *self.steps]:
+            if isinstance(step, ContainerStep):
+                step_templates, args = _container_task(step, ctx)
+                when = None
+                ctx.outputs[step.name] = set(step.outputs)
+            else:
+                step_templates, args, when = step.templates(cfg), step.arguments(ctx), step.when(ctx)
+                ctx.makers.update({d: step.name for d in step.makes})
+            tasks.append(Task(name=step.name, template=step_templates[0], dependencies=after or None,
+                              when=when, arguments=[Parameter(name=kebab(k), value=v) for k, v in args.items()]))
+            templates += step_templates
+            # after the step before; after an optional step (a `when`) also after what it followed,
+            # as the DAG reads then (Argo runs a task whose dependency was skipped either way)
+            after = [*after, step.name] if when else [step.name]
+        title = self.title or f"{self.name} pipeline"
+        description = self.description or " → ".join(["validate", *(s.name for s in self.steps)])
+        return t.workflow_template(cfg, self.name, title, description, DAG(name=self.name, tasks=tasks), templates)
+
+
+_MAKER = {MANIFEST: "stage", SHARDS: "preprocess", MODEL: "train", DECISION: "evaluate"}
