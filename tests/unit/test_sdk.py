@@ -4,6 +4,7 @@ pipeline compiles to one WorkflowTemplate with pipectl's steps and the user's, t
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -151,3 +152,47 @@ def test_submit_and_templates_apply_name_the_users_template(tmp_path):
     r = _pipectl("templates", "apply", f"{EXAMPLE}:pipeline", "training", "--dry-run")
     assert r.returncode == 0, r.stderr
     assert [d["metadata"]["name"] for d in yaml.safe_load_all(r.stdout)] == ["team-training-v1", "training-v1"]
+
+
+@pytest.mark.parametrize("launcher", ["volcano", "pytorchjob"])
+def test_the_users_training_code_runs_in_the_gang_with_the_environment_contract(launcher):
+    from pipectl.pipelines.launchers import LAUNCHERS
+    from pipectl.pipelines.substitution import substitute
+    from pipectl.sdk import CompileConfig
+
+    p = Pipeline("mine", [stage(), preprocess(), train("mypkg.train", args=["--arch", "resnet18"],
+                                                        image="registry.example.com/me/train:1")])
+    wt = p.build(CompileConfig(launcher=launcher)).to_dict()
+    manifest = _template(wt, "train")["resource"]["manifest"]
+    from pipectl.components.contracts import TrainingParameters
+
+    values = {f"inputs.parameters.{k}": v for k, v in TrainingParameters().as_arguments().items()}
+    values |= {"inputs.parameters.shards-uri": "s3://b/runs/w/shards/", "inputs.parameters.run-uri": "s3://b/runs/w",
+               "workflow.name": "w", "retries": "0"}
+    job = yaml.safe_load(substitute(manifest, values, where="test"))
+    for group in LAUNCHERS[launcher].replica_groups(job):
+        c = group.pod_spec["containers"][0]
+        assert c["image"] == "registry.example.com/me/train:1"
+        assert c["command"][:3] == ["python", "-m", "pipectl.components.train.launch"]  # exit codes kept
+        assert c["command"][-4:] == ["-m", "mypkg.train", "--arch", "resnet18"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert {"PIPECTL_TRAIN_SHARDS_URI", "PIPECTL_TRAIN_RUN_URI", "PIPECTL_TRAIN_EPOCHS", "PIPECTL_TRAIN_SEED",
+                "PIPECTL_TRAIN_WORKFLOW_NAME", "PIPECTL_TRAIN_OUTPUTS_DIR"} <= set(env)
+    # pipectl's own training is unchanged: no contract env, its own module
+    own = _template(Pipeline("own", [stage(), preprocess(), train()]).build(CompileConfig(launcher=launcher)).to_dict(), "train")
+    assert re.search(r"- pipectl\.components\.train\n", own["resource"]["manifest"])
+    assert "PIPECTL_TRAIN_" not in own["resource"]["manifest"]
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: train("mypkg.train", script="x.py"), "give module= or script=, not both"),
+    (lambda: train("my-pkg.train"), "not a Python module name"),
+    (lambda: train(args=["--x"]), "needs module= or script="),
+    (lambda: train("m", image="a b"), "not an image reference"),
+    (lambda: Pipeline("p", [stage(), preprocess(), train("m"), evaluate()]).build(),
+     "scores the model pipectl's own training code writes"),
+])
+def test_bad_user_training_is_refused(make, message):
+    with pytest.raises(PipelineError) as e:
+        make()
+    assert message in str(e.value)

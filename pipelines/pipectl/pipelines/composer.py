@@ -55,6 +55,7 @@ class Value:
 
 
 MANIFEST, SHARDS, MODEL, DECISION = "manifest", "shards", "model", "decision"
+USER_MODEL = "model of your training code"
 RUN_URI = Value("run-uri", None, ("run",))
 """The run's folder in the store, one per workflow (:class:`pipectl.components.contracts.RunLayout`):
 the shards, the checkpoints, the trained model and what train and evaluate report."""
@@ -158,13 +159,39 @@ def preprocess() -> Step:
         **{n: _wf(n) for n in ("image_size", "validation_fraction", "max_corrupt_fraction")}})
 
 
-def train() -> Step:
-    """Train with PyTorch DDP as one gang (Volcano Job or PyTorchJob, all workers or none),
-    checkpointing to the run's folder and resuming from the latest after a restart;
-    infrastructure failures retried with backoff. Needs: preprocess. Makes: the model."""
-    return Step("train", (SHARDS,), (MODEL,), t.train_templates, lambda ctx: {
-        "shards_uri": ctx.resolve(SHARDS_URI, "train"), "run_uri": ctx.run.run_uri,
-        **{n: _wf(n) for n in TRAIN_STEP_INPUTS if n not in ("shards_uri", "run_uri")}})
+def train(module: str | None = None, *, script: str | None = None, args: Sequence[str] = (),
+          image: str | None = None) -> Step:
+    """Train as one gang (Volcano Job or PyTorchJob: all workers start together or none), with the
+    run's infrastructure retries, under ``torchrun`` (rank and world size in ``RANK``,
+    ``LOCAL_RANK``, ``WORLD_SIZE``; gloo on CPU, nccl on GPU). Needs: preprocess. Makes: the model.
+
+    Without arguments: pipectl's training code (the digits CNN), checkpointing to the run's folder
+    and resuming from the latest checkpoint after a restart. With ``module="mypkg.train"`` (or
+    ``script="train.py"``) and ``args``: your torchrun-compatible code instead, in ``image`` (built
+    FROM pipectl's train step image; default: that image). It reads the step's inputs from the
+    environment: ``PIPECTL_TRAIN_SHARDS_URI``, ``PIPECTL_TRAIN_RUN_URI`` (write checkpoints and
+    the model under it), ``PIPECTL_TRAIN_EPOCHS``, ``PIPECTL_TRAIN_BATCH_SIZE``,
+    ``PIPECTL_TRAIN_LEARNING_RATE``, ``PIPECTL_TRAIN_CHECKPOINT_EVERY_STEPS``, ``PIPECTL_TRAIN_SEED``,
+    ``PIPECTL_TRAIN_MODEL_NAME``, ``PIPECTL_TRAIN_WORKFLOW_NAME``, and the store's settings
+    (``PIPECTL_S3_*``, ``PIPECTL_MLFLOW_URI``). Exit 0 when done, 75 for a transient failure worth
+    restarting the gang for; any other exit ends the run as a failure of the code. pipectl's
+    ``evaluate()`` scores only its own model: follow your training with your own evaluation step."""
+    if module is not None and script is not None:
+        raise PipelineError("train(): give module= or script=, not both")
+    if module is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", str(module)):
+        raise PipelineError(f"train(module={module!r}): not a Python module name", "e.g. train(module='mypkg.train')")
+    if script is not None and (not isinstance(script, str) or not script.strip() or script.startswith("-")):
+        raise PipelineError(f"train(script={script!r}): not a script path", "e.g. train(script='train.py')")
+    if isinstance(args, str) or not all(isinstance(a, str) for a in args):
+        raise PipelineError(f"train(args={args!r}): a list of strings", "e.g. args=['--arch', 'resnet18']")
+    if image is not None and (not isinstance(image, str) or not image.strip() or any(c.isspace() for c in image)):
+        raise PipelineError(f"train(image={image!r}): not an image reference", "e.g. registry.example.com/me/train:1.0")
+    entry = (("-m", module) if module else (script,) if script else ()) + (tuple(args) if (module or script) else ())
+    if args and not entry:
+        raise PipelineError("train(args=...) needs module= or script=: pipectl's own training takes its parameters")
+    return Step("train", (SHARDS,), (USER_MODEL,) if entry else (MODEL,), lambda cfg: t.train_templates(cfg, entry, image),
+                lambda ctx: {"shards_uri": ctx.resolve(SHARDS_URI, "train"), "run_uri": ctx.run.run_uri,
+                             **{n: _wf(n) for n in TRAIN_STEP_INPUTS if n not in ("shards_uri", "run_uri")}})
 
 
 def evaluate() -> Step:
@@ -283,6 +310,10 @@ class Pipeline:
                 needs = {v.needs for v in [*step.args, *step.env.values()] if isinstance(v, Value) and v.needs}
             else:
                 needs = set(step.needs)
+            if MODEL in needs and USER_MODEL in made:
+                raise PipelineError(f"step {step.name!r} scores the model pipectl's own training code writes, but train() "
+                                    f"in pipeline {self.name!r} runs your code",
+                                    "follow your training with your own evaluation step (a ContainerStep)")
             for need in sorted(needs - made):
                 raise PipelineError(f"step {step.name!r} needs the {need} that {_MAKER[need]} makes, and no step before it does",
                                     f"put {_MAKER[need]}() before {step.name!r} in pipeline {self.name!r}")

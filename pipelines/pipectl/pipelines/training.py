@@ -156,9 +156,10 @@ class CompileConfig(BaseModel):
             raise ValueError(f"unknown launcher {v!r}: one of {', '.join(LAUNCHERS)}")
         return v
 
-    def gang(self) -> GangConfig:
-        return GangConfig(image=self.train_image, service_account=self.training_service_account, shm_gib=self.shm_gib,
-                          max_restarts=self.retry.infra_limit, retry_oom=self.retry.retry_oom)
+    def gang(self, entry: tuple[str, ...] = (), image: str | None = None) -> GangConfig:
+        """The gang's pods; ``entry``/``image``: the user's training code and image (:class:`GangConfig`)."""
+        return GangConfig(image=image or self.train_image, service_account=self.training_service_account, shm_gib=self.shm_gib,
+                          max_restarts=self.retry.infra_limit, retry_oom=self.retry.retry_oom, entry=entry)
 
 
 def _input_params(names: list[str]) -> list[Parameter]:
@@ -255,7 +256,7 @@ def _in_place_retry(cfg: CompileConfig) -> RetryStrategy:
                          affinity=policy.affinity)
 
 
-def _train_template(cfg: CompileConfig) -> Resource:
+def _train_template(cfg: CompileConfig, entry: tuple[str, ...] = (), image: str | None = None) -> Resource:
     """Resource template creating ONE gang job (Volcano Job or PyTorchJob) and waiting for it: ONE
     attempt of the train step, holding a slot of the lane's semaphore while it runs (C10).
 
@@ -292,7 +293,7 @@ def _train_template(cfg: CompileConfig) -> Resource:
         service_account_name=cfg.launcher_service_account,
         set_owner_reference=True,
         archive_location=ArtifactLocation(archive_logs=False),
-        manifest=launcher.manifest(cfg.gang()),
+        manifest=launcher.manifest(cfg.gang(entry, image)),
         success_condition=launcher.success_condition,
         failure_condition=launcher.failure_condition,
         inputs=_input_params(list(TRAIN_STEP_INPUTS)),
@@ -404,9 +405,10 @@ def preprocess_templates(cfg: CompileConfig) -> list:
     return [preprocess]
 
 
-def train_templates(cfg: CompileConfig) -> list:
-    """``train-retry`` (what the DAG task runs), ``train`` (the attempt), ``train-backoff``, ``train-wait``."""
-    step, backoff, wait = _train_retry_templates(_train_template(cfg), cfg)
+def train_templates(cfg: CompileConfig, entry: tuple[str, ...] = (), image: str | None = None) -> list:
+    """``train-retry`` (what the DAG task runs), ``train`` (the attempt), ``train-backoff``, ``train-wait``;
+    ``entry``/``image``: the user's training code in the gang instead of pipectl's (:class:`GangConfig`)."""
+    step, backoff, wait = _train_retry_templates(_train_template(cfg, entry, image), cfg)
     inner = [t.template for t in step.tasks if not isinstance(t.template, DAG)]
     return [step, *inner, backoff, wait]
 

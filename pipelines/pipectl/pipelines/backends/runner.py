@@ -485,6 +485,9 @@ class LocalRunner:
             for index in range(group.replicas):
                 env = self._container_env(c, f"task {task} pod {group.name}-{index}", launcher.pod_fields(job))
                 env.update(launcher.local_env(group.name, index, rank, total, port))
+                for item in c.get("env", []) or []:  # the outputs folder named in the pod's env, too
+                    if item["name"] in env:
+                        env[item["name"]] = self._map_path(env[item["name"]], taskdir)
                 rank += 1
                 for k, v in list(env.items()):
                     if re.fullmatch(rf"{re.escape(job)}-[a-z0-9-]+-\d+(\.{re.escape(job)})?(\..*)?", v):

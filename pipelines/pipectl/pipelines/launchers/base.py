@@ -95,13 +95,28 @@ class GangConfig:
     retry_oom: bool = False
     """The retry policy's ``retry_oom``: a training process OOM-killed restarts the gang (see
     :data:`~pipectl.components.names.RETRY_OOM_ENV`) instead of ending it as a code failure."""
+    entry: tuple[str, ...] = ()
+    """The user's training code instead of pipectl's: torchrun's target (``("-m", "mypkg.train",
+    "--flag", ...)`` or ``("train.py", ...)``); it reads the train step's inputs from the
+    environment (:func:`train_env`). Empty: pipectl's own ``-m pipectl.components.train``."""
 
 
-def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
-    """Pod of the gang: torchrun, store settings from ConfigMap/Secret, GPUs, /dev/shm (C06).
+TRAIN_ENV_PREFIX = "PIPECTL_TRAIN_"
+"""The user's training code reads the train step's inputs as ``PIPECTL_TRAIN_<FIELD>``
+(``PIPECTL_TRAIN_SHARDS_URI``, ``PIPECTL_TRAIN_RUN_URI``, ``PIPECTL_TRAIN_EPOCHS``, ...)."""
 
-    ``node_rank``: what the launcher gives each pod as its index (``$(VC_TASK_INDEX)``, ``$(RANK)``).
-    """
+
+def train_env() -> list[dict]:
+    """The environment contract of user training code: every :class:`TrainInput` field as
+    ``PIPECTL_TRAIN_<FIELD>``, plus the checkpoint folder (``<run>/checkpoints/``) and the outputs
+    folder; rank and world size come from torchrun (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``)."""
+    env = [{"name": TRAIN_ENV_PREFIX + n.upper(), "value": param(n)} for n in TRAIN_ARGS]
+    env += [{"name": TRAIN_ENV_PREFIX + n.upper(), "value": v} for n, v in TRAIN_FIXED.items()]
+    return env + [{"name": TRAIN_ENV_PREFIX + "OUTPUTS_DIR", "value": OUTPUTS_DIR}]
+
+
+def _train_command(cfg: GangConfig, node_rank: str) -> list[str]:
+    """torchrun (through pipectl's exit-code wrapper) with pipectl's training code or the user's."""
     command = [
         "python", "-m", "pipectl.components.train.launch",
         f"--nnodes={param('workers')}",
@@ -109,13 +124,25 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
         f"--nproc-per-node={param('processes_per_worker')}",
         "--master-addr=$(MASTER_ADDR)",
         "--master-port=$(MASTER_PORT)",
-        "-m", "pipectl.components.train",
     ]
+    if cfg.entry:
+        return command + list(cfg.entry)
+    command += ["-m", "pipectl.components.train"]
     for name in TRAIN_ARGS:
         command += [f"--{kebab(name)}", param(name)]
     for name, value in TRAIN_FIXED.items():
         command += [f"--{kebab(name)}", value]
-    command += ["--outputs-dir", OUTPUTS_DIR]
+    return command + ["--outputs-dir", OUTPUTS_DIR]
+
+
+def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
+    """Pod of the gang: torchrun, store settings from ConfigMap/Secret, GPUs, /dev/shm (C06).
+
+    ``node_rank``: what the launcher gives each pod as its index (``$(VC_TASK_INDEX)``, ``$(RANK)``).
+    """
+    command = _train_command(cfg, node_rank)
+    if cfg.entry:
+        env = env + train_env()
     cpu, memory = param("cpu_per_worker"), param("memory_gib_per_worker") + "Gi"
     return {
         "metadata": {
