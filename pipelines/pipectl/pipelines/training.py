@@ -195,6 +195,21 @@ def _store_env() -> list[EnvFromSource]:
     ]
 
 
+def _step_pod_fields(cfg: CompileConfig, name: str) -> dict:
+    """What every container step's pod gets: the restricted security context, a writable /tmp, the
+    retry policy, the attempt timeout, the lane's priority and toleration, the step's metrics."""
+    return dict(
+        security_context=SecurityContext.model_validate(restricted_container_security_context()),
+        volume_mounts=[VolumeMount(name=TMP_VOLUME["name"], mount_path="/tmp")],
+        volumes=[Volume.model_validate(TMP_VOLUME)],
+        retry_strategy=cfg.retry.build(),
+        timeout=f"{cfg.retry.attempt_timeout_s}s",
+        priority_class_name=lane_object_name("{{workflow.parameters.lane}}"),
+        tolerations=[lane_toleration_for("{{workflow.parameters.lane}}")],
+        metrics=step_metrics(name, container=True),
+    )
+
+
 def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type[BaseModel], output: type[BaseModel],
           fixed: dict[str, str] | None = None, every_field: bool = False) -> Container:
     """A container template running ``python -m pipectl.components.<module>``.
@@ -217,14 +232,7 @@ def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type
         outputs=_outputs(output) or None,
         env_from=_store_env(),
         resources=Resources(cpu_request=cfg.step_cpu, memory_request=f"{cfg.step_memory_gib:g}Gi"),
-        security_context=SecurityContext.model_validate(restricted_container_security_context()),
-        volume_mounts=[VolumeMount(name=TMP_VOLUME["name"], mount_path="/tmp")],
-        volumes=[Volume.model_validate(TMP_VOLUME)],
-        retry_strategy=cfg.retry.build(),
-        timeout=f"{cfg.retry.attempt_timeout_s}s",
-        priority_class_name=lane_object_name("{{workflow.parameters.lane}}"),
-        tolerations=[lane_toleration_for("{{workflow.parameters.lane}}")],
-        metrics=step_metrics(name, container=True),
+        **_step_pod_fields(cfg, name),
     )
 
 
@@ -446,14 +454,7 @@ def user_container_template(cfg: CompileConfig, name: str, image: str, command: 
         env=[Env(name=k, value=v) for k, v in env.items()] or None,
         env_from=_store_env() if store_access else None,
         resources=Resources(cpu_request=cpu or cfg.step_cpu, memory_request=f"{memory_gib or cfg.step_memory_gib:g}Gi"),
-        security_context=SecurityContext.model_validate(restricted_container_security_context()),
-        volume_mounts=[VolumeMount(name=TMP_VOLUME["name"], mount_path="/tmp")],
-        volumes=[Volume.model_validate(TMP_VOLUME)],
-        retry_strategy=cfg.retry.build(),
-        timeout=f"{cfg.retry.attempt_timeout_s}s",
-        priority_class_name=lane_object_name("{{workflow.parameters.lane}}"),
-        tolerations=[lane_toleration_for("{{workflow.parameters.lane}}")],
-        metrics=step_metrics(name, container=True),
+        **_step_pod_fields(cfg, name),
     )
 
 
