@@ -132,6 +132,9 @@ tier() {  # tier NAME PYTEST_ARGS...: one pytest run with its JUnit XML kept for
 
 export PIPECTL_REQUIRE_CEPH=1 PIPECTL_REQUIRE_CLUSTER=1
 bg venv bash scripts/setup.sh
+# The Go builds are the cold run's critical path (tier 2 waits for them; tier 1 does not): they
+# run at the tests' priority, not below it (tests/cluster/build.sh defaults to nice 10 by hand).
+export PIPECTL_BUILD_NICE=${PIPECTL_BUILD_NICE:-0}
 bg go-cluster bash tests/cluster/build.sh "${GO_CLUSTER[@]}"
 bg images bash scripts/images.sh
 reap venv || exit 1

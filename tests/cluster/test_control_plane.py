@@ -534,6 +534,39 @@ def test_training_pipeline_reaches_succeeded_under_submit_wait(project_applied, 
     assert nodes["evaluate"]["startedAt"] >= nodes["train"]["finishedAt"]
 
 
+def test_a_user_pipeline_with_its_own_step_reaches_succeeded_on_the_cluster(project_applied, test_cluster, k8s_api):
+    """The example project's pipeline (pipectl's steps less warm, plus the team's `report` step) by
+    reference: `templates apply FILE.py:NAME`, then `submit FILE.py:NAME --wait`; the user's step
+    runs between train and evaluate and receives the run's folder; its output is kept."""
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    from kubernetes import client
+    from tests.cluster.cluster import TEST_OUTPUTS_CONFIGMAP
+
+    ref = f"{REPO / 'examples' / 'custom-pipeline' / 'pipeline.py'}:pipeline"
+    core = client.CoreV1Api(k8s_api)
+    outputs = {**TRAINING_STEP_OUTPUTS, "report": {"report-uri": "s3://pipectl/runs/x/report.md"}}
+    core.create_namespaced_config_map("pipectl", {"metadata": {"name": TEST_OUTPUTS_CONFIGMAP},
+                                                  "data": {k: json.dumps(v) for k, v in outputs.items()}})
+    try:
+        r = _pipectl(test_cluster, "templates", "apply", ref)
+        assert r.returncode == 0 and "applied WorkflowTemplate team-training-v1" in r.stderr, r.stdout + r.stderr
+        r = _pipectl(test_cluster, "submit", ref, "--lane", "standard", "-p", "workers=2", "-p", "gpus-per-worker=1",
+                     "--wait", "--output", "json")
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        core.delete_namespaced_config_map(TEST_OUTPUTS_CONFIGMAP, "pipectl")
+    name = json.loads(r.stdout)["name"]
+    wf = _training_wf(_custom(k8s_api), name)
+    assert wf["status"]["phase"] == "Succeeded" and wf["spec"]["workflowTemplateRef"] == {"name": "team-training-v1"}
+    nodes = {n["displayName"].removesuffix("(0)"): n for n in wf["status"]["nodes"].values() if n["type"] == "Pod"}
+    assert set(nodes) == {"validate", "stage", "preprocess", "train", "report", "evaluate", "register"}, set(nodes)
+    assert {p["name"]: p["value"] for p in nodes["report"]["inputs"]["parameters"]}["run-uri"] == f"s3://pipectl/runs/{name}"
+    assert nodes["train"]["finishedAt"] <= nodes["report"]["startedAt"] and nodes["report"]["finishedAt"] <= nodes["evaluate"]["startedAt"]
+    assert {p["name"]: p["value"] for p in nodes["report"]["outputs"]["parameters"]}["report-uri"] == "s3://pipectl/runs/x/report.md"
+    assert _gang_job(k8s_api, name).startswith(f"{name}-train-0-")
+
+
 def _lane_gang(name: str, lane: str, workers: int, gpus: int, run_duration: str) -> dict:
     """The train gang exactly as the training template renders it (pipelines/pipectl/pipelines/launchers/volcano.py),
     with the Argo tags a workflow of ``lane`` would substitute, plus how long KWOK keeps its pods running."""

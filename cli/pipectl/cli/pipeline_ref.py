@@ -78,11 +78,13 @@ def _import_module(name: str) -> Any:
         fail(f"{name!r} is neither a .py file nor a module name", f"use {REFERENCE_HELP}", code=2)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    try:
-        importlib.util.find_spec(name)
-    except ModuleNotFoundError:
-        fail(f"module {name} not found", "install your package in this environment, or run from its folder", code=2)
-    if importlib.util.find_spec(name) is None:
+    def find() -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None  # imports the parent packages
+        except ModuleNotFoundError:  # a parent package is missing
+            return False
+
+    if not _run_user_code(find, name):
         fail(f"module {name} not found", "install your package in this environment, or run from its folder", code=2)
     return _run_user_code(lambda: importlib.import_module(name), name)
 
