@@ -162,7 +162,7 @@ def run(runs: int = RUNS) -> dict:
 
         def all_batch_running() -> bool:
             """Every fill gang running whole. A gang preempted more than its restart budget
-            (maxRetry = infra_limit) ends Failed, as it would in production: replace it so the
+            (infra_limit: maxRetry = infra_limit + 1) ends Failed, as it would in production: replace it so the
             GPUs stay full for the next round."""
             for j in custom.list_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs")["items"]:
                 n = j["metadata"]["name"]

@@ -140,3 +140,35 @@ def test_C07_node_pressure_eviction_mid_training_and_the_workflow_succeeds(
     assert vj["status"]["retryCount"] == 1 and vj["status"]["state"]["phase"] == "Completed", vj["status"]
     train_attempts = [n for n in wf["status"]["nodes"].values() if n["type"] == "Pod" and n.get("templateName", "").startswith("train")]
     assert len(train_attempts) == 1, [n["displayName"] for n in train_attempts]
+
+
+@pytest.mark.parametrize("infra_limit", [0, 1])
+def test_C17_the_gang_survives_exactly_infra_limit_losses(project_applied, test_cluster, k8s_api, infra_limit):
+    """The Volcano Job as pipectl renders it for ``infra_limit = n``, on Volcano's real controller:
+    each of the first n node-pressure evictions restarts the whole gang; the (n+1)-th ends the job
+    Failed. (n = 0: the first loss ends it; Volcano's webhook would make a maxRetry of 0 three.)"""
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    from kubernetes import client
+
+    from pipectl.pipelines.launchers.volcano import max_retry
+
+    core = client.CoreV1Api(k8s_api)
+    custom = _custom(k8s_api)
+    job = f"c17-limit-{infra_limit}"
+    body = _lane_gang(job, "standard", 2, 1, "600s")
+    body["spec"]["maxRetry"] = max_retry(infra_limit)
+    custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", body)
+    try:
+        for loss in range(infra_limit + 1):
+            pods = test_cluster.wait_for(f"{job} running (generation {loss})", lambda: _running_pods(core, job, 2), timeout_s=90)
+            core.patch_namespaced_pod_status(pods[0].metadata.name, NS, {"status": LOSSES["node-pressure-eviction-137"][0]})
+            if loss < infra_limit:  # restarted whole: retryCount counts it and the gang runs again
+                test_cluster.wait_for(f"{job} restart {loss + 1}", lambda: _vcjob(k8s_api, NS, job).get("status", {})
+                                      .get("retryCount", 0) == loss + 1, timeout_s=90)
+        done = test_cluster.wait_for(f"{job} Failed", lambda: (_vcjob(k8s_api, NS, job)["status"]["state"]["phase"] == "Failed"
+                                                                and _vcjob(k8s_api, NS, job)), timeout_s=90)
+        assert done["spec"]["maxRetry"] == infra_limit + 1
+        assert done["status"].get("retryCount", 0) == infra_limit + 1  # the losses the gang took, the last one ended it
+    finally:
+        custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", job)

@@ -90,8 +90,8 @@ class GangConfig:
     """ServiceAccount of the gang's pods (no Role; its token is not mounted)."""
     shm_gib: int
     max_restarts: int = 6
-    """Whole-gang restarts for infrastructure failures (Volcano ``maxRetry``): the retry policy's
-    ``infra_limit``."""
+    """Whole-gang restarts for infrastructure failures: the retry policy's ``infra_limit`` (Volcano's
+    ``maxRetry`` is one more: :func:`pipectl.pipelines.launchers.volcano.max_retry`)."""
     retry_oom: bool = False
     """The retry policy's ``retry_oom``: a training process OOM-killed restarts the gang (see
     :data:`~pipectl.components.names.RETRY_OOM_ENV`) instead of ending it as a code failure."""

@@ -39,9 +39,18 @@ JOB_NAME_FIELD = "metadata.labels['volcano.sh/job-name']"
 #   - the kubelet's admission rejection after a node restart (UnexpectedAdmissionError, OutOf<gpu>):
 #     no container ever ran, no exit code;
 #   - 75 (EX_TEMPFAIL, declared transient by the step: DESIGN.md exit codes).
-# Retries are bounded by maxRetry (the retry policy's infra_limit); a command the image cannot
+# Retries are bounded by maxRetry (see max_retry: infra_limit + 1); a command the image cannot
 # run at all (126/127, a runtime StartError 128) is the spec's fault and ends the job.
 CODE_FAILURE_EXIT_CODES = (1, 126, 127, 128)
+
+
+def max_retry(infra_limit: int) -> int:
+    """Volcano's ``maxRetry`` for a gang that survives exactly ``infra_limit`` infrastructure losses
+    (C17). Volcano counts runs, not restarts: a ``RestartJob`` increments ``retryCount`` and the job
+    fails once ``retryCount >= maxRetry`` (controllers/job/state running.go, restarting.go, v1.10),
+    and its admission webhook turns ``maxRetry: 0`` into 3. So n losses need ``n + 1``, and
+    ``infra_limit: 0`` writes 1: the first loss ends the job."""
+    return infra_limit + 1
 VOLCANO_POLICIES = [
     # preempted by an urgent lane (reclaim/preempt), drained, scaled down, node deleted: the pod was deleted
     {"event": "PodEvicted", "action": "RestartJob"},
@@ -85,7 +94,7 @@ class VolcanoJob(Launcher):
                 "minAvailable": as_int(param("workers")),
                 "queue": lane_objects,
                 "priorityClassName": lane_objects,
-                "maxRetry": cfg.max_restarts,
+                "maxRetry": max_retry(cfg.max_restarts),
                 "policies": VOLCANO_POLICIES,
                 "plugins": {"svc": [], "env": []},
                 "tasks": [{"name": "worker", "replicas": as_int(param("workers")),
