@@ -551,7 +551,7 @@ def test_a_user_pipeline_with_its_own_step_reaches_succeeded_on_the_cluster(proj
     try:
         r = _pipectl(test_cluster, "templates", "apply", ref)
         assert r.returncode == 0 and "applied WorkflowTemplate team-training-v1" in r.stderr, r.stdout + r.stderr
-        r = _pipectl(test_cluster, "submit", ref, "--lane", "standard", "-p", "workers=2", "-p", "gpus-per-worker=1",
+        r = _pipectl(test_cluster, "submit", ref, "--lane", "standard", "-p", "workers=2", "-p", "gpus-per-worker=1", "-p", "processes-per-worker=1",
                      "--wait", "--output", "json")
         assert r.returncode == 0, r.stdout + r.stderr
     finally:
