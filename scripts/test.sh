@@ -14,8 +14,8 @@
 #   go-node        the real node's binaries (kubelet, pause, argoexec, coredns), after go-cluster,
 #                  beside tier 2
 #   tests-cluster  pytest tier 2: the KWOK control plane (tests/cluster), once go-cluster is done
-#   real-pods      pytest tier 3: tests/cluster/test_real_pods.py on the real node, once tiers 1
-#                  and 2 are done (the node binds fixed ports and loads both cores)
+#   real-pods      pytest tier 3: tests/cluster/test_real_pods.py on the real node, once tier 2 is
+#                  done (both bind the node's ports), beside what is left of tier 1
 #
 # Every tier always runs when what it needs was prepared; the exit status is non-zero if any phase
 # failed. Each background phase writes its log to $PIPECTL_TEST_LOGS (default .pipectl/test-logs);
@@ -147,8 +147,8 @@ if reap go-cluster; then
   bg go-node bash tests/cluster/build.sh "${GO_NODE[@]}"
   run_phase tests-cluster tier tests-cluster tests/cluster --ignore=tests/cluster/test_real_pods.py "$@"
 fi
-# tier 1's whole report: its failures and the slowest tests are in the last lines
-reap tests-local 120
+# Tier 3 once tier 2's control plane is down (both bind the node's ports), beside what is left of
+# tier 1 (no cluster, loopback ports only).
 node_ok=$cluster_ok
 [[ $cluster_ok -eq 1 ]] && { reap go-node || node_ok=0; }
 [[ $images_ok -eq 1 ]] && { reap node-images || node_ok=0; }
@@ -158,4 +158,6 @@ else
   log "real-pods not run: what it needs was not prepared (see the phases above)"
   rc_all=1
 fi
+# tier 1's whole report: its failures and the slowest tests are in the last lines
+reap tests-local 120
 exit "$rc_all"

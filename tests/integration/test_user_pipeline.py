@@ -17,10 +17,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PIPECTL = str(Path(sys.executable).parent / "pipectl")
 
 
-def test_the_example_project_pipeline_runs_locally_with_its_own_step(tmp_path):
+def test_the_example_project_pipeline_runs_locally_with_its_own_step(tmp_path, small_digits_dir):
     ref = f"{ROOT / 'examples' / 'custom-pipeline' / 'pipeline.py'}:pipeline"
     r = subprocess.run([PIPECTL, "run", ref, "--output", "json", "--state-dir", str(tmp_path / "state"),
-                        "-p", "epochs=2", "-p", "promotion-threshold=0", "-p", "model-name=team-cnn"],
+                        "-p", f"dataset-uri={small_digits_dir}", "-p", "epochs=2", "-p", "promotion-threshold=0",
+                        "-p", "model-name=team-cnn"],
                        capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-4000:]
     summary = json.loads(r.stdout)
@@ -78,14 +79,15 @@ pipeline = Pipeline("script-training", [
 '''
 
 
-def test_a_torchrun_script_with_no_pipectl_import_trains_in_the_gang(tmp_path):
+def test_a_torchrun_script_with_no_pipectl_import_trains_in_the_gang(tmp_path, small_digits_dir):
     """train(module=...): the user's script runs under torchrun as the gang (2 pods x 1 process here), with
     the train step's inputs and the store in its environment; a later step of the user's reads what it wrote."""
     (tmp_path / "usertrain.py").write_text(TRAINER)
     (tmp_path / "check.py").write_text(CHECK)
     (tmp_path / "pipeline.py").write_text(PIPELINE)
     r = subprocess.run([PIPECTL, "run", "pipeline.py:pipeline", "--output", "json", "--state-dir", str(tmp_path / "state"),
-                        "-p", "workers=2", "-p", "processes-per-worker=1", "-p", "epochs=4"],
+                        "-p", f"dataset-uri={small_digits_dir}", "-p", "workers=2", "-p", "processes-per-worker=1",
+                        "-p", "epochs=4"],
                        capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-4000:]
     summary = json.loads(r.stdout)
@@ -99,14 +101,14 @@ def test_a_torchrun_script_with_no_pipectl_import_trains_in_the_gang(tmp_path):
     assert check["env"]["PIPECTL_TRAIN_RUN_URI"] == f"s3://pipectl/runs/{summary['workflow']}"
 
 
-def test_a_failing_user_script_fails_the_run_as_code(tmp_path):
+def test_a_failing_user_script_fails_the_run_as_code(tmp_path, small_digits_dir):
     """Exit 1 from the user's code (a bug) ends the run Failed at the train step, not retried."""
     (tmp_path / "usertrain.py").write_text("raise SystemExit('bad hyper-parameter')\n")
     (tmp_path / "pipeline.py").write_text(
         "from pipectl.sdk import Pipeline, preprocess, stage, train\n"
         "pipeline = Pipeline('script-training', [stage(), preprocess(), train('usertrain')])\n")
-    r = subprocess.run([PIPECTL, "run", "pipeline.py:pipeline", "--output", "json", "--state-dir", str(tmp_path / "state")],
-                       capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    r = subprocess.run([PIPECTL, "run", "pipeline.py:pipeline", "--output", "json", "--state-dir", str(tmp_path / "state"),
+                        "-p", f"dataset-uri={small_digits_dir}"], capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert r.returncode == 1, r.stderr[-4000:]
     summary = json.loads(r.stdout)
     train = next(s for s in summary["steps"] if s["task"] == "train")
