@@ -196,3 +196,11 @@ def test_bad_user_training_is_refused(make, message):
     with pytest.raises(PipelineError) as e:
         make()
     assert message in str(e.value)
+
+
+def test_a_pipeline_error_reads_as_a_sentence_with_its_fix():
+    with pytest.raises(PipelineError) as e:
+        Pipeline("p", [train()]).build()
+    assert str(e.value) == ("step 'train' needs the shards that preprocess makes, and no step before it does "
+                            "(put preprocess() before 'train' in pipeline 'p')")
+    assert e.value.hint == "put preprocess() before 'train' in pipeline 'p'"

@@ -45,7 +45,7 @@ def load_pipeline(ref: str) -> Any:
     try:
         pipeline.check()
     except PipelineError as e:
-        fail(f"pipeline {ref}: {e.args[0]}", e.args[1] if len(e.args) > 1 else "", code=2)
+        fail(f"pipeline {ref}: {e.message}", e.hint, code=2)
     return pipeline
 
 

@@ -35,7 +35,14 @@ RESERVED_TEMPLATES = frozenset({"validate", "stage", "warm", "preprocess", "trai
 
 
 class PipelineError(ValueError):
-    """A pipeline definition that cannot be built; the message names the step and the fix."""
+    """A pipeline definition that cannot be built: ``message`` names the step, ``hint`` the fix."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message, hint)
+        self.message, self.hint = message, hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
 
 
 # -- values a step reads ---------------------------------------------------------------------------
