@@ -20,7 +20,7 @@ demo: setup
 test:
 	bash scripts/test.sh
 
-# The real-pod tests alone (issue 5), with what they need installed and built.
+# The real-pod tests alone, with what they need installed and built.
 test-node: setup
 	bash scripts/system-deps.sh ceph node
 	bash tests/cluster/build.sh
@@ -40,7 +40,7 @@ cluster-up: cluster-build
 cluster-down:
 	@bash scripts/cluster-down.sh /tmp/pipectl-cluster
 
-# Set up, then run the benchmarks side by side with their peers (tests/bench/; issue 7); tables
+# Set up, then run the benchmarks side by side with their peers (tests/bench/); tables
 # and JSON under tests/bench/results/. A subset: make bench BENCH="cli preprocess".
 bench: setup
 	bash scripts/system-deps.sh ceph alluxio bench
@@ -83,7 +83,7 @@ node-down:
 clean:
 	rm -rf .pipectl .pytest_cache
 
-# The GPU check (issue 15): the pipeline's step entrypoints on a GPU (stage → preprocess --device gpu →
+# The GPU check: the pipeline's step entrypoints on a GPU (stage → preprocess --device gpu →
 # train (nccl) → evaluate → register; 2-process DDP with 2 GPUs) and preprocess vs DALI's own ceiling,
 # one table. Without a GPU the GPU rows say so and the rest runs on the CPU. On the lent GPU machine
 # (no registry, 64 MiB per call): the pack/receive/run sequence in scripts/gpu_check.sh. No `setup`

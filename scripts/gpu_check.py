@@ -1,4 +1,4 @@
-"""The GPU check (issue 15): the training pipeline's step entrypoints on a GPU, and preprocess vs DALI's ceiling.
+"""The GPU check: the training pipeline's step entrypoints on a GPU, and preprocess vs DALI's ceiling.
 
     python scripts/gpu_check.py [--sizes 500,2000] [--epochs 15] [--runs 3] [--json PATH]
 
@@ -15,7 +15,7 @@ What it runs, in order, each timed, and ONE table at the end (also ``$OUT/gpu-ch
 4. Preprocess benchmark at each size (512² JPEGs → 224², tests/bench/bench_preprocess.py's set),
    runs alternated: the step's decode-to-shards path from memory vs DALI alone (file reader,
    batch 256) — ``mixed`` on the GPU and ``cpu`` with every core — steady state and start-up; the
-   whole step from S3 (``preprocess_timed``) on each device. Goals (issue 15): GPU steady state
+   whole step from S3 (``preprocess_timed``) on each device. Goals: GPU steady state
    >= 0.50× DALI's GPU ceiling, CPU >= 0.70× its ceiling, GPU step faster than CPU step from
    2,000 images up.
 

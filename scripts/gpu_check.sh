@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issue 15): scripts/gpu_check.py on the lent GPU machine, or here (GPU rows skipped).
+# The GPU check: scripts/gpu_check.py on the lent GPU machine, or here (GPU rows skipped).
 #
 #   bash scripts/gpu_check.sh run [gpu_check.py args]   # `make gpu-check`: run the check with what is installed,
 #                                                      # or with a pack received below (GPU machine)

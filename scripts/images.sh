@@ -117,7 +117,7 @@ for target in "${targets[@]}"; do
   echo "$line" >>"$CACHE/build-times.txt"
   refs+=("--image $target=c-$h")
 done
-# What to deploy this build with (issue 13: a content tag, never a reused one; a node that cached
+# What to deploy this build with (a content tag, never a reused one; a node that cached
 # a tag keeps running what it cached): pipectl templates apply <these>. Builds are not tagged with
 # the release version: that tag is given once, when a release is pushed.
 # (targets not built by this run keep their line from the last run that built them)

@@ -3,7 +3,7 @@
 #   ceph     a real single-node Ceph: monitor, manager, OSD, RADOS Gateway, MDS and ceph-fuse for
 #            CephFS (~76 MB, ~50 s)
 #   alluxio  Java + Maven, to assemble Alluxio from Maven Central (tests/alluxio)
-#   node     the real test node and its images (issue 5): Docker engine + debootstrap for
+#   node     the real test node and its images: Docker engine + debootstrap for
 #            `make images`; containerd, runc, CNI plugins, socat, iptables for `make node-up`
 #            (~60 MB, ~30 s)
 #   ui       Debian's Chromium + chromium-driver: the browser tests of the Argo UI drive it with

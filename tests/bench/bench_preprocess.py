@@ -8,7 +8,7 @@ Every variant does the same work on the same JPEGs: decode to RGB → resize to 
   one pipeline for both splits, every image copied into its split's shard file, the file
   finished (headers, CRC, zip directory) and read to its end in a writer thread as an upload
   would read it, with the step's batch size and DALI threads. Fed from bytes in memory.
-- **DALI alone** (the ceiling, issue 15): ``fn.readers.file`` over the same files written to a
+- **DALI alone** (the ceiling): ``fn.readers.file`` over the same files written to a
   temporary folder (page cache) + the same decode/resize/normalise, batch 256, CPU, as many
   threads as the step; its outputs are not copied anywhere. Output float16 like the step's
   (DALI's float16 output equals its float32 output cast to float16: checked 2026-12-01).

@@ -1,7 +1,7 @@
 """Cluster scheduling on 128 fake nodes x 8 GPUs (1,024 GPUs): the loopback control plane of
 tests/cluster (real kube-apiserver, kube-scheduler, Argo controller, Volcano; pods by KWOK).
 
-Scenarios (issue 4 "Scale", issue 7 benchmark 5):
+Scenarios:
 
 1. idle:    submit -> every pod bound for a 16-GPU gang (2 pods x 8 GPUs), the project's Volcano Job
             (pipelines/pipectl/pipelines/launchers/volcano.py); peer: the same 2 pods as a plain Kubernetes Job under the default

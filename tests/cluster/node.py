@@ -93,7 +93,7 @@ def image_args() -> list[str]:
 
 
 def step_images() -> list[str]:
-    """The step images the node runs: the last build's content tags (issue 13: never a tag a rebuild
+    """The step images the node runs: the last build's content tags (never a tag a rebuild
     reuses), or the release tags when nothing was built (then `missing` reports them)."""
     from pipectl.pipelines.training import IMAGE_VERSION, STEP_IMAGES
 

@@ -1,5 +1,5 @@
 """The pipeline on an autoscaled cluster: Karpenter (KWOK cloud provider) grows and shrinks the
-nodes, Volcano gang-schedules, Argo runs the real training-v1 template (issue 14).
+nodes, Volcano gang-schedules, Argo runs the real training-v1 template.
 
 The cluster starts with NO node: every node is created by Karpenter from the product's NodePools
 (pipelines/pipectl/pipelines/autoscaling.py, rendered with the KWOK node class and instance types

@@ -1,4 +1,4 @@
-"""Command-line conventions from `argo`/`kubectl` (issue 16) against the real API server and Argo
+"""Command-line conventions from `argo`/`kubectl` against the real API server and Argo
 controller of the test cluster (tests/cluster/conftest.py): -o, the kubeconfig context's
 namespace, stop vs terminate (exit handlers), delete, logs -f, and cron-triggered runs in
 `pipectl list`. The cluster-free parts: tests/unit/test_cli_conventions.py."""
@@ -180,7 +180,7 @@ def test_o_formats_of_submit_list_and_status(training_template, ns_kubeconfig, k
 def test_list_shows_the_runs_the_controller_starts_from_cron_workflows(training_template, test_cluster, k8s_api):
     """Two CronWorkflows of the training template fire on the next minute (the real controller's
     cron scheduler): the rendered one (workflowMetadata labels its runs as pipectl's) and one
-    applied without workflowMetadata, as before issue 16. `pipectl list` shows both runs."""
+    applied without workflowMetadata. `pipectl list` shows both runs."""
     custom = _custom(k8s_api)
     r = _pipectl(test_cluster.kubeconfig, "cron", "apply", "--dry-run")
     assert r.returncode == 0, r.stderr

@@ -817,7 +817,7 @@ def _small_pod(name: str, priority_class: str, gpus: int = 0) -> dict:
 
 
 def test_only_namespaces_with_a_quota_may_use_the_preempting_lane(project_applied, test_cluster, k8s_api):
-    """Issue 13: the API server runs with argo/cluster/kube-apiserver/admission-configuration.yaml
+    """The API server runs with argo/cluster/kube-apiserver/admission-configuration.yaml
     (ResourceQuota limitedResources on the preempting lanes' PriorityClasses). A namespace without
     a quota for pipectl-urgent cannot create urgent pods at all; pipectl's namespace can, within its
     ResourceQuota (argo/cluster/namespace.yaml); other lanes need no quota."""
@@ -1048,7 +1048,7 @@ def _gang_manifest(wt: dict, train: dict, job: str, **params: str) -> str:
 
 
 def test_C16_gang_job_write_resent_after_a_lost_response_attaches_to_the_job(project_applied, test_cluster, k8s_api, tmp_path):
-    """Issue 18 / C16, the path that created the job twice, reproduced with the real kubectl
+    """C16, the path that created the job twice, reproduced with the real kubectl
     (v1.34.4, the library argoexec runs in-process) as the train step's ServiceAccount: the API
     server commits the first write of the gang job but its response is lost as a ServerTimeout
     500 with Retry-After (tests/tools/kube_fault_proxy.py), and client-go re-sends the request.
@@ -1130,7 +1130,7 @@ def test_C16_gang_job_write_resent_after_a_lost_response_attaches_to_the_job(pro
 
 
 def test_least_privilege_auth_can_i_list_per_service_account(project_applied, test_cluster, capsys):
-    """Issue 13: what each of the pipeline's ServiceAccounts may do in its namespace, as the API
+    """What each of the pipeline's ServiceAccounts may do in its namespace, as the API
     server's own authorizer answers (`kubectl auth can-i --list --as=...`, kubectl v1.34.4): step
     pods only report results, the train step's account also creates/gets/patches the one gang job
     kind, the training pods' account nothing. The tables are printed (README shows them)."""
@@ -1175,7 +1175,7 @@ def test_kubectl_apply_k_argo_as_a_user_would(test_cluster, k8s_api, tmp_path):
     """`kubectl apply --server-side -k argo/` (kubectl v1.34.4 built by build.sh, its own kustomize)
     on a cluster that has what argo/ expects installed: Argo (namespace argo), Volcano (namespace
     volcano-system) and prometheus-operator's PrometheusRule CRD (from its Go module). The shared
-    controller ConfigMap is patched, not replaced (issue 13): another tenant's key stays, and a key
+    controller ConfigMap is patched, not replaced: another tenant's key stays, and a key
     the cluster's admin set differently is a conflict, not a silent overwrite. Every object is
     accepted; a second apply changes nothing. Runs last: it applies the controller configuration
     (pod GC, TTLs) the other tests do not expect."""

@@ -1,4 +1,4 @@
-"""Issue 12 / field case C07 on the KWOK cluster: every way the infrastructure loses a gang pod
+"""Field case C07 on the KWOK cluster: every way the infrastructure loses a gang pod
 restarts the WHOLE gang (Volcano policy, pipelines/pipectl/pipelines/launchers/volcano.py), and a
 code failure ends it at once.
 
@@ -125,8 +125,8 @@ def test_C07_node_pressure_eviction_mid_training_and_the_workflow_succeeds(
         project_applied, train_pod_annotations, test_cluster, k8s_api):
     """Through `pipectl submit training`: a gang pod evicted by the kubelet under memory pressure
     (Failed, Evicted, 137; the pod stays) restarts the gang inside its Volcano Job, the Argo step
-    keeps waiting (one attempt), and the workflow Succeeds. Before issue 12's fix the job was
-    Terminated (PodFailed -> TerminateJob) and the run ended Failed."""
+    keeps waiting (one attempt), and the workflow Succeeds. A PodFailed -> TerminateJob policy would
+    leave the job Terminated and the run Failed."""
     if not test_cluster.volcano_ok:
         pytest.skip(f"Volcano did not start: {test_cluster.errors}")
     from kubernetes import client

@@ -134,7 +134,7 @@ def test_plain_pod_runs_on_the_real_node(real_cluster, core):
 
 def _apply_project(c) -> None:
     """argo/ as the two roles would apply it, except the WorkflowTemplate: that one the namespace
-    owner deploys with the build's content-tagged images (issue 13), through `pipectl templates apply`."""
+    owner deploys with the build's content-tagged images, through `pipectl templates apply`."""
     docs = []
     for f in sorted((REPO / "argo").rglob("*.yaml")):
         rel = f.relative_to(REPO / "argo")
@@ -275,7 +275,7 @@ def _pipectl(c, *args: str, timeout_s: float = 1800) -> subprocess.CompletedProc
 
 
 def _apply_templates_for_one_node(c) -> None:
-    """`pipectl templates apply` with the build's content-tagged images (issue 13: with the release
+    """`pipectl templates apply` with the build's content-tagged images (with the release
     tag the node ran a stale image it had cached under that tag — seen here after a rebuild: an old
     evaluate exited 2 on the new arguments), then drop ``retryStrategy.affinity`` (nodeAntiAffinity:
     a retry avoids the node the attempt failed on) from every template: this cluster has one node,
@@ -451,7 +451,7 @@ def test_gang_pod_lost_mid_training_restarts_the_gang_from_its_checkpoint(servic
     workers resume from the last checkpoint, Argo does not retry the step, the workflow Succeeds.
     Prints the optimiser steps lost (trained before the loss, after the checkpoint resumed from).
 
-    Issue 18 / C16: the run also goes through the re-send that failed it on a fresh machine — pods
+    C16: the run also goes through the re-send that failed it on a fresh machine — pods
     reach the API server through a proxy that commits the first write of the gang job and answers
     it with a ServerTimeout 500 + Retry-After, so the train step's kubectl sends it again; the
     audit log must show the job created once and re-applied once, and the step must attach to it.
@@ -570,12 +570,12 @@ def _node_memory_available(c) -> int:
 
 
 def test_C07_node_pressure_eviction_by_the_real_kubelet_restarts_the_gang_from_its_checkpoint(services, project, real_cluster, core):
-    """Issue 12 / C07 on the real node: the kubelet itself evicts a training pod under memory
+    """C07 on the real node: the kubelet itself evicts a training pod under memory
     pressure. The product's gang job (as the training run's train step created it) trains; the
     kubelet is restarted with a memory.available threshold 1 GiB below what it measures now, and a
     process on the host (outside Kubernetes) growing to 5 GiB crosses it: the kubelet evicts a gang pod — the
     pod stays, phase Failed, reason Evicted; printed as the kubelet wrote it —, Volcano restarts the
-    whole gang (PodFailed is not PodEvicted: before issue 12's fix PodFailed -> TerminateJob ended
+    whole gang (PodFailed is not PodEvicted: a PodFailed -> TerminateJob policy would end
     the job), the hog goes, the kubelet gets its usual threshold back, and the restarted workers
     resume from the checkpoint and complete."""
     c, node = real_cluster

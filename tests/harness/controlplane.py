@@ -384,7 +384,7 @@ class TestCluster:
             "--audit-policy-file", str(AUDIT_POLICY), "--audit-log-path", str(r / "audit.log"),
             "--audit-log-mode", "blocking",
             # what argo/ tells a cluster admin to configure: pods of a preempting lane's
-            # PriorityClass only in namespaces with a quota for it (issue 13)
+            # PriorityClass only in namespaces with a quota for it
             "--admission-control-config-file", str(ADMISSION_CONFIG),
         ])
         self._wait("kube-apiserver /readyz", lambda: self._https_request("GET", "/readyz")[0] == 200)

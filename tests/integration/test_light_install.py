@@ -1,4 +1,4 @@
-"""The light install (issue 16): `pip install pipectl` WITHOUT the `steps` extra, into a fresh venv,
+"""The light install: `pip install pipectl` WITHOUT the `steps` extra, into a fresh venv,
 gives a working command line for people who only submit: render, lint, submit --dry-run, and
 completion; the steps' heavy dependencies (torch, DALI, MLflow, boto3, moto) are not installed, and
 `pipectl run` says which extra to install instead of failing on an import.

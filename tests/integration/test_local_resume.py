@@ -1,4 +1,4 @@
-"""`pipectl run --resume` (issue 12): an interrupted local run continues where it stopped.
+"""`pipectl run --resume`: an interrupted local run continues where it stopped.
 
 Real processes throughout: `pipectl run training` with the embedded S3 server (moto) and MLflow,
 torchrun with a 2-process gang, interrupted by a signal while the train step runs and after it

@@ -119,7 +119,7 @@ def _bad_png():
 
 
 def test_a_stream_goes_on_after_a_batch_dali_rejects(small_digits_dir):
-    """Issue 15: one pipeline for the whole stream; a batch DALI fails is decoded again image by
+    """One pipeline for the whole stream; a batch DALI fails is decoded again image by
     image, the bad image reported with its tag, and a fresh pipeline continues with the rest."""
     from pipectl.components.preprocess.core import DecodeTimings, batched, decode_stream
 
@@ -140,7 +140,7 @@ def test_a_stream_goes_on_after_a_batch_dali_rejects(small_digits_dir):
 
 
 def test_shards_hold_each_split_in_manifest_order_across_shard_boundaries(settings, s3, dataset_with_corrupt_jpeg):
-    """Streaming (issue 15) keeps what the step wrote before: each split's decodable images in
+    """Streaming keeps what the step wrote before: each split's decodable images in
     manifest order, cut every shard-size images; checked against decoding the split in one go."""
     from pipectl.components.contracts import DatasetManifest
     from pipectl.components.preprocess.core import in_validation
@@ -160,7 +160,7 @@ def test_shards_hold_each_split_in_manifest_order_across_shard_boundaries(settin
 
 
 def test_a_failed_step_leaves_no_shards(settings, s3, dataset_with_corrupt_jpeg):
-    """Shards are written while decoding (issue 15); when the step then fails, they are removed."""
+    """Shards are written while decoding; when the step then fails, they are removed."""
     staged = stage(StageInput(source_uri=str(dataset_with_corrupt_jpeg), bucket=settings.bucket), s3)
     with pytest.raises(StepError, match="corrupt"):
         preprocess(_inp(staged.manifest_uri, settings.bucket, max_corrupt_fraction=0.0, shard_size=40), s3)

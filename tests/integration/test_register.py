@@ -171,7 +171,7 @@ class _Payload:
 
 
 def test_model_files_are_not_code_evaluate_loads_weights_only(client, tmp_path):
-    """Issue 13: evaluate rebuilds candidate and champion from tensors (``weights_only=True``) and
+    """Evaluate rebuilds candidate and champion from tensors (``weights_only=True``) and
     constructor arguments, never from a pickle: weights a run logged load back equal; a weights file
     replaced by a pickle with a payload is refused and its code does not run; the champion is
     found through its model version's run (the alias the registry holds)."""

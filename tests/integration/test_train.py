@@ -87,7 +87,7 @@ def test_killed_training_resumes_from_its_last_checkpoint(settings, s3, shards_u
 
 @pytest.mark.parametrize(("worker_exit", "retry_oom", "expected"), [
     ("sys.exit(75)", False, 75), ("sys.exit(1)", False, 1), ("sys.exit(0)", False, 0),
-    # issue 12: the container's only code-failure value is 1 (the Volcano policy ends the job on 1
+    # the container's only code-failure value is 1 (the Volcano policy ends the job on 1
     # and restarts it on anything else): any other worker exit, a crash, an in-container OOM kill
     ("sys.exit(2)", False, 1), ("os.kill(os.getpid(), signal.SIGSEGV)", False, 1),
     ("os.kill(os.getpid(), signal.SIGKILL)", False, 1),  # what the kernel's OOM killer does to a worker
@@ -148,7 +148,7 @@ dist.destroy_process_group()
 
 @pytest.mark.parametrize("nnodes", [1, 2])
 def test_local_rendezvous_listens_on_loopback_only(tmp_path, nnodes):
-    """Issue 13: on one machine (the local backend's gang: master 127.0.0.1) nothing the gang opens
+    """On one machine (the local backend's gang: master 127.0.0.1) nothing the gang opens
     listens beyond loopback: torchrun's own store would listen on `::` (every interface)."""
     from pipectl.pipelines.backends.processes import free_port
 

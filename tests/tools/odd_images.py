@@ -4,7 +4,7 @@ Usage: ``python -m tests.tools.odd_images OUT_DIR`` writes the corpus in ImageFo
 (``OUT_DIR/<label>/<file>``) and prints one line per file with its expected outcome. Tests import
 :data:`CORPUS` and :func:`write_corpus`; the script and the tests read the same table.
 
-The rule the table encodes (issue 12, C13): an image is corrupt when the decoder cannot decode it,
+The rule the table encodes (C13): an image is corrupt when the decoder cannot decode it,
 not when a heuristic dislikes its bytes. Everything PIL and the common decoders (libjpeg-turbo,
 libpng, nvJPEG) accept is *used*, and comes out of preprocessing as the picture a person sees:
 

@@ -1,5 +1,5 @@
 """The autoscaling tables (pipelines/pipectl/pipelines/autoscaling.py) and the retry backoff that
-must outlast a scale-up (issue 14). The behaviour on a cluster: tests/cluster/test_autoscaler.py."""
+must outlast a scale-up. The behaviour on a cluster: tests/cluster/test_autoscaler.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Command-line conventions users bring from `argo` and `kubectl` (issue 16), the parts that need no
+"""Command-line conventions users bring from `argo` and `kubectl`, the parts that need no
 cluster: --parameter-file, the kubeconfig context's namespace, an unknown --context, -o, shell
 completion. The real pipectl executable of this venv in a subprocess each time. Against the API
 server and the Argo controller: tests/cluster/test_cli_conventions.py."""

@@ -40,7 +40,7 @@ def test_bucket_names_follow_s3_rules(bucket):
 
 
 def test_credentials_in_urls_are_never_printed():
-    """Issue 13: an MLflow/S3 URL with userinfo keeps the user but never the password, in every
+    """An MLflow/S3 URL with userinfo keeps the user but never the password, in every
     error of the one error type (what the CLI and the steps print) and in the services line."""
     from pipectl.components.errors import PipectlError, Unreachable, redact_credentials
 

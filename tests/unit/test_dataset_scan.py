@@ -68,7 +68,7 @@ def test_symlinked_label_folders_are_followed_and_hidden_folders_ignored(tmp_pat
 
 @pytest.mark.parametrize("kind", ["file", "folder"])
 def test_symlinks_out_of_the_dataset_folder_are_refused(tmp_path, kind):
-    """Issue 13: a link to a file or folder outside the dataset (here a stand-in for a pod's
+    """A link to a file or folder outside the dataset (here a stand-in for a pod's
     ServiceAccount token) is refused naming it; nothing is listed, so nothing is copied."""
     secret = tmp_path / "outside" / "token.jpg"
     _jpeg(secret)

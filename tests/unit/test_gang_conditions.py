@@ -111,7 +111,7 @@ def test_C09_pytorchjob_cleans_up_the_running_replicas_of_a_failed_job():
 
 
 def test_pytorchjob_is_refused_where_it_cannot_restart_the_gang():
-    """Issue 12: the PyTorchJob launcher cannot restart the whole gang after an infrastructure
+    """The PyTorchJob launcher cannot restart the whole gang after an infrastructure
     loss; `pipectl render` says why and renders it only when told to accept that (exit 2 otherwise)."""
     import subprocess
     import sys

@@ -125,7 +125,7 @@ def test_lint_cli_exits_2_naming_the_field(tmp_path, good):
     assert f"spec.templates[{_index(good, 'stage')}].container.imagePullPolicee" in r.stderr
 
 
-# -- issue 13: every security rule has a failing example -------------------------------------------
+# -- every security rule has a failing example -------------------------------------------
 
 
 def _manifest_edit(wt: dict, old: str, new: str) -> None:

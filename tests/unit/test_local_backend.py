@@ -156,7 +156,7 @@ def test_expression_tags_and_their_limits():
         substitute("{{=sprig.upper(a)}}", {"a": "x"}, where="t")
 
 
-# ---------------------------------------------------------------- resume (issue 12)
+# ---------------------------------------------------------------- resume
 
 COUNT = {
     "name": "count",
@@ -188,7 +188,7 @@ def _chain(tmp_path, flaky_marker):
 
 
 def test_a_resumed_run_skips_succeeded_tasks_and_feeds_their_recorded_outputs(tmp_path):
-    """Issue 12: the record (run.json) keeps each finished task's outputs; resuming runs only what
+    """The record (run.json) keeps each finished task's outputs; resuming runs only what
     did not succeed, under the same workflow name and uid, and c sees a's output through b."""
     from pipectl.pipelines.backends.runner import RunRecord
 

@@ -1,4 +1,4 @@
-"""The bounded, ordered prefetch and the batching that feed DALI in the preprocess step (issue 15)."""
+"""The bounded, ordered prefetch and the batching that feed DALI in the preprocess step."""
 
 from __future__ import annotations
 

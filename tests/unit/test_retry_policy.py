@@ -27,7 +27,7 @@ C01 = {
                        "pipectl-bogus was found", "-1", False),
     "g-quota-frees-up": ("Error", 'pods "x" is forbidden: exceeded quota: gpu, requested: nvidia.com/gpu=8', "-1", True),
     "h-invalid-field": ("Error", 'Pod "x" is invalid: spec.containers[0].resources.limits: Invalid value', "-1", False),
-    # issue 12: the messages exactly as the kubelet writes them into the pod's status (Argo keeps
+    # the messages exactly as the kubelet writes them into the pod's status (Argo keeps
     # the pod's message as the node's). Node-pressure eviction's never contains "Evicted" (that is
     # the pod's reason): before the fix it was read as a code failure and never retried.
     "i-node-pressure-eviction": ("Failed", "The node was low on resource: memory. Threshold quantity: 100Mi, available: "

@@ -1,4 +1,4 @@
-"""The codebase's shape (issue 17), checked over the source so it cannot quietly erode:
+"""The codebase's shape, checked over the source so it cannot quietly erode:
 layers import only what DESIGN.md allows, there are no import cycles, a launcher is known in one
 place, the train step's arguments are its contracts, and the store layout has one definition."""
 
@@ -101,7 +101,7 @@ def test_the_compile_layer_does_no_io():
 
 
 STEPS_EXTRA_MODULES = ("torch", "mlflow", "nvidia", "boto3", "botocore", "moto", "psutil", "numpy", "PIL", "sklearn")
-"""Top-level modules of pyproject's `steps` extra: the light install (issue 16) has none of them."""
+"""Top-level modules of pyproject's `steps` extra: the light install has none of them."""
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["render", "training"], ["submit", "training", "--dry-run", "-p", "epochs=2"],

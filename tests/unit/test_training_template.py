@@ -173,7 +173,7 @@ def _volcano_action(job: dict, event: str, exit_code: int | None) -> str:
     ("PodEvicted", None, "RestartJob"),     # preempted, drained, scaled down, node deleted (pod deleted)
     ("PodFailed", 75, "RestartJob"),        # EX_TEMPFAIL kept by the launcher
     ("PodFailed", 143, "RestartJob"),       # SIGTERM from the kubelet (node shutdown)
-    # issue 12 / C07: the kubelet's node-pressure eviction leaves the pod Failed (not deleted), its
+    # C07: the kubelet's node-pressure eviction leaves the pod Failed (not deleted), its
     # container SIGKILLed (137) or with no terminated state (Volcano reads exit code 0); a preemption
     # past its grace period the same (137); an admission rejection after a node restart: no exit code
     ("PodFailed", 137, "RestartJob"),
@@ -219,7 +219,7 @@ def test_C07_step_and_executor_containers_request_cpu_and_memory(wt):
 
 
 def test_service_accounts_least_privilege(wt, wt_pytorchjob):
-    """Issue 13: step pods, the train step's resource pod and the gang's pods each run as their own
+    """Step pods, the train step's resource pod and the gang's pods each run as their own
     ServiceAccount; the launcher's Role names only the gang job kind in use; no wildcard; the gang's
     pods mount no token."""
     from pipectl.pipelines.manifests import rbac
@@ -242,7 +242,7 @@ def test_service_accounts_least_privilege(wt, wt_pytorchjob):
 
 
 def test_every_pod_meets_the_restricted_pod_security_standard(wt, wt_pytorchjob):
-    """Issue 13: the fields the "restricted" Pod Security Standard checks, for step pods (workflow
+    """The fields the "restricted" Pod Security Standard checks, for step pods (workflow
     securityContext + each container), the gang's pods (both launchers), Argo's executor containers
     (controller configuration), and the namespace enforcing it. The API server's PodSecurity
     admission checks the same on the test clusters (the whole pipeline runs under enforcement)."""
@@ -274,7 +274,7 @@ def test_every_pod_meets_the_restricted_pod_security_standard(wt, wt_pytorchjob)
 
 
 def test_images_from_a_registry_by_digest_or_content_tag():
-    """Issue 13: step images from a configurable registry, pinned per image by digest or content
+    """Step images from a configurable registry, pinned per image by digest or content
     tag, in the step templates AND inside the gang manifest (a string kustomize cannot rewrite)."""
     import subprocess
     import sys

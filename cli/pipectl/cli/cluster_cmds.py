@@ -182,7 +182,7 @@ def list_(namespace: str, context: str | None, output_format: str) -> None:
     cluster = _cluster(namespace, context)
     items = cluster.list("workflows", ",".join(f"{k}={v}" for k, v in PART_OF.items()))
     # Runs the Argo controller started from a CronWorkflow carry its label, and pipectl's label
-    # only when the CronWorkflow's workflowMetadata sets it (retrain does since issue 16): a cron
+    # only when the CronWorkflow's workflowMetadata sets it (retrain does): a cron
     # run of our template counts either way.
     ours = {w["metadata"]["uid"] for w in items}
     items += [w for w in cluster.list("workflows", CRON_LABEL)

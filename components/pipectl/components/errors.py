@@ -13,7 +13,7 @@ _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@\s:]
 
 def redact_credentials(text: str) -> str:
     """``text`` with the password of every ``scheme://user:password@host`` URL in it replaced by
-    ``***`` (RFC 3986 userinfo; issue 13: an MLflow URI with a password is never printed)."""
+    ``***`` (RFC 3986 userinfo: an MLflow URI with a password is never printed)."""
     return _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
 
 

@@ -65,7 +65,7 @@ def log_weights(model: SmallCNN, channels: int) -> None:
 def load_weights(run_id: str, tracking_uri: str | None = None) -> SmallCNN:
     """The model a training run logged with :func:`log_weights`, rebuilt from its constructor
     arguments and a tensors-only ``torch.load(weights_only=True)``: a model file in the registry
-    cannot run code in the pipeline (issue 13; pickled MLflow models can). Raises ValueError for an
+    cannot run code in the pipeline (pickled MLflow models can). Raises ValueError for an
     unknown architecture, MLflow/torch errors for a missing or malformed artifact."""
     import json
     import tempfile

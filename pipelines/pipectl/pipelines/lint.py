@@ -259,7 +259,7 @@ def _validated_first(spec: dict, where: str) -> list[Finding]:
 
 
 def _rbac_findings(obj: dict, where: str) -> list[Finding]:
-    """Least privilege (issue 13): namespaced Roles only, and no wildcard anywhere in a rule."""
+    """Least privilege: namespaced Roles only, and no wildcard anywhere in a rule."""
     kind = obj["kind"]
     if kind.startswith("Cluster"):
         return [Finding(where, f"{kind}: pipectl needs no cluster-wide rights; use a Role/RoleBinding in the namespace")]
@@ -274,7 +274,7 @@ def _rbac_findings(obj: dict, where: str) -> list[Finding]:
 def _namespace_findings(obj: dict, where: str) -> list[Finding]:
     labels = (obj.get("metadata") or {}).get("labels") or {}
     if labels.get("pod-security.kubernetes.io/enforce") != "restricted":
-        return [Finding(f"{where} metadata.labels", "pod-security.kubernetes.io/enforce must be restricted (issue 13)")]
+        return [Finding(f"{where} metadata.labels", "pod-security.kubernetes.io/enforce must be restricted")]
     return []
 
 

@@ -96,7 +96,7 @@ def _role_for(name: str, rules: list[dict], cfg: CompileConfig) -> list[dict]:
 
 
 def rbac(cfg: CompileConfig) -> list[dict]:
-    """Least privilege, one ServiceAccount per kind of pod (issue 13), namespaced Roles only, no
+    """Least privilege, one ServiceAccount per kind of pod, namespaced Roles only, no
     wildcards:
 
     - ``service_account`` (every step pod): the executor's WorkflowTaskResults, nothing else;
@@ -241,7 +241,7 @@ def controller_config(cfg: CompileConfig) -> list[dict]:
             # Argo's executor containers (init, wait, and the main container of resource pods such
             # as the train step) get no resources unless configured (workflowpod.go:
             # Config.GetExecutor().Resources): without requests a resource pod is BestEffort (C07).
-            # and restricted container fields (issue 13; the pod-level ones come from the workflow)
+            # and restricted container fields (the pod-level ones come from the workflow)
             "executor": yaml.safe_dump({"resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
                                         "securityContext": restricted_container_security_context(read_only_root=False)}),
             # Argo UI: a link from every workflow to its MLflow run. The run id is the workflow's
@@ -434,13 +434,13 @@ the Cluster Autoscaler or neither: ``autoscaling/`` is applied on purpose)."""
 def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]:
     """Every manifest under ``argo/``: relative path -> objects (a multi-document YAML file).
 
-    Two kustomizations (issue 13): ``cluster/`` is what a cluster admin applies once (the namespace
+    Two kustomizations: ``cluster/`` is what a cluster admin applies once (the namespace
     with its Pod Security labels and preempting-lane quota, PriorityClasses, Volcano queues and
     scheduler configuration, Argo controller settings; applied server-side, the shared ConfigMaps
     get only pipectl's keys and other tenants' keys stay), ``namespace/`` what the namespace owner
     applies (RBAC, config, templates, cron, monitoring), all namespaced. ``autoscaling/karpenter/``
     (NodePools, the urgent lane's warm buffer among them) is a cluster-admin kustomization of its
-    own, applied when the cluster runs Karpenter (issue 14).
+    own, applied when the cluster runs Karpenter.
     """
     cfg = cfg or CompileConfig()
     admin, owner = CLUSTER_ADMIN_DIR, NAMESPACE_OWNER_DIR

@@ -79,7 +79,7 @@ def lane_toleration_for(lane_expr: str) -> Toleration:
 # case C01 ("Pod was terminated due to imminent node shutdown", "pod deleted", "Evicted");
 # kubelet: node-pressure eviction "The node was low on resource: memory. ..." (pkg/kubelet/eviction
 # helpers.go nodeLowMessageFmt — the pod's reason is Evicted but its MESSAGE, the one Argo keeps,
-# never says so: issue 12), graceful node shutdown "Pod was terminated in response to imminent
+# never says so), graceful node shutdown "Pod was terminated in response to imminent
 # node shutdown." (nodeshutdown), admission after a node restart "Pod was rejected: ..." and a
 # device plugin not ready yet "Allocate failed due to ..." (UnexpectedAdmissionError), critical-pod
 # preemption "Preempted in order to admit critical pod"; Kubernetes pod disruption conditions

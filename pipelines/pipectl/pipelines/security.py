@@ -1,4 +1,4 @@
-"""Pod security: the Kubernetes "restricted" Pod Security Standard (issue 13), as plain dicts.
+"""Pod security: the Kubernetes "restricted" Pod Security Standard, as plain dicts.
 
 Pure and light (no hera, no pydantic): the launchers' pod templates, the step templates and Argo's
 executor settings (:mod:`pipectl.pipelines.manifests`) all take their security fields from here.

@@ -284,7 +284,7 @@ def _train_template(cfg: CompileConfig, entry: tuple[str, ...] = (), image: str 
     was a 5xx/429 with ``Retry-After`` — what the API server answers when etcd is slow
     (``ServerTimeout``, ``retryAfterSeconds: 2``) although the write may have committed. Plain
     ``create`` fails both with AlreadyExists; client-side ``apply`` (GET, then POST) still fails the
-    second one (issue 18, C16: ``error when creating ... already exists`` with the job running).
+    second one (C16: ``error when creating ... already exists`` with the job running).
     So the step is ``kubectl apply --server-side`` (:data:`TRAIN_APPLY_FLAGS`): ONE PATCH request
     that creates the object if absent and otherwise applies the same fields again, so any re-send
     answers 200 with the job that exists (tests/cluster: a proxy that fails the first write's

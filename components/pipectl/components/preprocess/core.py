@@ -23,7 +23,7 @@ DALI device: ``mixed`` decode (nvJPEG) + GPU resize/normalise when a CUDA device
 otherwise a CPU pipeline built with ``device_id=None`` (DALI refuses a GPU pipeline without
 CUDA: REFERENCE.md §1).
 
-Flow (issue 15: fetching overlaps decoding, start-up is reported apart from steady state)::
+Flow (fetching overlaps decoding, start-up is reported apart from steady state)::
 
     S3 GETs + cheap checks   ──►  DALI pipeline (one for both    ──►  shard files assembled in
     (16 threads, in manifest      splits; external source fed        place (npz.py), PUT by a
@@ -607,7 +607,7 @@ class ShardWriter:
     ``expected``: images per split that may still arrive (capacity of new shard buffers:
     min(shard_size, expected)); ``put(uri, body)``: uploads one file (``body``: seekable binary
     file). A shard is complete at ``shard_size`` images, or at :meth:`close`. Shard ``n`` of a
-    split holds the split's images ``n*shard_size ..`` in stream order, as before issue 15.
+    split holds the split's images ``n*shard_size ..`` in stream order, as when each split was decoded in one go.
     """
 
     output_uri: str

@@ -74,7 +74,7 @@ def scan_local(root: Path) -> list[SourceFile]:
     """List the images under ``root`` (ImageFolder layout). Raises :class:`DatasetError`.
 
     Symlinks are followed only while they stay inside ``root`` (resolved): one that leads out of
-    the dataset folder is refused (issue 13: a dataset must not be able to copy other files of the
+    the dataset folder is refused (a dataset must not be able to copy other files of the
     machine or pod — credentials, a ServiceAccount token — into the bucket), and a folder reached
     twice (a link cycle) is walked once.
     """

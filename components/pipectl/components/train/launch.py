@@ -20,11 +20,11 @@ So the container's exit code has exactly one code-failure value, 1, and the gang
 the job on 1 and restart it on everything else a failed pod can show — 143, 137 (killed from
 outside the container), 75, or no exit code at all (a pod the kubelet failed before or without
 recording its container's end: node-pressure eviction, admission rejection after a node restart;
-field case C07, issue 12). See :data:`pipectl.pipelines.launchers.volcano.VOLCANO_POLICIES`.
+field case C07). See :data:`pipectl.pipelines.launchers.volcano.VOLCANO_POLICIES`.
 
 Arguments are torchrun's, unchanged (``--nnodes``, ``--nproc-per-node``, ``-m MODULE`` ...).
 
-Loopback rendezvous (issue 13): torchrun's rendezvous store (a ``TCPStore`` server in the rank-0
+Loopback rendezvous: torchrun's rendezvous store (a ``TCPStore`` server in the rank-0
 agent) listens on every interface (``::``), whatever ``--master-addr`` says (seen with torch 2.15).
 On one machine (the local backend: a loopback master address) that would expose the gang's
 store to the network, so node rank 0 first starts the store itself on a socket bound to the

@@ -153,7 +153,7 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
         "spec": {
             "restartPolicy": "Never",
             "serviceAccountName": cfg.service_account,
-            # training code never calls the Kubernetes API: no token in the pods (issue 13)
+            # training code never calls the Kubernetes API: no token in the pods
             "automountServiceAccountToken": False,
             "securityContext": restricted_pod_security_context(),
             "priorityClassName": lane_object_name(param("lane")),
@@ -289,7 +289,7 @@ class Launcher(ABC):
 
     gang_restart_limitation: ClassVar[str] = ""
     """Empty when the job restarts the WHOLE gang from its checkpoint after an infrastructure loss;
-    otherwise why it cannot (issue 12): `pipectl render` refuses such a launcher unless told to
+    otherwise why it cannot: `pipectl render` refuses such a launcher unless told to
     accept that a lost pod fails the training attempt."""
 
     def failed(self, obj: dict) -> bool:
@@ -298,7 +298,7 @@ class Launcher(ABC):
 
     def rbac_rule(self) -> dict:
         """What the train step's ServiceAccount may do: ``kubectl apply --server-side`` (create,
-        patch) and argoexec's polling (get) on this one kind, nothing else (issue 13)."""
+        patch) and argoexec's polling (get) on this one kind, nothing else."""
         return {"apiGroups": [self.api_group], "resources": [self.resource], "verbs": ["create", "get", "patch"]}
 
     @abstractmethod

@@ -30,7 +30,7 @@ JOB_NAME_FIELD = "metadata.labels['volcano.sh/job-name']"
 # (job_controller_handler.go updatePod; 0 when the container has no terminated state), never the
 # pod's reason. So the rule is keyed on the one code the code can produce: the launcher maps every
 # failure of the training code to exit 1 (components/pipectl/components/train/launch.py), and
-# every OTHER way a gang pod can fail is the infrastructure's (field case C07, issue 12):
+# every OTHER way a gang pod can fail is the infrastructure's (field case C07):
 #   - kubelet node-pressure eviction: the pod stays, phase Failed, reason Evicted, its container
 #     137 (SIGKILL) or with no terminated state at all — Volcano's PodEvicted is raised only for
 #     deleted pods, so a policy keyed on it never sees this one;
