@@ -109,7 +109,7 @@ def run(runs: int = RUNS) -> dict:
     from kubernetes import client
 
     from pipectl.pipelines.workflows import workflow_for
-    from pipectl.pipelines.training import TEMPLATE_NAME
+    from pipectl.components.names import TEMPLATE_NAME
     from pipectl.components.contracts import TrainingParameters
     from tests.cluster.cluster import TEST_OUTPUTS_CONFIGMAP, TestCluster
     from tests.cluster.test_control_plane import TRAINING_STEP_OUTPUTS, _lane_gang, _project_manifests

@@ -74,7 +74,6 @@ from pipectl.components.names import (
     SEMAPHORE_CONFIGMAP,
     STORE_CONFIGMAP,
     STORE_SECRET,
-    TEMPLATE_NAME,
     kebab,
     lane_object_name,
 )

@@ -414,14 +414,17 @@ class LocalRunner:
             raise LocalBackendError(f"command {exe!r} not found next to {sys.executable} or on PATH")
         return [found, *argv[1:]]
 
-    def _container_env(self, container: dict, where: str, fields: dict[str, str] | None = None) -> dict[str, str]:
+    def _container_env(self, container: dict, where: str, fields: dict[str, str] | None = None,
+                       taskdir: Path | None = None) -> dict[str, str]:
         """The container's env over the runner's; ``valueFrom.fieldRef`` from ``fields`` (what the
-        operator would put on the pod), ``$(VAR)`` of earlier variables expanded as Kubernetes does."""
+        operator would put on the pod), ``$(VAR)`` of earlier variables expanded as Kubernetes does;
+        with ``taskdir``, the container's outputs folder in a value is that task's (as in argv)."""
         env = dict(self.env)
         for item in container.get("env", []) or []:
             path = (item.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
             if "value" in item:
-                env[item["name"]] = expand_k8s_vars(str(item["value"]), env)
+                value = expand_k8s_vars(str(item["value"]), env)
+                env[item["name"]] = self._map_path(value, taskdir) if taskdir else value
             elif path in (fields or {}):
                 env[item["name"]] = (fields or {})[path]
             else:
@@ -434,10 +437,7 @@ class LocalRunner:
         if not argv:
             raise LocalBackendError(f"task {task}: container has no command (templates must set command:)")
         argv = [self._map_path(a, taskdir) for a in argv]
-        env = self._container_env(c, f"task {task}")
-        for item in c.get("env", []) or []:  # the outputs folder named in the pod's env, too
-            if item["name"] in env:
-                env[item["name"]] = self._map_path(env[item["name"]], taskdir)
+        env = self._container_env(c, f"task {task}", taskdir=taskdir)
         argv = [expand_k8s_vars(a, env) for a in argv]
         log_path = taskdir / "main.log"
         (taskdir / "argv.json").write_text(json.dumps([argv]))
@@ -483,11 +483,8 @@ class LocalRunner:
                 raise LocalBackendError(f"task {task}: local pods must have exactly one container")
             c = group.pod_spec["containers"][0]
             for index in range(group.replicas):
-                env = self._container_env(c, f"task {task} pod {group.name}-{index}", launcher.pod_fields(job))
+                env = self._container_env(c, f"task {task} pod {group.name}-{index}", launcher.pod_fields(job), taskdir)
                 env.update(launcher.local_env(group.name, index, rank, total, port))
-                for item in c.get("env", []) or []:  # the outputs folder named in the pod's env, too
-                    if item["name"] in env:
-                        env[item["name"]] = self._map_path(env[item["name"]], taskdir)
                 rank += 1
                 for k, v in list(env.items()):
                     if re.fullmatch(rf"{re.escape(job)}-[a-z0-9-]+-\d+(\.{re.escape(job)})?(\..*)?", v):
