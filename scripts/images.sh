@@ -117,6 +117,14 @@ for target in "${targets[@]}"; do
   echo "$line" >>"$CACHE/build-times.txt"
   refs+=("--image $target=c-$h")
 done
+# Earlier builds' content tags of the images just built go (each holds GBs once its dependencies
+# changed); the dependency stages stay tagged (above), so nothing is downloaded again.
+for target in "${targets[@]}"; do
+  keep=$(printf '%s\n' "${refs[@]}" | sed -n "s/^--image $target=//p")
+  "$DOCKER" images --format '{{.Repository}}:{{.Tag}}' "pipectl/$target" | grep -v -x "pipectl/$target:$keep" \
+    | xargs -r "$DOCKER" rmi >/dev/null 2>&1 || true
+done
+"$DOCKER" image prune -f >/dev/null 2>&1 || true
 # What to deploy this build with (a content tag, never a reused one; a node that cached
 # a tag keeps running what it cached): pipectl templates apply <these>. Builds are not tagged with
 # the release version: that tag is given once, when a release is pushed.

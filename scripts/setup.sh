@@ -39,12 +39,35 @@ if [ ! -f "$venv/.complete" ]; then
     [ -f "$old/.complete" ] && [ ! -L "$old" ] && [ "$old" != "$venv" ] || continue
     [ "$("$old/bin/python" -c 'import sys; print(sys.version_info[:3])' 2>/dev/null)" = "$pyver" ] || continue
     report=$(printf '%s\n' "$reqs" | "$old/bin/pip" install --dry-run --quiet --report - -r /dev/stdin 2>/dev/null) || continue
-    if [ "$(printf '%s' "$report" | "$PYTHON" -c 'import json, sys; print(len(json.load(sys.stdin)["install"]))')" = 0 ]; then
-      rm -rf "$venv"
-      ln -s "$old" "$venv"
-      echo "setup: $old already satisfies this requirement set; reused as $venv" >&2
-      break
+    # What pip would install: nothing (reuse as it is), or only new, small distributions that
+    # nothing in the old venv has (installed into it: it still satisfies its own set, since no
+    # installed distribution changes), or anything else (build a new venv).
+    adds=$(printf '%s' "$report" | "$old/bin/python" -c '
+import json, sys
+from importlib.metadata import PackageNotFoundError, version
+items = json.load(sys.stdin)["install"]
+def installed(name):
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+heavy = [i for i in items if i["metadata"]["name"].lower().startswith(("torch", "nvidia", "mlflow"))
+         and i["metadata"]["name"].lower() not in ("torchvision",)]
+if heavy or len(items) > 15 or any(installed(i["metadata"]["name"]) for i in items):
+    print("rebuild")
+else:
+    print(" ".join("%s==%s" % (i["metadata"]["name"], i["metadata"]["version"]) for i in items))
+') || continue
+    [ "$adds" != rebuild ] || continue
+    if [ -n "$adds" ]; then
+      echo "setup: adding to $old: $adds" >&2
+      # shellcheck disable=SC2086
+      ( flock 8; "$old/bin/pip" install --quiet --no-deps $adds ) 8>"$old.lock" || continue
     fi
+    rm -rf "$venv"
+    ln -s "$old" "$venv"
+    echo "setup: $old satisfies this requirement set; reused as $venv" >&2
+    break
   done
 fi
 if [ ! -f "$venv/.complete" ]; then

@@ -225,7 +225,7 @@ def run(runs: int = RUNS) -> dict:
         lanes = {}
         for lane in LANE_MIX:
             names = [n for n, (l, _) in submitted.items() if l == lane]
-            bound = [bw.wait_bound(lambda l, n=n: l.get("volcano.sh/job-name", "").startswith(f"{n}-train-0-"), 2, 1) - submitted[n][1]
+            bound = [bw.wait_bound(lambda l, n=n: l.get("volcano.sh/job-name", "").startswith(f"{n}-train"), 2, 1) - submitted[n][1]
                      for n in names]
             lanes[lane] = {"gang_bound": _stats(bound), "succeeded": _stats([done[n] - submitted[n][1] for n in names])}
         out["lanes"] = lanes

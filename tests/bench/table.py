@@ -217,6 +217,8 @@ def fmt_ratio(row: Row) -> str:
         return "—"
     if abs(r - 1) < 0.005:
         return f"{r:.2f}× (same)"
+    if not row.higher_is_better and row.unit != "s":  # a size (MiB, bytes): less or more, not faster
+        return f"{r:.2f}× ({'less' if r < 1 else 'more'})"
     if not row.higher_is_better and abs(r - 1) < 0.5:
         return f"{r:.2f}× ({(r - 1) * 100:+.0f}% time)"
     faster = (r > 1) == row.higher_is_better

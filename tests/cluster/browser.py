@@ -57,7 +57,12 @@ class UI:
 
     def open(self, path: str) -> None:
         self.page.goto(self.base + path, wait_until="networkidle")
-        for _ in range(3):  # the first-visit modals ("Tell us what you want to use Argo for", ...)
+        self.dismiss_modals()
+
+    def dismiss_modals(self) -> None:
+        """Close the first-visit modals ("Tell us what you want to use Argo for", ...), as a user
+        does; one may open a moment after the page has loaded."""
+        for _ in range(3):
             close = self.page.locator(".modal-close")
             if not close.count():
                 break
@@ -80,6 +85,7 @@ class UI:
     def click_node(self, label: str) -> None:
         """Click a node of the graph (its circle: the label under it takes no clicks), as a user
         selects a step; the step's panel opens."""
+        self.dismiss_modals()
         self.page.locator(f"xpath=//*[local-name()='g'][*[local-name()='title' and contains(., '({label})')]]"
                           "/*[local-name()='g' and contains(@class, 'node')]").first.click()
         self.page.locator(".workflow-details__step-info").wait_for()

@@ -542,6 +542,9 @@ state = "{r / 'containerd-state'}"
         return ref
 
 
+STEP_IMAGE_PREFIX = "docker.io/pipectl/step-"
+
+
 def import_images(sock: Path, refs: list[str]) -> tuple[list[str], float] | None:
     """Import into the containerd at ``sock`` (namespace k8s.io) every Docker image of ``refs``
     whose Docker image id it does not hold yet (label ``pipectl.io/docker-id``), in ONE
@@ -550,10 +553,11 @@ def import_images(sock: Path, refs: list[str]) -> tuple[list[str], float] | None
     def ctr(*args: str, **kw) -> subprocess.CompletedProcess:
         return _run(["ctr", "--address", str(sock), "-n", "k8s.io", *args], **kw)
 
-    have = {}
+    have, listed = {}, []
     for line in ctr("images", "ls").stdout.splitlines()[1:]:
         parts = line.split()
         labels = parts[-1] if parts else ""
+        listed += parts[:1]
         for kv in labels.split(","):
             if kv.startswith("pipectl.io/docker-id="):
                 have[parts[0]] = kv.split("=", 1)[1]
@@ -565,6 +569,15 @@ def import_images(sock: Path, refs: list[str]) -> tuple[list[str], float] | None
             todo[ref] = (full, docker_id)
     if not todo:
         return None
+    # earlier builds of the step images: removed (and their content collected) before the import,
+    # so a node's store holds one build, not one per dependency change (GBs each)
+    # (their names, and the sha256:<image id> references the kubelet's CRI made for them)
+    wanted = {full for full, _ in todo.values()} | {_normalize(r) for r in refs}
+    stale = [ref for ref in have if ref.startswith(STEP_IMAGE_PREFIX) and ref not in wanted]
+    kept_ids = {docker_id for ref, docker_id in have.items() if ref not in stale} | {i for _, i in todo.values()}
+    stale += [ref for ref in listed if ref.startswith("sha256:") and ref not in kept_ids]
+    if stale:
+        ctr("images", "rm", "--sync", *stale, check=False, timeout_s=300)
     t0 = time.monotonic()
     save = subprocess.Popen([DOCKER, "save", *todo], stdout=subprocess.PIPE)
     imp = subprocess.run(["ctr", "--address", str(sock), "-n", "k8s.io", "images", "import", "-"],

@@ -83,7 +83,7 @@ def _gpu_limit(custom, gpus: int) -> None:
 
 
 def _gang_selector(workflow: str) -> str:
-    """The train gang's pods of ``workflow`` (the job's name is random per attempt)."""
+    """The train gang's pods of ``workflow``."""
     from pipectl.components.names import STEP_LABEL, WORKFLOW_LABEL
 
     return f"{WORKFLOW_LABEL}={workflow},{STEP_LABEL}=train"
@@ -260,7 +260,7 @@ def _consolidation_and_node_loss(c, core, custom, apps) -> None:
 
 def _restarted(custom, names: list[str]) -> int:
     return sum(1 for n in names if custom.get_namespaced_custom_object(
-        "batch.volcano.sh", "v1alpha1", NS, "jobs", n)["status"].get("retryCount", 0) >= 1)
+        "batch.volcano.sh", "v1alpha1", NS, "jobs", n).get("status", {}).get("retryCount", 0) >= 1)
 
 
 def _urgent_against_batch(c, batch: int, label: str, *, evictions_allowed: bool) -> tuple[float, int, set[str]]:
@@ -374,6 +374,7 @@ def test_a_pending_gang_waits_through_a_scale_up_and_one_that_never_fits_fails_w
         assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")
 
         never = _submit(c, "workers=1", "gpus-per-worker=16", "processes-per-worker=16")
+        selector_never = _gang_selector(never)
         t1 = time.monotonic()
         wf = _wait_phase(c.api_client(), NS, never, {"Succeeded", "Failed", "Error"},
                          timeout_s=policy.attempt_timeout_s + 120)
@@ -382,6 +383,10 @@ def test_a_pending_gang_waits_through_a_scale_up_and_one_that_never_fits_fails_w
         train = [n for n in wf["status"]["nodes"].values() if n["type"] == "Pod" and n["displayName"].startswith("train(")]
         assert len(train) == 1, [n["displayName"] for n in train]  # not retried
         assert "deadline" in train[0].get("message", ""), train[0]
+        # C19: the attempt past its timeout leaves no gang behind to be scheduled later (exit handler)
+        left = custom.list_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs",
+                                                    label_selector=f"workflows.argoproj.io/workflow={never}")["items"]
+        assert left == [] and core.list_namespaced_pod(NS, label_selector=selector_never).items == [], left
         r = _pipectl(c, "status", never, "-n", NS)
         assert r.returncode == 1
         out = r.stdout + r.stderr

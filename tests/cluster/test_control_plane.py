@@ -255,8 +255,8 @@ def _vcjob(api, ns, name):
 
 
 def _gang_jobs(api, workflow: str, ns: str = "pipectl") -> list[str]:
-    """Names of the workflow's Volcano Jobs, oldest first (a job's name is random per attempt:
-    launchers/base.py JOB_NAME; every job carries the workflow's label)."""
+    """Names of the workflow's Volcano Jobs, oldest first (one per run: launchers/base.py
+    JOB_NAME; every job carries the workflow's label)."""
     items = _custom(api).list_namespaced_custom_object("batch.volcano.sh", "v1alpha1", ns, "jobs",
                                                        label_selector=f"{WORKFLOW_LABEL}={workflow}")["items"]
     return [j["metadata"]["name"] for j in sorted(items, key=lambda j: j["metadata"]["creationTimestamp"])]
@@ -473,7 +473,7 @@ TRAINING_STEP_OUTPUTS = {
     "preprocess": {"shards-uri": "s3://pipectl/runs/x/shards/", "train-count": 1617, "validation-count": 180,
                    "corrupt": 0, "images-per-s": 20000.0, "device": "cpu"},
     "evaluate": {"mlflow-run-id": "r1", "model-uri": "runs:/r1/model", "metrics": "{}", "metric": 0.98,
-                 "champion-version": "", "champion-metric": "", "decision": "promote"},
+                 "champion-version": "", "champion-metric": "", "decision": "promote", "metric-name": "accuracy"},
     "register": {"model-name": "digits-cnn", "version": "1", "alias": "champion", "created": "true",
                  "champion-version": "1"},
 }
@@ -517,13 +517,16 @@ def test_training_pipeline_reaches_succeeded_under_submit_wait(project_applied, 
     assert wf["status"]["phase"] == "Succeeded"
     # one pod per step, first attempt ("stage(0)": the attempt under the step's retry node)
     nodes = {n["displayName"].removesuffix("(0)"): n for n in wf["status"]["nodes"].values() if n["type"] == "Pod"}
+    exit_handler = [n["phase"] for n in nodes.values() if n["templateName"] == "gang-release"]
+    nodes = {k: n for k, n in nodes.items() if n["templateName"] != "gang-release"}
     assert set(nodes) == {"validate", "stage", "preprocess", "train", "evaluate", "register"}, set(nodes)
+    assert exit_handler == ["Succeeded"], exit_handler  # ran, released nothing: the run succeeded
     # outputs flowed between steps through the controller's substitution
     pre = nodes["preprocess"]["inputs"]["parameters"]
     assert {p["name"]: p["value"] for p in pre}["manifest-uri"] == TRAINING_STEP_OUTPUTS["stage"]["manifest-uri"]
     # the gang: the Volcano Job the train step created, owned by the workflow, ran 2 pods together
     job_name = _gang_job(k8s_api, name)
-    assert job_name.startswith(f"{name}-train-0-"), job_name
+    assert job_name == f"{name}-train", job_name
     job = _vcjob(k8s_api, "pipectl", job_name)
     assert job["status"]["state"]["phase"] == "Completed"
     assert job["metadata"]["ownerReferences"][0]["name"] == name
@@ -560,11 +563,37 @@ def test_a_user_pipeline_with_its_own_step_reaches_succeeded_on_the_cluster(proj
     wf = _training_wf(_custom(k8s_api), name)
     assert wf["status"]["phase"] == "Succeeded" and wf["spec"]["workflowTemplateRef"] == {"name": "team-training-v1"}
     nodes = {n["displayName"].removesuffix("(0)"): n for n in wf["status"]["nodes"].values() if n["type"] == "Pod"}
+    exit_handler = [n["phase"] for n in nodes.values() if n["templateName"] == "gang-release"]
+    nodes = {k: n for k, n in nodes.items() if n["templateName"] != "gang-release"}
     assert set(nodes) == {"validate", "stage", "preprocess", "train", "report", "evaluate", "register"}, set(nodes)
+    assert exit_handler == ["Succeeded"], exit_handler  # ran, released nothing: the run succeeded
     assert {p["name"]: p["value"] for p in nodes["report"]["inputs"]["parameters"]}["run-uri"] == f"s3://pipectl/runs/{name}"
     assert nodes["train"]["finishedAt"] <= nodes["report"]["startedAt"] and nodes["report"]["finishedAt"] <= nodes["evaluate"]["startedAt"]
     assert {p["name"]: p["value"] for p in nodes["report"]["outputs"]["parameters"]}["report-uri"] == "s3://pipectl/runs/x/report.md"
-    assert _gang_job(k8s_api, name).startswith(f"{name}-train-0-")
+    assert _gang_job(k8s_api, name) == f"{name}-train"
+
+
+def test_a_user_train_function_pipeline_with_its_own_defaults_reaches_succeeded_on_the_cluster(
+        project_applied, training_outputs_supplied, test_cluster, k8s_api):
+    """examples/image-classifier by reference: its defaults are the template's arguments and what
+    submit sends; the gang runs pipectl's train step with the team's function in the team's image."""
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    ref = f"{REPO / 'examples' / 'image-classifier' / 'pipeline.py'}:pipeline"
+    r = _pipectl(test_cluster, "templates", "apply", ref)
+    assert r.returncode == 0 and "applied WorkflowTemplate shapes-training-v1" in r.stderr, r.stdout + r.stderr
+    r = _pipectl(test_cluster, "submit", ref, "-p", "gpus-per-worker=1", "-p", "processes-per-worker=1", "--wait", "--output", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    name = json.loads(r.stdout)["name"]
+    custom = _custom(k8s_api)
+    wf = _training_wf(custom, name)
+    assert wf["status"]["phase"] == "Succeeded" and wf["spec"]["workflowTemplateRef"] == {"name": "shapes-training-v1"}
+    sent = {p["name"]: p["value"] for p in wf["spec"]["arguments"]["parameters"]}
+    assert (sent["image-size"], sent["learning-rate"], sent["model-name"]) == ("64", "0.05", "shapes-classifier")
+    job = custom.get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs", _gang_job(k8s_api, name))
+    container = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]
+    assert container["image"] == "registry.example.com/ml/shapes:0.1.0"
+    assert container["command"][container["command"].index("--function") + 1] == "shapes.train:train"
 
 
 def _lane_gang(name: str, lane: str, workers: int, gpus: int, run_duration: str) -> dict:
@@ -679,7 +708,7 @@ def _lose_running_launcher_pod(test_cluster, api, workflow: str, spared: set[str
                 pods = core.list_namespaced_pod("pipectl", label_selector=f"{WORKFLOW_LABEL}={workflow}").items
                 mine = [p.metadata.name for p in pods if (p.metadata.annotations or {}).get("workflows.argoproj.io/node-id") == n["id"]
                         and p.status.phase == "Running" and p.metadata.name not in spared]
-                if mine and len(_gang_jobs(api, workflow)) > len(spared):
+                if mine and _gang_jobs(api, workflow):
                     return mine[0]
         return None
     pod = test_cluster.wait_for(f"a running train attempt of {workflow}", running, timeout_s=90)
@@ -693,7 +722,8 @@ def test_C10_a_lane_slot_is_free_while_a_failed_train_attempt_waits_to_retry(
     train attempt holds it; B waits. A's launcher pod is deleted (a node loss: Error "pod deleted"),
     and A waits out its retry backoff (15 s: scale_up_s=225). Right: B acquires the slot and its
     gang job is created DURING A's backoff; A's retried attempt then waits for the slot again
-    (its job only after B's train step ended), and both Succeed. Before the fix (retry with
+    (its pod only after B's train step ended) and adopts A's gang (one job per run), and both
+    Succeed. Before the fix (retry with
     backoff and semaphore on one template) A kept the slot through the backoff and B's job came
     only after A's retried attempt."""
     if not test_cluster.volcano_ok:
@@ -757,12 +787,18 @@ def test_C10_a_lane_slot_is_free_while_a_failed_train_attempt_waits_to_retry(
         done_b = _wait_phase(k8s_api, "pipectl", b, {"Succeeded", "Failed", "Error"}, timeout_s=60)
         assert (done_a["status"]["phase"], done_b["status"]["phase"]) == ("Succeeded", "Succeeded"), (
             done_a["status"].get("message"), done_b["status"].get("message"))
-        a_pods = sorted((n for n in done_a["status"]["nodes"].values() if n["type"] == "Pod"), key=lambda n: n["startedAt"])
+        a_pods = sorted((n for n in done_a["status"]["nodes"].values() if n["type"] == "Pod" and n["templateName"] == "train"),
+                        key=lambda n: n["startedAt"])
         assert [(n["phase"], n.get("message", "")) for n in a_pods][0] == ("Error", "pod deleted"), a_pods
         assert [n["phase"] for n in a_pods][1:] == ["Succeeded"], a_pods
-        # the retried attempt took a slot again: its job only after B's train step had ended
-        b_end = max(n["finishedAt"] for n in done_b["status"]["nodes"].values() if n["type"] == "Pod")
-        assert sorted(jobs(a).values())[1] >= b_end, (jobs(a), b_end)
+        # the retried attempt took a slot again (its launcher pod only after B's train step had
+        # ended) and adopted A's gang: one job for the run, never two
+        b_end = max(n["finishedAt"] for n in done_b["status"]["nodes"].values() if n["type"] == "Pod" and n["templateName"] == "train")
+        launchers = [p for p in core.list_namespaced_pod("pipectl", label_selector=f"{WORKFLOW_LABEL}={a}").items
+                     if p.metadata.annotations.get("workflows.argoproj.io/node-name", "").rsplit(".", 1)[-1].startswith("train(")]
+        assert launchers and all(p.metadata.creation_timestamp.strftime("%Y-%m-%dT%H:%M:%SZ") >= b_end for p in launchers), (
+            [(p.metadata.name, p.metadata.creation_timestamp) for p in launchers], b_end)
+        assert len(jobs(a)) == 1, jobs(a)
     finally:
         for wf in (a, b):
             _delete_workflow(custom, wf)
@@ -797,9 +833,16 @@ def test_C10_a_train_step_whose_backoff_retries_are_used_up_fails_the_workflow(
         _lose_running_launcher_pod(test_cluster, k8s_api, name, spared={first})
         done = _wait_phase(k8s_api, "pipectl", name, {"Succeeded", "Failed", "Error"}, timeout_s=90)
         nodes = done["status"]["nodes"].values()
-        pods = [(n["phase"], n.get("message", "")) for n in sorted(nodes, key=lambda n: n["startedAt"]) if n["type"] == "Pod"]
+        pods = [(n["phase"], n.get("message", "")) for n in sorted(nodes, key=lambda n: n["startedAt"])
+                if n["type"] == "Pod" and n["templateName"] == "train"]
         assert done["status"]["phase"] == "Error" and pods == [("Error", "pod deleted")] * 2, (done["status"]["phase"], pods)
         assert [n["type"] for n in nodes].count("Suspend") == 1
+        # both attempts applied the run's one job (the second adopted the gang of the first); the
+        # exit handler deleted it when the retries were used up
+        left = _custom(k8s_api).list_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs",
+                                                             label_selector=f"{WORKFLOW_LABEL}={name}")["items"]
+        exit_handler = [(n["phase"], n.get("startedAt"), n.get("finishedAt")) for n in nodes if n["templateName"] == "gang-release" and n["type"] == "Pod"]
+        assert left == [], ([(j["metadata"]["name"], j["metadata"]["creationTimestamp"], j.get("status", {}).get("state")) for j in left], exit_handler)
     finally:
         _delete_workflow(custom, name)
         core.delete_namespaced_config_map(C10_LANES, "pipectl")
@@ -884,7 +927,7 @@ def test_argo_server_shows_typed_described_parameters_and_submits_the_template(
     assert status == 200, bad
     done = _wait_phase(k8s_api, "pipectl", bad["metadata"]["name"], {"Succeeded", "Failed", "Error"}, timeout_s=60)
     assert done["status"]["phase"] in ("Failed", "Error")
-    attempts = [n for n in done["status"]["nodes"].values() if n["type"] == "Pod"]
+    attempts = [n for n in done["status"]["nodes"].values() if n["type"] == "Pod" and n["templateName"] != "gang-release"]
     assert len(attempts) == 1 and "no PriorityClass with name pipectl-bogus" in attempts[0]["message"], attempts
 
     status, wf = _argo_server(test_cluster, "POST", "/api/v1/workflows/pipectl/submit", {
@@ -961,7 +1004,8 @@ def test_code_failure_in_the_gang_fails_the_workflow_without_retries(
         project_applied, train_pod_annotations, test_cluster, k8s_api):
     """A gang pod exiting 1 is the code's fault: Volcano terminates the job (PodFailed ->
     TerminateJob), argoexec's failureCondition fails the step, Argo does not retry it,
-    `pipectl submit --wait` exits 1, and no gang pod is left running."""
+    `pipectl submit --wait` exits 1, and the run's gang job and pods are gone (the gang-release
+    exit handler, its command run for real by the argoexec stand-in)."""
     if not test_cluster.volcano_ok:
         pytest.skip(f"Volcano did not start: {test_cluster.errors}")
     from kubernetes import client
@@ -975,10 +1019,13 @@ def test_code_failure_in_the_gang_fails_the_workflow_without_retries(
     wf = _training_wf(_custom(k8s_api), out["name"])
     train_attempts = [n for n in wf["status"]["nodes"].values() if n["type"] == "Pod" and n["displayName"].startswith("train(")]
     assert len(train_attempts) == 1 and train_attempts[0]["phase"] == "Failed", train_attempts
-    vj = _vcjob(k8s_api, "pipectl", _gang_job(k8s_api, out["name"]))
-    assert vj["status"]["state"]["phase"] == "Terminated" and vj["status"].get("retryCount", 0) == 0, vj["status"]
-    pods = client.CoreV1Api(k8s_api).list_namespaced_pod("pipectl", label_selector=f"volcano.sh/job-name={vj['metadata']['name']}").items
-    assert not [p for p in pods if p.status.phase in ("Pending", "Running")]
+    # the gang ended with the run: the exit handler deleted the run's one job (Terminated by
+    # Volcano, never restarted) and waited for its pods, before the workflow ended
+    release = [n for n in wf["status"]["nodes"].values() if n["type"] == "Pod" and n.get("templateName") == "gang-release"]
+    assert [n["phase"] for n in release] == ["Succeeded"], release
+    assert _gang_jobs(k8s_api, out["name"]) == []
+    pods = client.CoreV1Api(k8s_api).list_namespaced_pod("pipectl", label_selector=f"{WORKFLOW_LABEL}={out['name']},pipectl.io/step=train").items
+    assert pods == [], [p.metadata.name for p in pods]
     assert not any(n["type"] == "Pod" and n["displayName"].startswith("evaluate") for n in wf["status"]["nodes"].values())
 
 
@@ -1133,7 +1180,8 @@ def test_least_privilege_auth_can_i_list_per_service_account(project_applied, te
     """What each of the pipeline's ServiceAccounts may do in its namespace, as the API
     server's own authorizer answers (`kubectl auth can-i --list --as=...`, kubectl v1.34.4): step
     pods only report results, the train step's account also creates/gets/patches the one gang job
-    kind, the training pods' account nothing. The tables are printed (README shows them)."""
+    kind and lists/watches/deletes it and lists/watches pods (the gang-release exit handler), the
+    training pods' account nothing. The tables are printed (README shows them)."""
     from pipectl.pipelines.manifests import rbac
     from pipectl.pipelines.training import CompileConfig
     from tests.cluster.cluster import binary
@@ -1145,7 +1193,8 @@ def test_least_privilege_auth_can_i_list_per_service_account(project_applied, te
     expected = {
         cfg.service_account: {"workflowtaskresults.argoproj.io": "[create patch]"},
         cfg.launcher_service_account: {"workflowtaskresults.argoproj.io": "[create patch]",
-                                       "jobs.batch.volcano.sh": "[create get patch]"},
+                                       "jobs.batch.volcano.sh": "[create get patch list watch delete]",
+                                       "pods": "[list watch]"},
         cfg.training_service_account: {},
     }
     assert {o["metadata"]["name"] for o in rbac(cfg) if o["kind"] == "ServiceAccount"} == set(expected)

@@ -20,9 +20,16 @@ import time
 
 import pytest
 
+from pipectl.components.names import STEP_LABEL, WORKFLOW_LABEL
 from tests.cluster.test_control_plane import (  # noqa: F401 - fixtures
+    C10_LANES,
+    _c10_workflow,
     _custom,
+    _lose_running_launcher_pod,
+    _delete_workflow,
+    _gang_jobs,
     _lane_gang,
+    _pipectl,
     _vcjob,
     _wait_phase,
     project_applied,
@@ -172,3 +179,86 @@ def test_C17_the_gang_survives_exactly_infra_limit_losses(project_applied, test_
         assert done["status"].get("retryCount", 0) == infra_limit + 1  # the losses the gang took, the last one ended it
     finally:
         custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", job)
+
+
+def _gang_left(core, api, workflow: str) -> tuple[list, list]:
+    """(the run's gang jobs, its gang pods) still in the API."""
+    pods = core.list_namespaced_pod(NS, label_selector=f"{WORKFLOW_LABEL}={workflow},{STEP_LABEL}=train").items
+    return _gang_jobs(api, workflow), [p.metadata.name for p in pods]
+
+
+@pytest.mark.parametrize("how", ["stop", "terminate"])
+def test_a_stopped_or_terminated_run_leaves_no_gang_within_30_s(
+        project_applied, train_pod_annotations, test_cluster, k8s_api, how):
+    """A run stopped or terminated while its gang trains (pods that would run 10 more minutes):
+    within 30 s no gang job and no gang pod of the run is left, and none comes back. `stop` runs
+    the exit handler (gang-release: its command run for real by the argoexec stand-in);
+    `terminate` runs none, so `pipectl terminate` releases the gang itself before it returns."""
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    from kubernetes import client
+
+    core = client.CoreV1Api(k8s_api)
+    name, job, _ = submit_two_worker_training(test_cluster, k8s_api, train_pod_annotations, run_s=600)
+    try:
+        t0 = time.monotonic()
+        r = _pipectl(test_cluster, how, name)
+        assert r.returncode == 0, r.stderr
+        if how == "terminate":
+            assert _gang_left(core, k8s_api, name) == ([], []), "pipectl terminate returned with the gang still there"
+        test_cluster.wait_for("no gang job or pod of the run", lambda: _gang_left(core, k8s_api, name) == ([], []), timeout_s=30)
+        gone_s = time.monotonic() - t0
+        wf = _wait_phase(k8s_api, NS, name, {"Succeeded", "Failed", "Error"}, timeout_s=60)
+        release = [n["phase"] for n in wf["status"]["nodes"].values() if n["type"] == "Pod" and n.get("templateName") == "gang-release"]
+        print(f"[timing] {how}: no gang job or pod {gone_s:.1f} s after the command; workflow {wf['status']['phase']}; "
+              f"exit handler pods {release}")
+        assert wf["status"]["phase"] in ("Failed", "Error")
+        assert release == (["Succeeded"] if how == "stop" else []), release
+        assert _gang_left(core, k8s_api, name) == ([], [])  # nothing came back
+    finally:
+        _delete_workflow(_custom(k8s_api), name)
+
+
+def test_a_lost_launcher_pod_never_gives_the_run_a_second_gang(project_applied, train_pod_annotations, test_cluster, k8s_api):
+    """The train step's launcher pod is lost while its gang trains (deleted as a consolidated node's
+    pod is: Error "pod deleted", retried after the policy's 5 s backoff): the step's next attempt
+    adopts the run's gang (one job name per run) instead of creating a second one. Sampled every
+    0.2 s until the workflow Succeeds: never more than one gang job or than the gang's pod; the job
+    is the first one (same uid). The compiled train step alone (C10's workflow)."""
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    from kubernetes import client
+
+    from pipectl.pipelines.policy import RetryPolicy
+    from pipectl.pipelines.training import CompileConfig
+
+    core = client.CoreV1Api(k8s_api)
+    custom = _custom(k8s_api)
+    train_pod_annotations({"pipectl.io/run-duration": "20s"})
+    core.create_namespaced_config_map(NS, {"metadata": {"name": C10_LANES}, "data": {"urgent": "2"}})
+    name = f"c18-{int(time.time()) % 100000}"
+    cfg = CompileConfig(retry=RetryPolicy(scale_up_s=30, infra_limit=2, transient_limit=1, step_timeout_s=600))
+    try:
+        custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", _c10_workflow(name, cfg))
+        _lose_running_launcher_pod(test_cluster, k8s_api, name)
+        job = _gang_jobs(k8s_api, name)[0]
+        uid = _vcjob(k8s_api, NS, job)["metadata"]["uid"]
+        most_jobs, most_pods, deadline = 0, 0, time.monotonic() + 120
+        while True:
+            jobs, pods = _gang_left(core, k8s_api, name)
+            most_jobs, most_pods = max(most_jobs, len(jobs)), max(most_pods, len(pods))
+            wf = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
+            if wf.get("status", {}).get("phase") in ("Succeeded", "Failed", "Error"):
+                break
+            assert time.monotonic() < deadline, wf.get("status")
+            time.sleep(0.2)
+        attempts = sorted((n["phase"], n.get("message", "")) for n in wf["status"]["nodes"].values()
+                          if n["type"] == "Pod" and n["templateName"] == "train")
+        print(f"lost launcher: attempts {attempts}; at most {most_jobs} gang job(s), {most_pods} gang pod(s)")
+        assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")
+        assert attempts == [("Error", "pod deleted"), ("Succeeded", "")], attempts
+        assert (most_jobs, most_pods) == (1, 1)
+        assert _gang_jobs(k8s_api, name) == [job] and _vcjob(k8s_api, NS, job)["metadata"]["uid"] == uid
+    finally:
+        _delete_workflow(custom, name)
+        core.delete_namespaced_config_map(C10_LANES, NS)

@@ -94,9 +94,9 @@ def _run_one_good_and_one_bad_pipeline(cluster, k8s_api) -> tuple[str, str]:
             raise
         core.replace_namespaced_config_map(TEST_OUTPUTS_CONFIGMAP, "pipectl", body)
     try:
-        # the failing run first: Argo waits out the step's first retry backoff (40 s) before it
+        # the failing run first: Argo waits out the step's first retry backoff (5 s) before it
         # evaluates the retry expression that turns a code failure down (operator.go
-        # processNodeRetries), so it ends after the good run, which runs meanwhile.
+        # processNodeRetries); the good run runs meanwhile.
         # The same template, every pod told by KWOK to exit 1 ("bad dataset"): validate fails.
         t0 = time.monotonic()
         bad = custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", {

@@ -54,10 +54,11 @@ def test_C08_two_workflows_of_one_model_promote_one_at_a_time(project_applied, t
                 if name in done:
                     continue
                 wf = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
-                for n in wf["status"].get("nodes", {}).values():
+                status = wf.get("status") or {}  # a workflow the controller has not seen yet has none
+                for n in status.get("nodes", {}).values():
                     if n.get("templateName") == "register" and "Waiting for" in (n.get("message") or ""):
                         waited[name] = n["message"]
-                if wf["status"].get("phase") in ("Succeeded", "Failed", "Error"):
+                if status.get("phase") in ("Succeeded", "Failed", "Error"):
                     done[name] = wf
             time.sleep(0.5)
         for name, wf in done.items():

@@ -9,6 +9,8 @@
   substitution, as it would for a real step). Key ``<template>.pod-annotations`` (JSON object)
   adds annotations to the pods of the resource a resource template creates: KWOK's directions
   (``pipectl.io/run-duration``, ``pipectl.io/fail``...), nothing the scheduler or Volcano reads.
+* the ``gang-release`` exit handler (:data:`RUN_FOR_REAL`): KWOK leaves its pod Running; its
+  command runs here, for real, against the API server, and the pod ends with its exit code.
 * resource templates (`argoexec resource create|apply`): create the manifest Argo put in the
   template (owner reference included), then evaluate the template's successCondition /
   failureCondition on the live object with argoexec's own condition code (tests/tools/argoexpr,
@@ -62,6 +64,17 @@ def _pod_templates(obj: dict) -> list[dict]:
     return [spec["template"]] if "template" in spec else []
 
 
+RUN_FOR_REAL = (["python", "-m", "pipectl.components.gang"],)
+"""Container steps the stand-in runs for real (their command, from this checkout) while their pod
+runs, ending the pod when the command ends: the ``gang-release`` exit handler, whose effect on the
+cluster (the run's gang jobs deleted) is what the tests check; it needs only the API server. KWOK's
+pod-complete stage leaves these pods alone (tests/harness/manifests/kwok-pod-stages.yaml)."""
+
+
+def _runs_for_real(tmpl: dict) -> bool:
+    return (tmpl.get("container") or {}).get("command") in RUN_FOR_REAL
+
+
 def _key(pod) -> tuple[str, str, str]:
     return (pod.metadata.namespace, pod.metadata.name, pod.metadata.uid)
 
@@ -74,6 +87,7 @@ class TaskResultReporter:
 
         from tests.tools.argo import ArgoExpr
 
+        self.kubeconfig = kubeconfig
         self.api = config.new_client_from_config(config_file=kubeconfig)
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
@@ -82,6 +96,7 @@ class TaskResultReporter:
         self.done: set[tuple[str, str, str]] = set()
         # (namespace, pod name, pod uid) -> {"api": resource api, "name", "ns", "tmpl", "pod"}
         self.running: dict[tuple[str, str, str], dict] = {}
+        self.real: set[tuple[str, str, str]] = set()  # pods whose command runs here (RUN_FOR_REAL)
         self.lock = threading.Lock()
 
     # -- what the test supplies ----------------------------------------------------------------
@@ -146,12 +161,19 @@ class TaskResultReporter:
             return
         if _is_resource_pod(pod) and "pipectl.io/fail" not in ann and pod.status.phase == "Running":
             with self.lock:
-                if key not in self.running:
+                if key not in self.running and self._still_running(pod):
                     self.start_resource(pod)
+            return
+        tmpl = _argo_template(pod)
+        if _runs_for_real(tmpl) and "pipectl.io/fail" not in ann and pod.status.phase == "Running":
+            with self.lock:
+                if key in self.real or not self._still_running(pod):
+                    return
+                self.real.add(key)
+            threading.Thread(target=self.run_for_real, args=(pod, tmpl), daemon=True).start()
             return
         if pod.status.phase not in ("Succeeded", "Failed"):
             return
-        tmpl = _argo_template(pod)
         outputs = self.supplied_outputs(pod, tmpl) if pod.status.phase == "Succeeded" else {}
         try:
             self.write_result(pod, outputs)
@@ -160,6 +182,33 @@ class TaskResultReporter:
             return
         self.done.add(key)
         print(f"reported {key} ({pod.status.phase}) outputs={outputs}", flush=True)
+
+    def _still_running(self, pod) -> bool:
+        """The pod, read again now, is Running and not being deleted: argoexec runs inside its pod,
+        so a pod deleted while this event waited in the watch's queue never applies anything."""
+        from kubernetes import client
+
+        try:
+            now = self.core.read_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
+        except client.ApiException:
+            return False
+        return now.metadata.uid == pod.metadata.uid and now.status.phase == "Running" and not now.metadata.deletion_timestamp
+
+    def run_for_real(self, pod, tmpl: dict) -> None:
+        """Run the step's own command here (this checkout's interpreter, the cluster's kubeconfig)
+        while its pod is Running, then end the pod with the command's exit code, as its container
+        would (KWOK leaves these pods Running: kwok-pod-stages.yaml)."""
+        import os
+        import subprocess
+        import tempfile
+
+        key = _key(pod)
+        c = tmpl["container"]
+        with tempfile.TemporaryDirectory() as outputs:
+            argv = [sys.executable, *c["command"][1:], *(a if a != "/tmp/outputs" else outputs for a in c.get("args", []))]
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, "KUBECONFIG": self.kubeconfig})
+        print(f"ran {key} for real: exit {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}", flush=True)
+        self.finish(pod, r.returncode, "" if r.returncode == 0 else r.stderr.strip()[-500:])
 
     # -- resource templates ------------------------------------------------------------------
 

@@ -85,6 +85,10 @@ def test_light_install_renders_lints_and_dry_runs_as_the_full_install(light_venv
     assert light.returncode == 0, light.stderr
     full = _run([DEV_PIPECTL, "render", "training"], env=env)
     assert light.stdout == full.stdout and "kind: WorkflowTemplate" in light.stdout
+    # a user pipeline whose train function needs torch (in its image only) renders alike
+    example = f"{Path(__file__).resolve().parents[2] / 'examples' / 'image-classifier' / 'pipeline.py'}:pipeline"
+    light, full = _run([pipectl, "render", example], env=env), _run([DEV_PIPECTL, "render", example], env=env)
+    assert light.returncode == 0 and light.stdout == full.stdout and "shapes.train:train" in light.stdout, light.stderr
 
     params = tmp_path / "params.yaml"
     params.write_text("epochs: 2\nlane: urgent\n")

@@ -89,10 +89,10 @@ def test_C13_odd_images_are_used_and_broken_ones_quarantined_with_their_reason(s
     assert out["corrupt"] == sum(not e.used for e in CORPUS)
     assert out["train_count"] + out["validation_count"] == sum(e.used for e in CORPUS)
 
-    # used images: each split holds its images in manifest order; check every one's pixels
+    # used images: each split holds its images in content-hash order; check every one's pixels
     bad_pixels = []
     for split in ("train", "validation"):
-        keys = [m.key for m in manifest.entries if m.key not in quarantine and in_validation(m.sha256, 0.5) == (split == "validation")]
+        keys = [m.key for m in sorted(manifest.entries, key=lambda m: m.sha256) if m.key not in quarantine and in_validation(m.sha256, 0.5) == (split == "validation")]
         x, _, index = load_split(s3, out["shards_uri"], split)
         assert index.channels == 3 and x.shape == (len(keys), 3, IMAGE_SIZE, IMAGE_SIZE)
         pixels = x.transpose(0, 2, 3, 1) * np.asarray(STD) + np.asarray(MEAN)  # back to 0..255, HWC

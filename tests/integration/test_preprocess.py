@@ -139,9 +139,10 @@ def test_a_stream_goes_on_after_a_batch_dali_rejects(small_digits_dir):
     assert timings.startup_s > 0 and timings.steady_images > 0
 
 
-def test_shards_hold_each_split_in_manifest_order_across_shard_boundaries(settings, s3, dataset_with_corrupt_jpeg):
-    """Streaming keeps what the step wrote before: each split's decodable images in
-    manifest order, cut every shard-size images; checked against decoding the split in one go."""
+def test_shards_hold_each_split_in_content_hash_order_across_shard_boundaries(settings, s3, dataset_with_corrupt_jpeg):
+    """Each split's decodable images in content-hash order (so every shard mixes the classes),
+    cut every shard-size images, the index counting each shard; checked against decoding the
+    split in one go."""
     from pipectl.components.contracts import DatasetManifest
     from pipectl.components.preprocess.core import in_validation
 
@@ -150,11 +151,14 @@ def test_shards_hold_each_split_in_manifest_order_across_shard_boundaries(settin
     manifest = DatasetManifest.model_validate(read_json(s3, staged.manifest_uri))
     data = f"{staged.manifest_uri.rsplit('/', 1)[0]}/data/".removeprefix(f"s3://{settings.bucket}/")
     for split, count in (("train", out.train_count), ("validation", out.validation_count)):
-        entries = [e for e in manifest.entries if e.key != "3/broken.jpg" and in_validation(e.sha256, 0.2) == (split == "validation")]
+        entries = sorted((e for e in manifest.entries if e.key != "3/broken.jpg" and in_validation(e.sha256, 0.2) == (split == "validation")),
+                         key=lambda e: e.sha256)
         blobs = [s3.get_object(Bucket=settings.bucket, Key=data + e.key)["Body"].read() for e in entries]
         expected, _ = decode_all(blobs, image_size=24, batch_size=64, use_gpu=False)
         x, y, index = load_split(s3, out.shards_uri, split)
         assert len(getattr(index, split)) == -(-count // 50) and count == len(entries)
+        assert getattr(index, f"{split}_sizes") == [50] * (count // 50) + ([count % 50] if count % 50 else [])
+        assert len({y for y in [manifest.labels.index(e.label) for e in entries[:50]]}) == 10, "the first shard mixes the classes"
         np.testing.assert_array_equal(x, expected.astype(np.float32))
         assert y.tolist() == [manifest.labels.index(e.label) for e in entries]
 

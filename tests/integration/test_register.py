@@ -170,37 +170,85 @@ class _Payload:
         return (open, (self.marker, "w"))
 
 
-def test_model_files_are_not_code_evaluate_loads_weights_only(client, tmp_path):
-    """Evaluate rebuilds candidate and champion from tensors (``weights_only=True``) and
-    constructor arguments, never from a pickle: weights a run logged load back equal; a weights file
-    replaced by a pickle with a payload is refused and its code does not run; the champion is
-    found through its model version's run (the alias the registry holds)."""
+def test_evaluate_scores_two_architectures_from_onnx_without_unpickling_anything(client, tmp_path, monkeypatch):
+    """The champion (a small CNN) and a candidate of another architecture (ResNet-18) are logged as
+    ONNX graphs; evaluate's scorer gives the logits torch gives, with every way to unpickle
+    disabled while it loads and scores; the champion is found through its model version."""
+    import pickle
+
     import mlflow
+    import numpy as np
     import torch
 
-    from pipectl.components.evaluate.core import champion_run_id
-    from pipectl.components.models import WEIGHTS_ARTIFACT, SmallCNN, load_weights, log_weights
+    from pipectl.components.evaluate.core import champion_model
+    from pipectl.components.models import build_model, load_scorer, log_model
+
+    mlflow.set_experiment("onnx-tests")
+    torch.manual_seed(0)
+    images = torch.randn(5, 3, 32, 32)
+    logged = {}
+    for arch in ("small-cnn", "resnet18"):
+        model = build_model(arch, num_classes=4, channels=3).eval()
+        with mlflow.start_run() as run:
+            logged[arch] = (log_model(model, images[:2], arch, 4, 3), run.info.run_id, model(images).detach().numpy())
+    name = f"onnx-{uuid.uuid4().hex[:8]}"
+    mv = mlflow.register_model(logged["small-cnn"][0], name)  # as the register step does
+    client.set_registered_model_alias(name, "champion", mv.version)
+    assert champion_model(client, name)[1] == logged["small-cnn"][1]
+
+    def refuse(*a, **k):
+        raise AssertionError("scoring an ONNX model unpickled something")
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "Unpickler", refuse)
+    monkeypatch.setattr(torch, "load", refuse)
+    for arch, uri_run in (("small-cnn", champion_model(client, name)), ("resnet18", logged["resnet18"][:2])):
+        score = load_scorer(uri_run[0], uri_run[1], tmp_path / arch)
+        assert np.allclose(score(images.numpy()), logged[arch][2], atol=1e-4), arch
+
+
+def test_a_model_that_cannot_be_exported_names_its_layer():
+    import torch
+    from torch import nn
+
+    from pipectl.components.models import ExportError, export_onnx
+
+    class Branchy(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x * 3  # a branch on the data: no static graph
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Sequential(nn.ReLU(), Branchy()), nn.Flatten())
+    with pytest.raises(ExportError, match=r"layer '1\.1' \(Branchy\)") as e:
+        export_onnx(model, torch.randn(2, 3, 8, 8))
+    assert e.value.layer == "1.1"
+
+
+def test_a_champion_logged_before_onnx_is_scored_from_its_weights_and_a_pickle_payload_never_runs(client, tmp_path):
+    """A run that logged only weights (tensors + architecture name) is scored from them, loaded
+    with ``weights_only=True``: weights replaced by a pickle with a payload are refused."""
+    import mlflow
+    import numpy as np
+    import torch
+
+    from pipectl.components.models import SmallCNN, load_scorer
+    from pipectl.components.models.portable import WEIGHTS_ARTIFACT
 
     mlflow.set_experiment("weights-tests")
-    model = SmallCNN(num_classes=10, channels=3, width=32)
-    with mlflow.start_run() as good:
-        log_weights(model, channels=3)
-        info = mlflow.pytorch.log_model(model, name="model", serialization_format="pickle", pip_requirements=["torch"])
-    loaded = load_weights(good.info.run_id)
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
-
-    name = f"weights-{uuid.uuid4().hex[:8]}"
-    mv = mlflow.register_model(info.model_uri, name)  # as the register step does
-    client.set_registered_model_alias(name, "champion", mv.version)
-    assert champion_run_id(client, name) == good.info.run_id
-
+    model = SmallCNN(num_classes=10, channels=3).eval()
+    images = torch.randn(3, 3, 16, 16)
     marker = tmp_path / "payload-ran"
-    with mlflow.start_run() as bad:
-        d = tmp_path / "w"
+    runs = {}
+    for kind, weights in (("good", model.state_dict()), ("bad", {"features.0.weight": _Payload(str(marker))})):
+        d = tmp_path / kind
         d.mkdir()
-        torch.save({"features.0.weight": _Payload(str(marker))}, d / "state_dict.pt")
+        torch.save(weights, d / "state_dict.pt")
         (d / "model.json").write_text('{"architecture": "SmallCNN", "num_classes": 10, "channels": 3}')
-        mlflow.log_artifacts(str(d), artifact_path=WEIGHTS_ARTIFACT)
+        with mlflow.start_run() as run:
+            mlflow.log_artifacts(str(d), artifact_path=WEIGHTS_ARTIFACT)
+            info = mlflow.pytorch.log_model(model, name="model", serialization_format="pickle", pip_requirements=["torch"])
+        runs[kind] = (info.model_uri, run.info.run_id)
+    score = load_scorer(*runs["good"], tmp_path / "score-good")
+    assert np.allclose(score(images.numpy()), model(images).detach().numpy(), atol=1e-5)
     with pytest.raises(Exception, match="(?i)weights_only|unpickl|global"):
-        load_weights(bad.info.run_id)
+        load_scorer(*runs["bad"], tmp_path / "score-bad")
     assert not marker.exists(), "the model file ran code"

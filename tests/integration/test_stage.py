@@ -243,3 +243,39 @@ def test_non_ascii_labels_are_staged(dest, small_digits_dir, tmp_path):
     assert out.copied == 60
     manifest = json.loads(dest.read(out.manifest_uri))
     assert manifest["labels"] == ["zéro un", "一"]
+
+
+def test_a_manifest_in_the_store_stages_what_it_lists_as_a_local_copy_of_it_does(settings, small_digits_dir, tmp_path):
+    """A CSV manifest of (uri, label) rows: relative rows resolve beside it, an s3:// row as it is;
+    the same manifest and images locally stage to the same content address; a second run copies
+    nothing; an unreadable row is refused before anything is written."""
+    from pipectl.components.runtime import ensure_bucket, s3_client
+
+    s3 = s3_client(settings)
+    dest = Dest("moto", settings, s3)
+    ensure_bucket(s3, settings.bucket)
+    images = sorted(p for p in small_digits_dir.rglob("*.jpg") if p.parent.name in ("3", "7"))[:40]
+    rows = ["uri,label"] + [f"images/{p.parent.name}-{p.name},{'three' if p.parent.name == '3' else 'seven'}" for p in images]
+    local = tmp_path / "team"
+    (local / "images").mkdir(parents=True)
+    for p in images:
+        (local / "images" / f"{p.parent.name}-{p.name}").write_bytes(p.read_bytes())
+        s3.put_object(Bucket=settings.bucket, Key=f"team/images/{p.parent.name}-{p.name}", Body=p.read_bytes())
+    (local / "train.csv").write_text("\n".join(rows) + "\n")
+    s3.put_object(Bucket=settings.bucket, Key="team/train.csv", Body=("\n".join(rows) + "\n").encode())
+
+    remote = dest.stage(f"s3://{settings.bucket}/team/train.csv")
+    assert (remote.objects, remote.copied) == (len(images), len(images))
+    manifest = DatasetManifest.model_validate(json.loads(dest.read(remote.manifest_uri)))
+    assert manifest.labels == ["seven", "three"] and manifest.source_uri == f"s3://{settings.bucket}/team/train.csv"
+    first = manifest.entries[0]
+    assert dest.read(_prefix(remote) + "data/" + first.key) == (local / "images" / first.key.split("-", 1)[1]).read_bytes()
+    again = dest.stage(str(local / "train.csv"))
+    assert again.dataset_uri == remote.dataset_uri and again.copied == 0
+
+    s3.put_object(Bucket=settings.bucket, Key="team/bad.csv",
+                  Body=("\n".join(rows) + f"\ns3://{settings.bucket}/team/images/missing.jpg,three\n").encode())
+    before = dest.objects()
+    with pytest.raises(Exception, match=rf"row {len(rows) + 1}: s3://{settings.bucket}/team/images/missing.jpg cannot be read"):
+        dest.stage(f"s3://{settings.bucket}/team/bad.csv")
+    assert dest.objects() == before

@@ -85,6 +85,40 @@ def test_killed_training_resumes_from_its_last_checkpoint(settings, s3, shards_u
     assert json.loads((tmp_path / "out3" / "output.json").read_text()) == out.model_dump(mode="json")
 
 
+def test_a_gang_told_to_stop_checkpoints_its_step_then_resumes_from_it(settings, s3, shards_uri, step_env, tmp_path):
+    """SIGTERM to the gang pod's first process (pipectl's launcher, as the kubelet sends it on a
+    preemption, eviction or drain) with periodic checkpoints far apart (every 1000 steps): the
+    launcher passes it on, the two ranks agree at the next step, rank 0 writes a checkpoint of that
+    step, the launcher exits 143 (the gang restarts). Steps lost: none past the checkpoint — it is
+    at least the last step the log showed. The next attempt resumes from it and finishes."""
+    workflow = "wf-yield"
+    run_uri = f"s3://{settings.bucket}/runs/{workflow}"
+    argv = _argv(settings, shards_uri, tmp_path / "out1", epochs=8, workflow=workflow)
+    argv = [sys.executable, "-m", "pipectl.components.train.launch", *argv[1:]]
+    argv[argv.index("--checkpoint-every-steps") + 1] = "1000"
+    log = tmp_path / "train.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen(argv, env=step_env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while "epoch 2 of 8 done" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.1)
+    logged = max(int(line.split(": step ")[1].split()[0]) for line in log.read_text().splitlines() if " done: step " in line)
+    assert latest_checkpoint(s3, run_uri) is None  # no periodic checkpoint yet
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143, log.read_text()[-3000:]
+    stopped = latest_checkpoint(s3, run_uri)
+    assert stopped is not None and stopped["step"] >= logged, (stopped, logged)
+    assert f"told to stop at step {stopped['step']} of 184: checkpoint written" in log.read_text()
+    print(f"told to stop after step {logged} was logged: checkpoint at step {stopped['step']} (periodic every 1000)")
+
+    argv[argv.index("--outputs-dir") + 1] = str(tmp_path / "out2")
+    r = subprocess.run(argv, env=step_env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = TrainOutput.model_validate(json.loads((tmp_path / "out2" / "output.json").read_text()))
+    assert out.resumed_from_step == stopped["step"] and out.steps == 184
+
+
 @pytest.mark.parametrize(("worker_exit", "retry_oom", "expected"), [
     ("sys.exit(75)", False, 75), ("sys.exit(1)", False, 1), ("sys.exit(0)", False, 0),
     # the container's only code-failure value is 1 (the Volcano policy ends the job on 1
@@ -103,6 +137,112 @@ def test_launcher_keeps_the_workers_exit_code(tmp_path, worker_exit, retry_oom, 
     r = subprocess.run([sys.executable, "-m", "pipectl.components.train.launch", "--standalone",
                         "--nproc-per-node=2", str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == expected, r.stderr[-2000:]
+
+
+def _launch(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipectl.components.train.launch", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", "PIPECTL_NODE_NAME": "gpu-node-7", **(env or {})})
+
+
+def test_C20_a_gang_member_that_does_not_join_is_the_infrastructures(tmp_path):
+    """A gang of 2 pods whose second pod never starts (image pull on a fresh node): the first
+    pod's torchrun agent times out waiting for it (DistStoreError ... 1/2 clients joined) and the
+    second, alone, cannot reach the first (DistNetworkError), both before any worker ran: exit 75
+    (the gang restarts), not 1. Once both are up, the same command succeeds."""
+    script = tmp_path / "w.py"
+    script.write_text("print('worker ran')\n")
+    port = _free_port()
+    common = ["--nnodes=2", "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}", "--rdzv-conf", "timeout=5"]
+    for rank in (0, 1):
+        r = _launch(*common, f"--node-rank={rank}", str(script))
+        assert r.returncode == 75, r.stderr[-2000:]
+        assert "infrastructure fault (rendezvous) on node gpu-node-7" in r.stderr and "worker ran" not in r.stdout, r.stderr[-2000:]
+    both = [subprocess.Popen([sys.executable, "-m", "pipectl.components.train.launch", *common, f"--node-rank={rank}", str(script)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            for rank in (0, 1)]
+    assert [p.wait(timeout=120) for p in both] == [0, 0]
+
+
+RECORDED_WORKER = """
+import datetime, os, sys, time
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    if os.environ["RANK"] == "1":
+{body}
+
+main()
+"""
+COLLECTIVE_TIMEOUT = """
+import datetime, os, time
+import torch, torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))  # rank 1 never joins this collective
+    else:
+        time.sleep(60)
+
+main()
+"""
+
+
+@pytest.mark.parametrize(("body", "expected", "fault"), [
+    # C21: the node's GPU failed; the same place raising a ValueError is the code's fault
+    ('        raise RuntimeError("CUDA error: uncorrectable ECC error encountered")', 75, "gpu-hardware"),
+    ('        raise RuntimeError("CUDA error: GPU has fallen off the bus")', 75, "gpu-hardware"),
+    ('        raise ValueError("bad label")', 1, None),
+    ('        raise RuntimeError("CUDA error: an illegal memory access was encountered")', 1, None),
+    ('        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")', 1, None),
+], ids=["ecc", "off-the-bus", "value-error", "illegal-access", "cuda-oom"])
+def test_C21_a_recorded_hardware_fault_is_the_infrastructures_and_a_code_error_is_not(tmp_path, body, expected, fault):
+    """A worker's exception as torchelastic's @record writes it: a GPU hardware fault exits 75
+    (the gang restarts), naming the fault and the node; any other exception exits 1."""
+    script = tmp_path / "w.py"
+    script.write_text(RECORDED_WORKER.format(body=body))
+    r = _launch("--standalone", "--nproc-per-node=2", str(script))
+    assert r.returncode == expected, r.stderr[-2000:]
+    if fault:
+        assert f"infrastructure fault ({fault}) on node gpu-node-7" in r.stderr, r.stderr[-2000:]
+
+
+def test_C21_pipectls_own_training_records_its_exception_for_the_launcher(tmp_path):
+    """pipectl's training (step_main) writes the exception to torchelastic's error file, so the
+    same hardware fault raised inside it is classed as the infrastructure's."""
+    script = tmp_path / "w.py"
+    script.write_text(
+        "import os, sys\n"
+        "from pipectl.components.contracts import ValidateOutput\n"
+        "from pipectl.components.runtime import step_main\n"
+        "def run(inp, settings):\n"
+        "    if os.environ['RANK'] == '1':\n"
+        "        raise RuntimeError('CUDA error: uncorrectable ECC error encountered')\n"
+        "    return ValidateOutput()\n"
+        "from pipectl.components.contracts import StrictModel\n"
+        "class I(StrictModel):\n    pass\n"
+        "sys.exit(step_main(I, run, argv=['--outputs-dir', sys.argv[1]]))\n")
+    r = _launch("--standalone", "--nproc-per-node=2", str(script), str(tmp_path / "out"))
+    assert r.returncode == 75 and "infrastructure fault (gpu-hardware)" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_collective_timeout_is_the_infrastructures(tmp_path):
+    """gloo: rank 1 never enters the all_reduce rank 0 waits in (a peer that died or hangs): rank 0's
+    collective times out after 3 s; the launcher exits 75 naming the fault."""
+    script = tmp_path / "w.py"
+    script.write_text(COLLECTIVE_TIMEOUT)
+    r = _launch("--standalone", "--nproc-per-node=2", str(script))
+    assert r.returncode == 75 and "infrastructure fault (collective-timeout)" in r.stderr, r.stderr[-3000:]
+
+
+def _free_port() -> int:
+    from pipectl.pipelines.backends.processes import free_port
+
+    return free_port()
 
 
 def _workers_running(pid: int, script: Path) -> int:

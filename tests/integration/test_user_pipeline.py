@@ -5,6 +5,7 @@ the team's own package) trains, writes its report into the run's folder and regi
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,127 @@ def test_a_failing_user_script_fails_the_run_as_code(tmp_path, small_digits_dir)
     train = next(s for s in summary["steps"] if s["task"] == "train")
     assert train["phase"] == "Failed" and train["exit_code"] == 1
     assert "bad hyper-parameter" in Path(train["log"]).read_text()
+
+
+def test_the_image_classifier_example_trains_its_own_resnet_function_and_evaluates_it_against_a_cnn_champion(tmp_path):
+    """examples/image-classifier: the team's generator writes 64x64 images of four shapes. pipectl's
+    built-in pipeline trains a small CNN on them first (the champion); then the team's pipeline runs
+    its own train function (a torchvision ResNet-18, through TrainContext): the ResNet is scored
+    against the CNN champion (both ONNX) by the team's metric and registered as version 2."""
+    example = ROOT / "examples" / "image-classifier"
+    data = tmp_path / "shapes-data"
+    gen = subprocess.run([sys.executable, "-m", "shapes.generate", str(data), "--per-class", "40"],
+                         capture_output=True, text=True, timeout=120, cwd=example)
+    assert gen.returncode == 0, gen.stderr
+    runs = []
+    for ref, extra in (("training", ["-p", "image-size=64", "-p", "model-name=shapes-classifier", "-p", "epochs=2"]),
+                       (f"{example / 'pipeline.py'}:pipeline", ["-p", "epochs=3"])):
+        r = subprocess.run([PIPECTL, "run", ref, "--output", "json", "--state-dir", str(tmp_path / "state"),
+                            "-p", f"dataset-uri={data}", "-p", "promotion-threshold=0", *extra],
+                           capture_output=True, text=True, timeout=900, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-4000:]
+        runs.append(json.loads(r.stdout))
+    cnn, resnet = runs
+    assert cnn["model"]["name"] == resnet["model"]["name"] == "shapes-classifier"
+    assert (cnn["model"]["version"], resnet["model"]["version"]) == ("1", "2")
+    assert resnet["preprocess"]["train-count"] + resnet["preprocess"]["validation-count"] == 160
+
+    def log_of(summary, task):
+        return Path(next(s["log"] for s in summary["steps"] if s["task"] == task)).read_text()
+    assert "train function shapes.train:train, its own model" in log_of(resnet, "train")
+    assert "train function pipectl, architecture small-cnn" in log_of(cnn, "train")
+    scored = re.search(r"candidate balanced_accuracy=([0-9.]+), champion \(v1\) ([0-9.]+)", log_of(resnet, "evaluate"))
+    assert scored, log_of(resnet, "evaluate")[-2000:]  # the CNN champion was scored beside the ResNet, by the team's metric
+    assert float(scored.group(1)) == pytest.approx(resnet["metrics"]["balanced_accuracy"], abs=1e-4)
+    assert set(resnet["metrics"]) == {"accuracy", "f1_macro", "balanced_accuracy"} and set(cnn["metrics"]) == {"accuracy", "f1_macro"}
+
+
+def test_a_pipeline_on_shards_the_team_already_has_skips_stage_and_preprocess(tmp_path, settings, s3, small_digits_dir):
+    """shards(): dataset-uri names pre-built shards in the store; they are checked, then trained on,
+    evaluated and registered. An index listing a shard that is not there fails the shards step
+    before any gang starts."""
+    from pipectl.components.contracts import PreprocessInput, StageInput
+    from pipectl.components.preprocess.core import preprocess
+    from pipectl.components.stage.core import stage
+
+    staged = stage(StageInput(source_uri=str(small_digits_dir), bucket=settings.bucket), s3)
+    prebuilt = preprocess(PreprocessInput(manifest_uri=staged.manifest_uri, output_uri=f"s3://{settings.bucket}/team-shards/",
+                                          image_size=16, validation_fraction=0.2, max_corrupt_fraction=0.01), s3).shards_uri
+    index = json.loads(s3.get_object(Bucket=settings.bucket, Key="team-shards/index.json")["Body"].read())
+    broken = {**index, "train": index["train"] + [f"s3://{settings.bucket}/team-shards/missing.npz"]}
+    s3.put_object(Bucket=settings.bucket, Key="broken-shards/index.json", Body=json.dumps(broken).encode())
+    f = tmp_path / "fromshards.py"
+    f.write_text("from pipectl.sdk import Pipeline, evaluate, register, shards, train\n"
+                 "pipeline = Pipeline('from-shards', [shards(), train(), evaluate(), register()])\n")
+    store = ["--s3-endpoint", settings.s3_endpoint, "--s3-access-key", settings.s3_access_key,
+             "--s3-secret-key", settings.s3_secret_key, "--bucket", settings.bucket]
+
+    def run(dataset: str, state: str) -> subprocess.CompletedProcess:
+        return subprocess.run([PIPECTL, "run", f"{f}:pipeline", "--output", "json", "--state-dir", str(tmp_path / state), *store,
+                               "-p", f"dataset-uri={dataset}", "-p", "epochs=2", "-p", "promotion-threshold=0",
+                               "-p", "model-name=from-shards"], capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    r = run(prebuilt, "good")
+    assert r.returncode == 0, r.stderr[-4000:]
+    summary = json.loads(r.stdout)
+    assert [s["task"] for s in summary["steps"]] == ["validate", "shards", "train", "evaluate", "register"]
+    assert summary["model"]["version"] == "1"
+    r = run(f"s3://{settings.bucket}/broken-shards/", "broken")
+    assert r.returncode == 1, r.stderr[-4000:]
+    failed = json.loads(r.stdout)
+    assert [(s["task"], s["phase"]) for s in failed["steps"]][-1] == ("shards", "Failed")
+    assert "1 shard(s) listed in the index are missing" in Path(failed["steps"][-1]["log"]).read_text()
+
+
+ONNX_TRAINER = '''
+"""A torchrun script with no pipectl import that trains a linear classifier on the shards and, on
+rank 0, writes it as ONNX where the environment contract says."""
+import io, json, os
+import boto3, numpy as np, torch, torch.distributed as dist
+from torch import nn
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+s3 = boto3.client("s3", endpoint_url=os.environ["PIPECTL_S3_ENDPOINT"], aws_access_key_id=os.environ["PIPECTL_S3_ACCESS_KEY"],
+                  aws_secret_access_key=os.environ["PIPECTL_S3_SECRET_KEY"], region_name="us-east-1")
+def get(uri):
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+index = json.loads(get(os.environ["PIPECTL_TRAIN_SHARDS_URI"].rstrip("/") + "/index.json"))
+shards = [np.load(io.BytesIO(get(u))) for u in index["train"]]
+x = torch.from_numpy(np.concatenate([z["images"] for z in shards]).astype("float32"))
+y = torch.from_numpy(np.concatenate([z["labels"] for z in shards]))
+torch.manual_seed(0)
+model = nn.Sequential(nn.Flatten(), nn.Linear(x[0].numel(), len(index["labels"])))
+net, opt = nn.parallel.DistributedDataParallel(model), torch.optim.Adam(model.parameters(), lr=0.01)
+stride = 16 * world
+for epoch in range(int(os.environ["PIPECTL_TRAIN_EPOCHS"])):
+    for i in range(rank * 16, len(x) // stride * stride, stride):
+        opt.zero_grad()
+        nn.functional.cross_entropy(net(x[i:i + 16]), y[i:i + 16]).backward()
+        opt.step()
+if rank == 0:
+    out = os.environ["PIPECTL_TRAIN_OUTPUTS_DIR"]
+    os.makedirs(out, exist_ok=True)
+    torch.onnx.export(model.eval(), (x[:2],), f"{out}/model.onnx", dynamo=True,
+                      dynamic_shapes=({0: torch.export.Dim("batch")},))
+dist.destroy_process_group()
+'''
+
+
+def test_a_torchrun_script_that_writes_onnx_is_evaluated_and_registered_as_pipectls_own(tmp_path, small_digits_dir):
+    """train(module=..., exports_onnx=True): the script (2 pods) writes model.onnx on rank 0; pipectl
+    publishes it, evaluate scores it on the held-out shards and register makes version 1."""
+    (tmp_path / "onnxtrain.py").write_text(ONNX_TRAINER)
+    (tmp_path / "pipeline.py").write_text(
+        "from pipectl.sdk import Pipeline, evaluate, preprocess, register, stage, train\n"
+        "pipeline = Pipeline('script-onnx', [stage(), preprocess(), train('onnxtrain', exports_onnx=True), evaluate(), register()])\n")
+    r = subprocess.run([PIPECTL, "run", "pipeline.py:pipeline", "--output", "json", "--state-dir", str(tmp_path / "state"),
+                        "-p", f"dataset-uri={small_digits_dir}", "-p", "workers=2", "-p", "processes-per-worker=1",
+                        "-p", "epochs=3", "-p", "promotion-threshold=0", "-p", "model-name=script-onnx"],
+                       capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-4000:]
+    summary = json.loads(r.stdout)
+    train_log = Path(next(s["log"] for s in summary["steps"] if s["task"] == "train")).read_text()
+    assert [s["task"] for s in summary["steps"]] == ["validate", "stage", "preprocess", "train", "evaluate", "register"]
+    assert "published the training code's model as models:/" in train_log, train_log[-3000:]
+    assert summary["model"]["version"] == "1" and summary["metrics"]["accuracy"] > 0.5, summary

@@ -200,3 +200,22 @@ def test_bash_completes_commands_and_choices_through_the_printed_script(tmp_path
     r = subprocess.run(["bash", "--norc", "--noprofile", "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert set(r.stdout.split()) == expected, r.stdout + r.stderr
+
+
+def test_remote_text_is_printed_as_it_is_never_as_markup(capsys):
+    """Step names and messages come from the cluster, and a parameter value can reach a message:
+    `[/]` or `[bold]` in one is printed verbatim by `submit --wait`'s progress, not read as rich
+    markup (`[/]` alone used to end the command with a MarkupError)."""
+    from pipectl.cli.cluster_cmds import _follow
+
+    message = "parameter model-name: '[/]x[bold]y' is not valid"
+
+    class Cluster:
+        def wait(self, name, on_change):
+            wf = {"status": {"nodes": {"a": {"type": "Pod", "displayName": "validate(0)", "phase": "Failed",
+                                             "message": message, "startedAt": "t"}}}}
+            on_change(wf)
+            return wf
+
+    _follow(Cluster(), "training-x")
+    assert message in capsys.readouterr().err

@@ -103,3 +103,68 @@ def test_C13_every_image_extension_torchvision_reads_is_staged_in_any_case(tmp_p
     (tmp_path / "y" / "notes.txt").write_text("ignored")
     (tmp_path / "y" / "l.svg").write_text("<svg/>")
     assert sorted(f.key for f in scan_local(tmp_path)) == sorted([f"x/{n}" for n in names] + ["y/k.Jpg"])
+
+
+def _manifest(tmp_path, rows, name="train.csv"):
+    import csv
+
+    path = tmp_path / name
+    if name.endswith(".parquet"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({k: [r[i] for r in rows[1:]] for i, k in enumerate(rows[0])}), path)
+    else:
+        with open(path, "w", newline="") as f:
+            csv.writer(f).writerows(rows)
+    return path
+
+
+@pytest.mark.parametrize("name", ["train.csv", "train.parquet"])
+def test_a_manifest_of_uri_and_label_rows_is_a_dataset(tmp_path, name):
+    from pipectl.components.stage.sources import scan_manifest
+
+    for i in range(2):
+        _jpeg(tmp_path / "images" / f"cat{i}.jpg")
+        _jpeg(tmp_path / "more" / "nested" / f"dog{i}.jpg")
+    rows = [["uri", "label"], ["images/cat0.jpg", "cat"], ["images/cat1.jpg", "cat"],
+            ["more/nested/dog0.jpg", "dog"], ["./more/nested/dog1.jpg", "dog"]]
+    files = scan_manifest(None, str(_manifest(tmp_path, rows, name)))
+    assert [f.label for f in files] == ["cat", "cat", "dog", "dog"]
+    assert all(f.key.startswith(f"{f.label}/") and f.key.endswith(".jpg") and f.key.count("/") == 1 for f in files)
+    assert len({f.key for f in files}) == 4
+    assert [f.path for f in files] == [str((tmp_path / p).resolve()) for p in
+                                       ("images/cat0.jpg", "images/cat1.jpg", "more/nested/dog0.jpg", "more/nested/dog1.jpg")]
+    assert validate_source(str(tmp_path / name)) == 4
+
+
+@pytest.mark.parametrize("rows,message", [
+    ([["file", "class"], ["a.jpg", "cat"]], "needs the columns uri (or path) and label; it has file, class"),
+    ([["uri", "label"]], "has no rows"),
+    ([["uri", "label"], ["images/cat0.jpg", "cat"], ["", "dog"]], "row 3: the uri is empty"),
+    ([["uri", "label"], ["images/cat0.jpg", "a/b"]], "row 2: label 'a/b' cannot name a class folder"),
+    ([["uri", "label"], ["images/cat0.jpg", ".hidden"]], "row 2: label '.hidden' cannot name a class folder"),
+    ([["uri", "label"], ["notes.txt", "cat"]], "row 2: notes.txt is not an image file name"),
+    ([["uri", "label"], ["images/cat0.jpg", "cat"], ["images/nope.jpg", "dog"]], "row 3: images/nope.jpg does not exist"),
+    ([["uri", "label"], ["images/cat0.jpg", "cat"], ["../outside.jpg", "dog"]], "row 3: ../outside.jpg is outside the manifest's folder"),
+    ([["uri", "label"], ["images/cat0.jpg", "cat"], ["/etc/hostname.jpg", "dog"]], "row 3: /etc/hostname.jpg is outside"),
+    ([["uri", "label"], ["images/cat0.jpg", "cat"], ["images/cat0.jpg", "cat"]], "row 3: images/cat0.jpg with label cat is listed already (row 2)"),
+    ([["uri", "label"], ["images/cat0.jpg", "cat"], ["images/cat1.jpg", "cat"]], "single label"),
+    ([["uri", "label"], ["images/cat0.jpg", "cat"], ["s3://bucket/dog.jpg", "dog"]], "a local manifest lists s3:// images"),
+])
+def test_a_bad_manifest_is_refused_naming_the_row_before_anything_is_written(tmp_path, rows, message):
+    data = tmp_path / "data"
+    for i in range(2):
+        _jpeg(data / "images" / f"cat{i}.jpg")
+    _jpeg(tmp_path / "outside.jpg")
+    with pytest.raises(DatasetError) as e:
+        validate_source(str(_manifest(data, rows)))
+    assert message in str(e.value)
+
+
+def test_a_manifest_file_that_is_missing_or_not_a_table_is_refused(tmp_path):
+    (tmp_path / "broken.parquet").write_bytes(b"not parquet")
+    with pytest.raises(DatasetError, match="is not a Parquet file"):
+        validate_source(str(tmp_path / "broken.parquet"))
+    with pytest.raises(DatasetError, match="dataset manifest .*nope.csv does not exist"):
+        validate_source(str(tmp_path / "nope.csv"))

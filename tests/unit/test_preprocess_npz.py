@@ -67,3 +67,11 @@ def test_zip64_sized_shards_are_refused():
     assert not fits(3000, 512)
     with pytest.raises(ValueError, match="ZIP64"):
         ShardFile(3000, 512)
+
+
+def test_a_shard_holds_at_most_256_mib_of_images():
+    from pipectl.components.preprocess.core import SHARD_BYTES, shard_images
+
+    assert shard_images(2048, 64) == 2048
+    assert shard_images(2048, 224) == 891 and 891 * 3 * 224 * 224 * 2 <= SHARD_BYTES < 892 * 3 * 224 * 224 * 2
+    assert shard_images(100, 512) == 100 and shard_images(2048, 512) == 170

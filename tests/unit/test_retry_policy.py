@@ -82,6 +82,21 @@ def test_backoff_outlasts_a_scale_up_and_is_bounded(scale_up_s):
     assert rs.affinity.node_anti_affinity is not None
 
 
+@pytest.mark.parametrize("scale_up_s", [30, 60, 300, 600, 1800, 7200])
+def test_a_container_step_waits_seconds_after_a_code_failure_and_a_scale_up_after_infra_losses(scale_up_s):
+    """Argo waits out a retry node's backoff before it evaluates the retry expression, so a code
+    failure holds its workflow through the first delay: 5 s. The first four delays still add up to
+    a scale-up, none exceeds it, and the rendered backoff is exactly that schedule."""
+    policy = RetryPolicy(scale_up_s=scale_up_s)
+    delays = policy.step_delays_s()
+    assert delays[0] == 5
+    assert sum(delays[:4]) >= scale_up_s and max(delays) <= scale_up_s
+    rs = policy.build()
+    factor = int(rs.backoff.factor.root if hasattr(rs.backoff.factor, "root") else rs.backoff.factor)
+    assert (rs.backoff.duration, rs.backoff.cap) == ("5s", f"{scale_up_s}s")
+    assert [min(5 * factor**n, scale_up_s) for n in range(policy.infra_limit)] == delays
+
+
 def test_transient_budget_cannot_exceed_the_limit():
     with pytest.raises(ValidationError):
         RetryPolicy(infra_limit=2, transient_limit=3)

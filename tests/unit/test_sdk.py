@@ -76,26 +76,30 @@ def test_a_user_pipeline_drops_a_step_and_adds_its_own_between_two():
     assert "envFrom" in c["container"] and "envFrom" not in _template(wt, "notify")["container"]
 
 
-def test_the_example_project_pipeline_renders_and_lints():
-    r = subprocess.run([PIPECTL, "render", f"{EXAMPLE}:pipeline"], capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("example,tasks", [
+    (EXAMPLE, ["validate", "stage", "preprocess", "train", "report", "evaluate", "register"]),
+    (ROOT / "examples" / "image-classifier" / "pipeline.py", ["validate", "stage", "preprocess", "train", "evaluate", "register"]),
+])
+def test_the_example_projects_pipelines_render_and_lint(example, tasks):
+    r = subprocess.run([PIPECTL, "render", f"{example}:pipeline"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     wt = yaml.safe_load(r.stdout)
-    assert list(_tasks(wt)) == ["validate", "stage", "preprocess", "train", "report", "evaluate", "register"]
+    assert list(_tasks(wt)) == tasks
     from pipectl.pipelines.lint import lint_objects
 
     assert lint_objects([("example", wt)]) == []
 
 
 @pytest.mark.parametrize("steps,message", [
-    ([train()], "step 'train' needs the shards that preprocess makes, and no step before it does"),
-    ([stage(), train(), preprocess()], "step 'train' needs the shards that preprocess makes"),
+    ([train()], "step 'train' needs the shards that preprocess (or shards) makes, and no step before it does"),
+    ([stage(), train(), preprocess()], "step 'train' needs the shards that preprocess (or shards) makes"),
     ([evaluate()], "step 'evaluate' needs the"),
     ([stage(), stage()], "two steps named 'stage'"),
     ([ContainerStep("x", image="", command=["true"])], "step 'x': image is empty"),
     ([ContainerStep("x", image="i", command="python -m x")], "command must be a non-empty list of strings"),
     ([ContainerStep("Bad_Name", image="i", command=["x"])], "step name 'Bad_Name'"),
     ([ContainerStep("train-retry", image="i", command=["x"])], "step name 'train-retry'"),
-    ([ContainerStep("x", image="i", command=["x"], args=[SHARDS_URI])], "step 'x' needs the shards that preprocess makes"),
+    ([ContainerStep("x", image="i", command=["x"], args=[SHARDS_URI])], "step 'x' needs the shards that preprocess (or shards) makes"),
     ([ContainerStep("x", image="i", command=["x"], args=[output("y", "z")])], "reads output 'z' of step 'y'"),
     (["stage"], "step 1 of pipeline 'p' is a str, not a step"),
 ])
@@ -119,7 +123,7 @@ def _pipectl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
     ("x = 1\n", "{f}:p", "has no 'p'"),
     ("x = 1\n", "{f}:x", "x is a int, not a pipectl.sdk.Pipeline"),
     ("import nosuchmodule_xyz\n", "{f}:p", "importing"),
-    ("from pipectl.sdk import Pipeline, train\np = Pipeline('p', [train()])\n", "{f}:p", "needs the shards that preprocess makes"),
+    ("from pipectl.sdk import Pipeline, train\np = Pipeline('p', [train()])\n", "{f}:p", "needs the shards that preprocess (or shards) makes"),
     (None, "trainingg", "unknown pipeline 'trainingg'"),
     (None, "no_such_pkg_xyz.mod:p", "module no_such_pkg_xyz.mod not found"),
 ])
@@ -201,6 +205,150 @@ def test_bad_user_training_is_refused(make, message):
 def test_a_pipeline_error_reads_as_a_sentence_with_its_fix():
     with pytest.raises(PipelineError) as e:
         Pipeline("p", [train()]).build()
-    assert str(e.value) == ("step 'train' needs the shards that preprocess makes, and no step before it does "
-                            "(put preprocess() before 'train' in pipeline 'p')")
-    assert e.value.hint == "put preprocess() before 'train' in pipeline 'p'"
+    assert str(e.value) == ("step 'train' needs the shards that preprocess (or shards) makes, and no step before it does "
+                            "(put preprocess() (or shards()) before 'train' in pipeline 'p')")
+    assert e.value.hint == "put preprocess() (or shards()) before 'train' in pipeline 'p'"
+
+
+def test_a_pipeline_sets_its_own_parameter_defaults_and_the_command_line_still_wins():
+    p = Pipeline("shapes", [stage(), preprocess(), train()],
+                 defaults={"architecture": "resnet18", "image_size": 64, "warm-cache": True, "learning-rate": 0.001})
+    args = {a["name"]: a["value"] for a in p.build().to_dict()["spec"]["arguments"]["parameters"]}
+    assert (args["architecture"], args["image-size"], args["warm-cache"], args["learning-rate"]) == ("resnet18", "64", "true", "0.001")
+    assert args["epochs"] == "15"  # what the pipeline does not set keeps pipectl's default
+    example = ROOT / "examples" / "image-classifier" / "pipeline.py"
+    r = _pipectl("submit", f"{example}:pipeline", "--dry-run", "-p", "epochs=2", "-p", "dataset-uri=s3://team/shapes/")
+    assert r.returncode == 0, r.stderr
+    sent = {a["name"]: a["value"] for a in yaml.safe_load(r.stdout)["spec"]["arguments"]["parameters"]}
+    assert (sent["learning-rate"], sent["image-size"], sent["epochs"]) == ("0.05", "64", "2")
+
+
+@pytest.mark.parametrize("defaults,message", [
+    ({"nosuch": 1}, "pipeline 'p': defaults: unknown parameter 'nosuch'"),
+    ({"epochs": 0}, "pipeline 'p': defaults: epochs: Input should be greater than or equal to 1 (got '0')"),
+    ({"architecture": "vgg"}, "pipeline 'p': defaults: architecture: Input should be 'small-cnn', 'resnet18' or 'resnet50'"),
+    ("epochs=3", "defaults must be a mapping"),
+])
+def test_bad_pipeline_defaults_are_refused_naming_the_parameter(defaults, message):
+    with pytest.raises(PipelineError) as e:
+        Pipeline("p", [stage()], defaults=defaults).build()
+    assert message in str(e.value)
+
+
+def _refused_with(tmp_path: Path, monkeypatch, body: str | None, ref: str, define) -> str:
+    """The PipelineError message of ``define()`` with the module of ``ref`` written as ``body``."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    if body is not None:
+        (tmp_path / f"{ref.partition(':')[0]}.py").write_text(body)
+    with pytest.raises(PipelineError) as e:
+        define()
+    return str(e.value)
+
+
+@pytest.mark.parametrize("body,ref,message,at_step", [
+    ("def train(ctx):\n    return ctx\n", "userfn_ok:nosuch", "userfn_ok has no 'nosuch'", "userfn_ok has no 'nosuch'"),
+    ("def train(ctx, extra):\n    return ctx\n", "userfn_two:train", "a train function takes one argument, the TrainContext",
+     "train function userfn_two:train: must take 1 argument (it is function train)"),
+    ("train = 3\n", "userfn_int:train", "a train function takes one argument", "must take 1 argument (it is int train)"),
+    ("x = 1 / 0\n", "userfn_boom:train", "importing userfn_boom failed: ZeroDivisionError",
+     "importing userfn_boom failed: ZeroDivisionError"),
+    (None, "not a reference", "not a train function reference (module.path:name)", None),
+])
+def test_a_train_function_that_cannot_work_is_refused_when_the_pipeline_is_defined_and_when_the_step_starts(
+        tmp_path, monkeypatch, body, ref, message, at_step):
+    from pipectl.components.runtime import StepError
+    from pipectl.components.train.core import resolve_function
+
+    assert message in _refused_with(tmp_path, monkeypatch, body, ref, lambda: train(function=ref))
+    if at_step is not None:  # the image's copy of the module is checked again when the step starts
+        sys.modules.pop(ref.partition(":")[0], None)
+        with pytest.raises(StepError) as step_error:
+            resolve_function(ref)
+        assert at_step in str(step_error.value)
+
+
+def test_a_train_function_is_given_to_the_gang_and_its_module_may_live_only_in_the_image():
+    p = Pipeline("fn", [stage(), preprocess(), train(function="only_in_the_image.train:train"), evaluate(), register()])
+    wt = p.build().to_dict()
+    command = _template(wt, "train")["resource"]["manifest"]
+    assert "--function\n" in command or "- --function" in command
+    assert "only_in_the_image.train:train" in command
+    with pytest.raises(PipelineError, match="function= .a train function. or module=/script="):
+        train(function="a.b:c", module="a.b")
+
+
+@pytest.mark.parametrize("body,ref,message", [
+    ("def m(logits):\n    return 1.0\n", "usermetric_one:m", "a metric takes two arguments, logits and labels"),
+    ("x = 1\n", "usermetric_none:m", "usermetric_none has no 'm'"),
+    (None, "no-colon", "not a metric function reference (module.path:name)"),
+])
+def test_a_metric_that_cannot_work_is_refused_when_the_pipeline_is_defined(tmp_path, monkeypatch, body, ref, message):
+    assert message in _refused_with(tmp_path, monkeypatch, body, ref, lambda: evaluate(metric=ref))
+
+
+@pytest.mark.parametrize("returns,ok", [("0.75", True), ("1.5", False), ("float('nan')", False), ("'high'", False), ("True", False)])
+def test_the_users_metric_decides_and_a_value_outside_0_1_is_a_failure_of_the_code(tmp_path, monkeypatch, returns, ok):
+    import numpy as np
+
+    from pipectl.components.contracts import EvaluateInput
+    from pipectl.components.evaluate.core import _metrics
+    from pipectl.components.runtime import StepError
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = f"usermetric_{abs(hash(returns))}"
+    (tmp_path / f"{module}.py").write_text(f"def score(logits, labels):\n    return {returns}\n")
+    inp = EvaluateInput(shards_uri="s3://b/s/", run_uri="s3://b/r", model_name="m", promotion_metric="f1_macro",
+                        promotion_threshold=0.5, metric_function=f"{module}:score")
+    every, decider = _metrics(inp, 2)
+    assert decider == "score"
+    logits, labels = np.array([[2.0, 1.0], [0.0, 3.0]], np.float32), np.array([0, 1])
+    if ok:
+        assert every(logits, labels) == {"accuracy": 1.0, "f1_macro": 1.0, "score": 0.75}
+    else:
+        with pytest.raises(StepError, match="not a number in \\[0, 1\\]"):
+            every(logits, labels)
+
+
+def test_a_train_function_must_return_the_trained_module():
+    import types
+
+    from torch import nn
+
+    from pipectl.components.runtime import StepError
+    from pipectl.components.train.core import _trained
+
+    ctx = types.SimpleNamespace(watch=None)
+    assert isinstance(_trained(ctx, lambda c: nn.Linear(2, 2), "mine:train"), nn.Linear)
+    with pytest.raises(StepError, match="train function mine:train returned NoneType, not the trained torch.nn.Module"):
+        _trained(ctx, lambda c: None, "mine:train")
+
+
+def test_exports_onnx_is_for_your_own_torchrun_code_and_lets_evaluate_follow_it():
+    p = Pipeline("p", [stage(), preprocess(), train("mypkg.train", exports_onnx=True), evaluate(), register()])
+    job = _template(p.build().to_dict(), "train")["resource"]["manifest"]
+    assert "PIPECTL_TRAIN_PUBLISH_ONNX" in job and "mypkg.train" in job
+    with pytest.raises(PipelineError, match="only with module= or script="):
+        train(exports_onnx=True)
+    with pytest.raises(PipelineError, match="exports_onnx=True"):
+        Pipeline("p", [stage(), preprocess(), train("mypkg.train"), evaluate()]).build()
+
+
+def test_a_script_that_declared_its_onnx_but_wrote_none_fails_as_code(tmp_path, monkeypatch, capsys):
+    """After torchrun's success, node rank 0's launcher finds no model.onnx: exit 1 and why; a file
+    that is not ONNX is refused alike (nothing is logged or written: the check comes first)."""
+    from pipectl.components.train import launch
+    from pipectl.components.train.launch import _published, _torchrun_args
+
+    monkeypatch.setenv("PIPECTL_TRAIN_OUTPUTS_DIR", str(tmp_path))
+    for name in ("SHARDS_URI", "RUN_URI", "WORKFLOW_NAME", "MODEL_NAME"):
+        monkeypatch.setenv(f"PIPECTL_TRAIN_{name}", "s3://b/x" if name.endswith("URI") else "x")
+    for name, value in (("EPOCHS", "1"), ("BATCH_SIZE", "8"), ("LEARNING_RATE", "0.1"), ("CHECKPOINT_EVERY_STEPS", "5"), ("SEED", "0")):
+        monkeypatch.setenv(f"PIPECTL_TRAIN_{name}", value)
+    known = _torchrun_args(["--nnodes=2", "--nproc-per-node=1", "--node-rank=0", "-m", "mine"])
+    assert _published(known) == 1
+    assert "the training code ended with success but wrote no" in capsys.readouterr().err
+    (tmp_path / "model.onnx").write_bytes(b"not onnx")
+    assert _published(known) == 1
+    assert "is not a model ONNX Runtime loads" in capsys.readouterr().err
+    assert launch.publish.model_path() == tmp_path / "model.onnx"
+

@@ -203,13 +203,14 @@ def test_a_launcher_is_named_in_one_place():
 
 def test_the_train_step_inputs_are_its_contracts():
     from pipectl.components.contracts import GangShape, TrainInput
-    from pipectl.pipelines.launchers.base import TRAIN_FIXED
+    from pipectl.pipelines.launchers.base import TRAIN_FIXED, TRAIN_PER_PIPELINE
     from pipectl.pipelines.builtin import build_training
 
     template = build_training().to_dict()
     train = next(t for t in template["spec"]["templates"] if t["name"] == "train")
     inputs = [p["name"] for p in train["inputs"]["parameters"]]
-    expected = [n for n in TrainInput.model_fields if n not in TRAIN_FIXED] + list(GangShape.model_fields)
+    expected = ([n for n in TrainInput.model_fields if n not in TRAIN_FIXED and n not in TRAIN_PER_PIPELINE]
+                + list(GangShape.model_fields))
     assert inputs == [n.replace("_", "-") for n in expected]
 
 
@@ -229,13 +230,15 @@ def test_every_gang_pod_command_parses_as_TrainInput(launcher):
     values = {f"inputs.parameters.{k}": v for k, v in TrainingParameters().as_arguments().items()}
     values |= {"inputs.parameters.shards-uri": "s3://b/runs/w/shards/", "inputs.parameters.run-uri": "s3://b/runs/w",
                "workflow.name": "w", "retries": "0"}
-    job = yaml.safe_load(substitute(lau.manifest(CompileConfig(launcher=launcher).gang()), values, where="test"))
-    for group in lau.replica_groups(job):
-        command = group.pod_spec["containers"][0]["command"]
-        args = command[command.index("pipectl.components.train") + 1:]
-        parsed = vars(build_parser(TrainInput, "train").parse_args(args))
-        parsed.pop("outputs_dir")
-        assert TrainInput.model_validate(parsed).workflow_name == "w"
+    for function in ("", "mypkg.train:train"):
+        job = yaml.safe_load(substitute(lau.manifest(CompileConfig(launcher=launcher).gang(function=function)), values, where="test"))
+        for group in lau.replica_groups(job):
+            command = group.pod_spec["containers"][0]["command"]
+            args = command[command.index("pipectl.components.train") + 1:]
+            parsed = {k: v for k, v in vars(build_parser(TrainInput, "train").parse_args(args)).items() if v is not None}
+            parsed.pop("outputs_dir")  # as step_main reads it: an option not given keeps the field's default
+            inp = TrainInput.model_validate(parsed)
+            assert (inp.workflow_name, inp.function) == ("w", function)
 
 
 def _code_strings(path: Path) -> list[str]:

@@ -103,7 +103,7 @@ def test_C04_torchrun_counts_processes_not_pods(wt, wt_pytorchjob):
     assert cmd[:3] == ["python", "-m", "pipectl.components.train.launch"]  # torchrun, exit code kept
     assert "--nnodes=2" in cmd and "--nproc-per-node=4" in cmd  # torchrun: WORLD_SIZE = 2 x 4 = 8
     assert "--node-rank=$(VC_TASK_INDEX)" in cmd  # RANK = node_rank x 4 + local_rank
-    # MASTER_ADDR: the rank-0 pod of this job, every pod; the job's name (random per attempt) comes
+    # MASTER_ADDR: the rank-0 pod of this job, every pod; the job's name (one per run) comes
     # from the job-name label Volcano puts on its pods, expanded by Kubernetes ($(VAR) of an earlier var)
     name = job["metadata"]["name"]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["env"]}
@@ -115,17 +115,50 @@ def test_C04_torchrun_counts_processes_not_pods(wt, wt_pytorchjob):
         assert "--nnodes=2" in cmd and "--nproc-per-node=4" in cmd and "--node-rank=$(RANK)" in cmd
 
 
-def test_gang_job_name_is_unique_per_attempt_even_after_a_workflow_retry(wt, wt_pytorchjob):
-    """An in-place retry (Argo UI RETRY, `argo retry`) starts {{retries}} at 0 again: the job name
-    carries a random suffix, evaluated once per attempt, and appears once in the manifest (each
-    {{=...}} is evaluated on its own)."""
-    import re
-
+def test_one_gang_job_per_run_every_attempt_applies_the_same_name(wt, wt_pytorchjob):
+    """Every attempt of the train step (retried in place, after a backoff, or after an in-place
+    retry of the workflow) applies ONE name per run, so a retried attempt adopts the gang still
+    training instead of starting a second one; nothing random, no attempt counter in it."""
     for template in (wt, wt_pytorchjob):
         manifest = _templates(template)["train"]["resource"]["manifest"]
-        assert manifest.count("randAlphaNum") == 1, manifest
-        names = {_job(template)["metadata"]["name"] for _ in range(5)}
-        assert len(names) == 5 and all(re.fullmatch(r"training-abcde-train-0-[a-z0-9]{5}", n) for n in names), names
+        assert "randAlphaNum" not in manifest and "{{retries}}" not in manifest, manifest
+        names = {_job(template)["metadata"]["name"] for _ in range(3)}
+        assert names == {"training-abcde-train"}, names
+
+
+def test_a_run_that_does_not_succeed_releases_its_gang_on_exit(wt, wt_pytorchjob):
+    """The exit handler `gang-release` gets the run's name and phase and the launcher's job kind,
+    runs as the launcher's ServiceAccount, with no store credentials."""
+    for template, kind in ((wt, "batch.volcano.sh/v1alpha1/jobs"), (wt_pytorchjob, "kubeflow.org/v1/pytorchjobs")):
+        release = _templates(template)[template["spec"]["onExit"]]
+        args = dict(zip(release["container"]["args"][::2], release["container"]["args"][1::2]))
+        assert release["container"]["command"] == ["python", "-m", "pipectl.components.gang"]
+        assert args == {"--workflow-name": "{{workflow.name}}", "--workflow-status": "{{workflow.status}}",
+                        "--namespace": "{{workflow.namespace}}", "--job-kind": kind, "--outputs-dir": "/tmp/outputs"}
+        assert release["serviceAccountName"] == "pipectl-launcher" and "envFrom" not in release["container"]
+
+
+def test_the_release_step_leaves_a_succeeded_run_alone(monkeypatch):
+    """A Succeeded run's gang completed: the step returns without calling the API server."""
+    from pipectl.components.contracts import ReleaseInput, StoreSettings
+    from pipectl.components.gang import step
+
+    called = []
+    monkeypatch.setattr(step, "_api_client", lambda: called.append(1))  # a Succeeded run never reaches the API
+    inp = ReleaseInput(workflow_name="t-1", workflow_status="Succeeded", namespace="pipectl", job_kind="batch.volcano.sh/v1alpha1/jobs")
+    step.run(inp, StoreSettings())
+    assert called == []
+
+
+def test_the_launcher_pod_lives_as_long_as_the_training(wt):
+    """The train step's own pod (argoexec applying the job, then waiting) is kept from voluntary
+    disruption and runs at its lane's priority with its lane's toleration, as the gang does."""
+    train = _templates(wt)["train"]
+    assert train["metadata"]["annotations"] == {"karpenter.sh/do-not-disrupt": "true",
+                                                "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+    assert train["priorityClassName"] == "pipectl-{{inputs.parameters.lane}}"
+    assert train["tolerations"] == [{"key": "pipectl.io/lane", "operator": "Equal", "value": "{{inputs.parameters.lane}}",
+                                     "effect": "NoSchedule"}]
 
 
 def test_C06_training_and_preprocess_pods_mount_memory_backed_shm(wt):
@@ -230,7 +263,9 @@ def test_service_accounts_least_privilege(wt, wt_pytorchjob):
         objs = rbac(cfg)
         roles = {o["metadata"]["name"]: o["rules"] for o in objs if o["kind"] == "Role"}
         assert roles[cfg.service_account] == [{"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]}]
-        assert roles[cfg.launcher_service_account][1] == {"apiGroups": [kind[0]], "resources": [kind[1]], "verbs": ["create", "get", "patch"]}
+        assert roles[cfg.launcher_service_account][1:] == [
+            {"apiGroups": [kind[0]], "resources": [kind[1]], "verbs": ["create", "get", "patch", "list", "watch", "delete"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
         assert cfg.training_service_account not in roles
         assert "*" not in yaml.safe_dump(roles)
         train = _templates(tmpl)["train"]
@@ -332,7 +367,7 @@ def test_C10_the_lane_slot_is_held_per_attempt_and_the_backoff_is_outside_it(wt,
     assert passed == {n: "{{inputs.parameters.%s}}" % n for n in names}
     assert {p["name"] for p in inner["inputs"]["parameters"]} == names
     assert inner["synchronization"]["semaphores"][0]["configMapKeyRef"]["key"] == "{{inputs.parameters.lane}}"
-    assert "backoff" not in inner["retryStrategy"] and inner["timeout"] and "{{retries}}" in inner["resource"]["manifest"]
+    assert "backoff" not in inner["retryStrategy"] and inner["timeout"]
     assert t["train-wait"]["suspend"]["duration"] == "{{inputs.parameters.delay}}"
     wait, nxt = backoff["dag"]["tasks"]
     assert nxt["template"] == "train-retry" and nxt["dependencies"] == ["wait"]

@@ -133,3 +133,58 @@ def test_C15_with_argos_own_substitution_the_payload_reshapes_the_job_and_valida
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         code = step_main(TrainingParameters, run, argv=argv, prog="pipectl.components.validate")
     assert code == 1 and f"parameter {name}:" in err.getvalue(), err.getvalue()
+
+
+# C22: spellings the contract used to accept that a later reader takes otherwise. Each is first
+# shown to be read differently downstream (the gang manifest's YAML, or Argo's `when`), then refused.
+MISREAD = [
+    ("workers", "010", "YAML 1.1 reads a leading zero as octal: 8 pods for a gang of 10"),
+    ("workers", "0o12", "YAML 1.1 octal"),
+    ("gpus-per-worker", "0x1", "YAML hexadecimal"),
+    ("workers", "1_0", "YAML 1.1 drops the underscore; torchrun refuses it"),
+    ("workers", "+4", "a sign"),
+    ("memory-gib-per-worker", "8.0", "a float where the manifest needs an integer"),
+    ("seed", "-0", "a sign"),
+    ("learning-rate", "5e-324", "an exponent (subnormal: 0 in float32)"),
+    ("learning-rate", "1E-3", "an exponent"),
+    ("cpu-per-worker", ".5", "no integer part"),
+    ("warm-cache", "True", "Argo's `when` compares the text: 'True' == true is false"),
+    ("warm-cache", "yes", "YAML 1.1 boolean, not Argo's"),
+    ("checkpoint-every-steps", "10000000", "no bound: a checkpoint never written"),
+    ("dataset-uri", "s3://b/{{workflow.uid}}/", "an Argo tag a later substitution pass resolves"),
+    ("model-name", "a\u2028b", "a line separator YAML reads as a line break"),
+]
+
+
+@pytest.mark.parametrize("name,value,why", MISREAD, ids=[f"{n}={v!r}" for n, v, _ in MISREAD])
+def test_C22_a_value_is_accepted_only_in_the_spelling_every_reader_agrees_on(name, value, why):
+    code, err = _validate({name: value})
+    assert code == 1 and f"parameter {name}:" in err, (why, err)
+
+
+def test_C22_the_misreadings_are_real():
+    """What the refused spellings do downstream: the gang job's YAML reads workers=010 as 8 (the
+    pods' torchrun --nnodes=010 as 10), 1_0 as 10, 0x1 as 1; the warm step's `when` compares the
+    text "True" with "true" (the local runner's `when`, the comparison Argo makes)."""
+    from pipectl.pipelines.substitution import evaluate_when
+
+    job = _train_job({"workers": "010"})
+    assert job["spec"]["minAvailable"] == 8 and job["spec"]["tasks"][0]["replicas"] == 8
+    assert yaml.safe_load("x: 1_0")["x"] == 10 and yaml.safe_load("x: 0x1")["x"] == 1
+    when = TEMPLATES["training"]["dag"]["tasks"][2]["when"]
+    assert not evaluate_when(substitute(when, {"workflow.parameters.warm-cache": "True"}, where="test"), "warm")
+    assert evaluate_when(substitute(when, {"workflow.parameters.warm-cache": "true"}, where="test"), "warm")
+
+
+def test_C22_every_value_the_cli_writes_is_read_back_the_same():
+    """The CLI writes canonical text (floats never with an exponent) and validate accepts it."""
+    params = TrainingParameters(learning_rate=1e-7, cpu_per_worker=0.5, promotion_threshold=0.0, warm_cache=True)
+    args = params.as_arguments()
+    assert args["learning-rate"] == "0.0000001" and args["warm-cache"] == "true"
+    assert _validate(args) == (0, "")
+    assert TrainingParameters.from_overrides(args) == params
+
+
+@pytest.mark.parametrize("value", ["1", "10", "1024"])
+def test_C22_canonical_integers_pass(value):
+    assert _validate({"workers": value, "memory-gib-per-worker": value})[0] == 0

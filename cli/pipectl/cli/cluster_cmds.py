@@ -65,8 +65,9 @@ def submit(pipeline: str, params: tuple[str, ...], parameter_file: Any, lane: st
     from pipectl.cli.pipeline_ref import load_pipeline
     from pipectl.pipelines.workflows import workflow_for
 
-    template_name = f"{load_pipeline(pipeline).name}-v1"
-    parameters = training_parameters(params + ((f"lane={lane}",) if lane else ()), parameter_file)
+    chosen = load_pipeline(pipeline)
+    template_name = f"{chosen.name}-v1"
+    parameters = training_parameters(params + ((f"lane={lane}",) if lane else ()), parameter_file, chosen)
     wf = workflow_for(template_name, namespace, parameters)
     _check([wf])
     if dry_run:
@@ -219,7 +220,7 @@ def status(name: str, namespace: str, context: str | None, output_format: str) -
     else:
         _rows(rows, output_format, narrow=("step", "type", "phase", "message"))
     phase = wf.get("status", {}).get("phase")
-    console().print(f"workflow {name}: {phase}")
+    console().print(f"workflow {name}: {phase}", markup=False)
     if phase in ("Failed", "Error"):
         # a train step that timed out Pending: say why its gang never got nodes
         for pod, why in cluster.unscheduled_gang_pods(name).items():
@@ -245,7 +246,7 @@ def logs(name: str, follow: bool, namespace: str, context: str | None) -> None:
                 click.echo(f"{pod}: {line}")
 
         final = cluster.follow_logs(name, emit)
-        console().print(f"workflow {name}: {final.get('status', {}).get('phase')}")
+        console().print(f"workflow {name}: {final.get('status', {}).get('phase')}", markup=False)
         return
     for pod, text in cluster.logs(name):
         click.echo(f"==> {pod} <==")
@@ -261,6 +262,9 @@ def _shutdown_command(strategy: str, doc: str) -> click.Command:
         for name in names:
             cluster.shutdown(name, strategy)
             console().print(f"workflow {name}: {strategy.lower()} requested ({'exit handlers run' if strategy == 'Stop' else 'no exit handler runs'})")
+            if strategy == "Terminate":  # no exit handler runs: end the gang here
+                for job in cluster.release_gangs(name):
+                    console().print(f"deleted gang job {job}; no gang pod of {name} is left")
             click.echo(name)
 
     return command
@@ -269,8 +273,9 @@ def _shutdown_command(strategy: str, doc: str) -> click.Command:
 stop = _shutdown_command("Stop", """Stop workflows NAMES as `argo stop` does: running steps are ended
     and the exit handlers RUN (spec.shutdown=Stop). Exit 2 for a workflow that has already ended.""")
 terminate = _shutdown_command("Terminate", """Terminate workflows NAMES as `argo terminate` does: running
-    steps are ended and NO exit handler runs (spec.shutdown=Terminate). Exit 2 for a workflow that
-    has already ended.""")
+    steps are ended and NO exit handler runs (spec.shutdown=Terminate); pipectl then deletes the
+    workflow's gang jobs itself and waits until their pods are gone (a stopped workflow's exit
+    handler does the same). Exit 2 for a workflow that has already ended.""")
 
 
 @click.command()
@@ -308,8 +313,8 @@ def retry(name: str, resubmit: bool, namespace: str, context: str | None) -> Non
         if phase not in ("Failed", "Error"):
             fail(f"workflow {name} is {phase or 'not started'}: only a Failed or Error workflow can be retried in place",
                  "wait for it to end, or use --resubmit for a new run", code=2)
-        for job in cluster.delete_failed_gang_jobs(name):
-            console().print(f"deleted the failed attempt's gang job {job} (its name is reused by the retry)")
+        for job in cluster.release_gangs(name, failed_only=True):
+            console().print(f"deleted the failed gang job {job} (the retried step creates the run's job again)")
         server.retry(namespace, name)
         console().print(f"retrying {name} in place (Argo Server {server.base})")
         click.echo(name)
@@ -376,6 +381,8 @@ def _rows(rows: list[dict] | dict, output_format: str, narrow: tuple[str, ...] =
 
 def _follow(cluster: Any, name: str) -> dict:
     """Live per-step progress on stderr until the workflow ends."""
+    from rich.text import Text
+
     out = console()
     shown: dict[str, str] = {}
 
@@ -387,6 +394,7 @@ def _follow(cluster: Any, name: str) -> dict:
             if shown.get(key) != phase:
                 shown[key] = phase
                 mark = {"Succeeded": "[green]✓[/]", "Failed": "[red]✗[/]", "Error": "[red]✗[/]"}.get(phase, "…")
-                out.print(f"{mark} {key} {phase} {node.get('message', '')}")
+                # names and messages are remote text (a parameter value can reach a message): no markup
+                out.print(Text.from_markup(mark) + Text(f" {key} {phase} {node.get('message', '')}"), soft_wrap=True)
 
     return cluster.wait(name, on_change)

@@ -210,14 +210,15 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def training_parameters(pairs: Sequence[str], parameter_file: Path | None = None) -> Any:
-    """Validate ``--parameter-file`` then ``-p`` overrides (``-p`` wins) against
-    :class:`TrainingParameters`; exit 2 with every problem named."""
+def training_parameters(pairs: Sequence[str], parameter_file: Path | None = None, pipeline: Any = None) -> Any:
+    """Validate the pipeline's own defaults, then ``--parameter-file``, then ``-p`` overrides (the
+    last wins) against :class:`TrainingParameters`; exit 2 with every problem named."""
     from pydantic import ValidationError
 
     from pipectl.components.contracts import TrainingParameters
 
-    overrides = {**parse_overrides(parameter_file_pairs(parameter_file)), **parse_overrides(pairs)}
+    overrides = {**(pipeline.default_arguments() if pipeline is not None else {}),
+                 **parse_overrides(parameter_file_pairs(parameter_file)), **parse_overrides(pairs)}
     try:
         return TrainingParameters.from_overrides(overrides)
     except ValueError as e:
@@ -227,7 +228,7 @@ def training_parameters(pairs: Sequence[str], parameter_file: Path | None = None
                 + (f" (got {err['input']!r})" if "input" in err else "")
                 for err in e.errors()
             )
-            fail(f"invalid parameter: {problems}", "see `pipectl render training` for each parameter's type and values", code=2)
+            fail(f"invalid parameter: {problems}", "see `pipectl render PIPELINE` for each parameter's type and values", code=2)
         fail(str(e), "parameters are the WorkflowTemplate arguments, e.g. -p epochs=5 -p lane=urgent", code=2)
 
 

@@ -53,7 +53,7 @@ def run(pipeline: str, params: tuple[str, ...], parameter_file: Path | None, out
     code_path = user_code_path(pipeline)
     if code_path:  # the steps' processes import the user's modules as the pipeline file did
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (code_path, os.environ.get("PYTHONPATH")) if p)
-    parameters = training_parameters(params, parameter_file)
+    parameters = training_parameters(params, parameter_file, chosen)
     resume_arg: str | bool = False if resume is None else (resume or True)
     result = _run_with_progress(parameters, {k: v for k, v in opts.items() if v is not None}, launcher, console(), resume_arg,
                                 pipeline=chosen)
@@ -151,8 +151,10 @@ def _print_resume_hint(settings: Any, since: float, console: Any) -> None:
 
 def _print_failure(summary: dict[str, Any], console: Any) -> None:
     """The failed step, its log's tail and the likely cause (under torchrun, above its boilerplate)."""
+    from rich.markup import escape
+
     failed = next(s for s in summary["steps"] if s["phase"] not in ("Succeeded", "Skipped"))
-    console.print(f"[bold red]workflow {summary['workflow']} Failed[/] at step {failed['task']} ({failed['message']})")
+    console.print(f"[bold red]workflow {summary['workflow']} Failed[/] at step {escape(failed['task'])} ({escape(failed['message'])})")
     try:
         with open(failed["log"], errors="replace") as f:
             lines = f.readlines()

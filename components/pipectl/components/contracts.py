@@ -5,12 +5,13 @@ pydantic models only (DESIGN.md, "Layers"). No I/O at import time.
 
 from __future__ import annotations
 
+import decimal
 import enum
 import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipectl.components.names import (  # noqa: F401 - names the steps use, re-exported
@@ -41,6 +42,15 @@ class PromotionMetric(str, enum.Enum):
     f1_macro = "f1_macro"
 
 
+class Architecture(str, enum.Enum):
+    """Architectures pipectl's own training builds (components/pipectl/components/models/architectures.py).
+    torchvision's are built without downloaded weights."""
+
+    small_cnn = "small-cnn"
+    resnet18 = "resnet18"
+    resnet50 = "resnet50"
+
+
 class Decision(str, enum.Enum):
     promote = "promote"
     keep = "keep"
@@ -48,6 +58,10 @@ class Decision(str, enum.Enum):
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_INT_TEXT = re.compile(r"0|[1-9][0-9]*")
+_DECIMAL_TEXT = re.compile(r"(0|[1-9][0-9]*)(\.[0-9]+)?")
+_LINE_SEPARATORS = "\x85\u2028\u2029"
+"""Characters YAML 1.1 (PyYAML, and Kubernetes' YAML reader) takes as line breaks besides LF/CR."""
 
 
 class StrictModel(BaseModel):
@@ -89,12 +103,18 @@ class TrainingParameters(StrictModel):
     dataset_uri: str = Field(
         "example:digits",
         description="Dataset to train on: a local folder or s3://bucket/prefix in ImageFolder "
-        "layout (<label>/<image>.jpg), or example:digits for the bundled scikit-learn digits.",
+        "layout (<label>/<image>.jpg); a .csv or .parquet manifest (local or s3://) with the columns "
+        "uri (s3:// or relative to the manifest) and label; or example:digits for the bundled scikit-learn digits.",
     )
     image_size: int = Field(32, ge=8, le=512, description="Square side in pixels images are resized to.")
     epochs: int = Field(15, ge=1, le=1000, description="Passes over the training split.")
     batch_size: int = Field(32, ge=1, le=65536, description="Samples per optimiser step, per process.")
-    learning_rate: float = Field(0.002, gt=0, le=10, description="Adam learning rate.")
+    learning_rate: float = Field(0.002, gt=0, le=10, description="Peak Adam learning rate (cosine decay to zero over the run).")
+    architecture: Architecture = Field(
+        Architecture.small_cnn,
+        description="Model pipectl's training builds: small-cnn (small images, CPU friendly), resnet18 or resnet50 "
+        "(torchvision, random initialisation). Registered as ONNX, so evaluate compares any two.",
+    )
     workers: int = _GANG["workers"]
     processes_per_worker: int = _GANG["processes_per_worker"]
     gpus_per_worker: int = _GANG["gpus_per_worker"]
@@ -109,7 +129,7 @@ class TrainingParameters(StrictModel):
         0.95, ge=0, le=1, description="Minimum promotion-metric value a candidate needs to become champion."
     )
     validation_fraction: float = Field(0.2, gt=0, lt=1, description="Share of images held out for evaluation.")
-    checkpoint_every_steps: int = Field(20, ge=1, description="Optimiser steps between checkpoints.")
+    checkpoint_every_steps: int = Field(20, ge=1, le=1_000_000, description="Optimiser steps between checkpoints.")
     max_corrupt_fraction: float = Field(
         0.01, ge=0, le=1, description="Preprocess fails if more than this share of images is corrupt."
     )
@@ -123,12 +143,27 @@ class TrainingParameters(StrictModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _plain_text(cls, v: Any) -> Any:
+    def _plain_text(cls, v: Any, info: ValidationInfo) -> Any:
         # Argo substitutes values as text into manifests and commands (C15): no value may carry a
-        # control character (newline, tab, CR...) or surrounding whitespace, which pydantic would
-        # otherwise strip from numbers while the raw text still reaches the manifest.
-        if isinstance(v, str) and (v != v.strip() or any(ord(c) < 32 or ord(c) == 127 for c in v)):
-            raise ValueError("must be plain text: no control characters or surrounding whitespace")
+        # control character (newline, tab, CR...), a line separator YAML reads as a line break, or
+        # surrounding whitespace, which pydantic would otherwise strip from numbers while the raw
+        # text still reaches the manifest; nor an Argo tag, which a later substitution pass would
+        # evaluate. And a value is accepted only in the one spelling that validate, YAML, Argo's
+        # expressions and torchrun all read alike (C22): `010` is 10 here but 8 to YAML 1.1.
+        if not isinstance(v, str):
+            return v
+        if v != v.strip() or any(ord(c) < 32 or ord(c) == 127 or c in _LINE_SEPARATORS for c in v):
+            raise ValueError("must be plain text: no control characters, line separators or surrounding whitespace")
+        if "{{" in v or "}}" in v:
+            raise ValueError("must not contain '{{' or '}}': Argo would read an expression in it")
+        kind = cls.model_fields[info.field_name].annotation if info.field_name else None
+        if kind is bool and v not in ("true", "false"):
+            raise ValueError(f"{v!r}: write true or false (lower case; Argo's `when` compares the text)")
+        if kind is int and not _INT_TEXT.fullmatch(v):
+            raise ValueError(f"{v!r} is not a plain integer: digits only, no sign, leading zero, '_' or '.' (e.g. 10)")
+        if kind is float and not _DECIMAL_TEXT.fullmatch(v):
+            raise ValueError(f"{v!r} is not a plain decimal: digits with an optional fraction, no sign, exponent, "
+                             "'_' or leading zero (e.g. 0.002)")
         return v
 
     @field_validator("model_name")
@@ -173,6 +208,8 @@ class TrainingParameters(StrictModel):
             v = getattr(self, name)
             if isinstance(v, bool):  # Argo `when` compares strings: true/false, as in YAML
                 out[kebab(name)] = "true" if v else "false"
+            elif isinstance(v, float):  # never an exponent: 1e-05 is not a plain decimal (C22)
+                out[kebab(name)] = format(decimal.Decimal(repr(v)), "f")
             else:
                 out[kebab(name)] = v.value if isinstance(v, enum.Enum) else str(v)
         return out
@@ -410,6 +447,8 @@ class ShardIndex(StrictModel):
     validation: list[str]
     train_count: int
     validation_count: int
+    train_sizes: list[int] = Field(default_factory=list, description="Samples in each train shard (same order as train).")
+    validation_sizes: list[int] = Field(default_factory=list, description="Samples in each validation shard.")
 
 
 class PreprocessOutput(StrictModel):
@@ -419,6 +458,16 @@ class PreprocessOutput(StrictModel):
     corrupt: int
     images_per_s: float
     device: str
+
+
+class PrebuiltInput(StrictModel):
+    shards_uri: str = Field(description="s3://bucket/prefix/ holding index.json and the .npz shards it lists.")
+
+
+class PrebuiltOutput(StrictModel):
+    shards_uri: str
+    train_count: int
+    validation_count: int
 
 
 class TrainInput(StrictModel):
@@ -431,6 +480,9 @@ class TrainInput(StrictModel):
     learning_rate: float = Field(gt=0)
     checkpoint_every_steps: int = Field(ge=1)
     seed: int = Field(ge=0)
+    architecture: Architecture = Architecture.small_cnn
+    function: str = Field("", pattern=r"^([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*)?$",
+                          description="The user's train function as module.path:name; empty: pipectl's own.")
 
 
 class TrainOutput(StrictModel):
@@ -442,7 +494,8 @@ class TrainOutput(StrictModel):
     steps_this_attempt: int
     resumed_from_step: int
     world_size: int
-    train_accuracy: float
+    train_accuracy: float | None = None
+    """None when the user's own torchrun code trained (it reports its metrics itself)."""
 
 
 class EvaluateInput(StrictModel):
@@ -451,6 +504,8 @@ class EvaluateInput(StrictModel):
     model_name: str
     promotion_metric: PromotionMetric
     promotion_threshold: float = Field(ge=0, le=1)
+    metric_function: str = Field("", pattern=r"^([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*)?$",
+                                 description="The user's metric as module.path:name; it decides instead of promotion_metric.")
 
 
 class EvaluateOutput(StrictModel):
@@ -463,6 +518,8 @@ class EvaluateOutput(StrictModel):
     champion_version: str | None
     champion_metric: float | None
     decision: Decision
+    metric_name: str = ""
+    """The metric that decided: ``promotion_metric``'s value, or the user's metric's name."""
 
 
 class RegisterInput(StrictModel):
@@ -478,3 +535,19 @@ class RegisterOutput(StrictModel):
     alias: str | None
     created: bool = Field(description="False when a retried step found its own earlier version.")
     champion_version: str | None
+
+
+class ReleaseInput(StrictModel):
+    """Input of the ``gang-release`` exit handler: end every gang job of a run that did not succeed."""
+
+    workflow_name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=253,
+                               description="The run (Workflow) whose gang jobs are deleted.")
+    workflow_status: str = Field(description="The run's phase as Argo ends it: Succeeded (nothing to do), Failed or Error.")
+    namespace: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    job_kind: str = Field(pattern=r"^[a-z0-9.-]+/v[a-z0-9]+/[a-z]+$",
+                          description="group/version/plural of the gang job kind (the launcher's).")
+    timeout_s: float = Field(120, gt=0, le=3600, description="Seconds to wait for the gang's pods to be gone.")
+
+
+class ReleaseOutput(StrictModel):
+    """The ``gang-release`` step reports in its log only (no output parameters)."""

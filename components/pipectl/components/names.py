@@ -86,7 +86,15 @@ OUTPUTS_DIR = "/tmp/outputs"
 reads them with ``valueFrom.path``, the local backend maps it to a per-task folder."""
 
 
+PUBLISH_ONNX_ENV = "PIPECTL_TRAIN_PUBLISH_ONNX"
+"""``1`` in the gang pods of ``train(module=..., exports_onnx=True)``: the user's code writes the
+trained model to ``$PIPECTL_TRAIN_OUTPUTS_DIR/model.onnx`` (rank 0) and the launcher of node rank 0
+registers it after a successful run (:mod:`pipectl.components.train.publish`)."""
 RETRY_OOM_ENV = "PIPECTL_RETRY_OOM"
 """``1`` in the gang's pods when the retry policy retries OOM kills (``RetryPolicy.retry_oom``): the
 launcher (components/pipectl/components/train/launch.py) then exits 137, not 1, for a worker the
 OOM killer ended, and the gang restarts instead of ending."""
+
+NODE_NAME_ENV = "PIPECTL_NODE_NAME"
+"""The node a gang pod runs on (the downward API's ``spec.nodeName``): named in the message of an
+infrastructure fault (components/pipectl/components/train/faults.py)."""

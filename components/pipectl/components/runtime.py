@@ -7,11 +7,14 @@ gets the validated input and the clients it needs (injected, so tests pass their
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
 import os
 import sys
+import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlparse
@@ -197,6 +200,19 @@ def write_outputs(output: BaseModel, outputs_dir: Path) -> None:
     (outputs_dir / "output.json").write_text(json.dumps(data, indent=2, sort_keys=True))
 
 
+def record_for_torchelastic(exc: BaseException) -> None:
+    """Under torchrun, write the exception to the worker's error file (``TORCHELASTIC_ERROR_FILE``)
+    in torchelastic's format, as its ``@record`` does: the launcher reads the failure's class from
+    it (components/pipectl/components/train/faults.py). Outside torchrun: nothing."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {"message": f"{type(exc).__name__}: {exc}",
+                        "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))}}}
+    with contextlib.suppress(OSError):
+        Path(path).write_text(json.dumps(data))
+
+
 def classify_exception(exc: BaseException) -> ExitCode:
     """Map an exception to a step exit code: connection/5xx/throttling -> 75, else 1."""
     if isinstance(exc, StepError):
@@ -264,9 +280,40 @@ def step_main(
             print(f"hint: {hint}", file=sys.stderr)
         if code == ExitCode.FAILED and not isinstance(exc, StepError):
             log.exception("unexpected failure")
+        record_for_torchelastic(exc)
         return code
     if os.environ.get("RANK", "0") != "0":
         return ExitCode.OK  # under torchrun only rank 0 reports outputs
     write_outputs(output, Path(args.outputs_dir))
     print(json.dumps(output.model_dump(mode="json"), sort_keys=True))
     return ExitCode.OK
+
+
+# ---------------------------------------------------------------- the user's code, by reference
+
+def resolve_callable(ref: str, what: str, arity: int, example: str) -> Callable[..., Any]:
+    """The function ``module.path:name`` (``ref``: imported from the step's image, or the run's
+    code path locally) that takes ``arity`` positional arguments. StepError naming what is wrong
+    (``what``: e.g. "train function"; ``example``: its expected signature): the module does not
+    import (its traceback is logged), no such name, not a function of that many arguments."""
+    import importlib
+    import inspect
+
+    module_name, _, attr = ref.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # the user's module: its own traceback, then a failure of the code
+        log.error("importing %s failed:\n%s", module_name, "".join(traceback.format_exception(e)))
+        raise StepError(f"{what} {ref}: importing {module_name} failed: {type(e).__name__}: {e}",
+                        "install your package in the step's image (FROM pipectl's step image); "
+                        "locally, run from the pipeline file's folder") from e
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise StepError(f"{what} {ref}: {module_name} has no {attr!r}", f"define {example} in {module_name}")
+    try:
+        inspect.signature(fn).bind(*([object()] * arity))
+    except (TypeError, ValueError):
+        raise StepError(f"{what} {ref}: must take {arity} argument{'s' if arity > 1 else ''} (it is {type(fn).__name__} "
+                        f"{attr})", example) from None
+    return fn
+

@@ -19,18 +19,26 @@ def put_npz(s3: Any, uri: str, images: np.ndarray, labels: np.ndarray) -> None:
     s3.put_object(Bucket=bucket, Key=key, Body=buf.getvalue())
 
 
+def read_index(reader: Any, shards_uri: str) -> ShardIndex:
+    """``<shards_uri>/index.json``."""
+    return ShardIndex.model_validate(read_json(reader, join_uri(shards_uri, "index.json")))
+
+
+def read_shard(reader: Any, uri: str) -> tuple[np.ndarray, np.ndarray]:
+    """One ``.npz`` shard: (images [N, C, H, W] as stored, labels int64 [N])."""
+    bucket, key = parse_s3_uri(uri)
+    with np.load(io.BytesIO(reader.get_object(Bucket=bucket, Key=key)["Body"].read())) as z:
+        return z["images"], z["labels"]
+
+
 def load_split(s3: Any, shards_uri: str, split: str) -> tuple[np.ndarray, np.ndarray, ShardIndex]:
-    """Read every shard of ``split`` (``train`` or ``validation``).
+    """Read every shard of ``split`` (``train`` or ``validation``) into memory at once: for tests and
+    small sets (the steps stream: :mod:`pipectl.components.shard_stream`).
 
     Returns (images float32 [N, 3, H, W], labels int64 [N], the shard index).
     """
-    index = ShardIndex.model_validate(read_json(s3, join_uri(shards_uri, "index.json")))
-    images, labels = [], []
-    for uri in getattr(index, split):
-        bucket, key = parse_s3_uri(uri)
-        with np.load(io.BytesIO(s3.get_object(Bucket=bucket, Key=key)["Body"].read())) as z:
-            images.append(z["images"].astype(np.float32))
-            labels.append(z["labels"])
-    return np.concatenate(images), np.concatenate(labels), index
+    index = read_index(s3, shards_uri)
+    parts = [read_shard(s3, uri) for uri in getattr(index, split)]
+    return np.concatenate([x.astype(np.float32) for x, _ in parts]), np.concatenate([y for _, y in parts]), index
 
 

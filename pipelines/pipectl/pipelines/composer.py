@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from hera.workflows import DAG, Parameter, Task, WorkflowTemplate
+from pydantic import ValidationError
 
 from pipectl.components.contracts import RunLayout, TrainingParameters
 from pipectl.components.names import kebab
@@ -29,8 +30,8 @@ from pipectl.pipelines.launchers.base import TRAIN_STEP_INPUTS
 from pipectl.pipelines.training import CompileConfig
 
 _NAME = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
-RESERVED_TEMPLATES = frozenset({"validate", "stage", "warm", "preprocess", "train", "train-retry", "train-backoff",
-                                "train-wait", "evaluate", "register"})
+RESERVED_TEMPLATES = frozenset({"validate", "stage", "warm", "preprocess", "shards", "train", "train-retry", "train-backoff",
+                                "train-wait", "evaluate", "register", "gang-release"})
 """Template names of pipectl's steps: a user step or a pipeline may not take one of them."""
 
 
@@ -166,26 +167,63 @@ def preprocess() -> Step:
         **{n: _wf(n) for n in ("image_size", "validation_fraction", "max_corrupt_fraction")}})
 
 
-def train(module: str | None = None, *, script: str | None = None, args: Sequence[str] = (),
-          image: str | None = None) -> Step:
+def shards() -> Step:
+    """Use ``dataset-uri`` as shards you already have, in place of stage and preprocess: an
+    ``s3://`` folder with ``index.json`` and the ``.npz`` shards it lists, in preprocess's format
+    (:mod:`pipectl.components.prebuilt`). The step checks them before any gang starts. Makes: shards."""
+    return Step("shards", (), (SHARDS,), t.prebuilt_templates, lambda ctx: {"shards_uri": _wf("dataset_uri")})
+
+
+def train(module: str | None = None, *, function: str | None = None, script: str | None = None,
+          args: Sequence[str] = (), image: str | None = None, exports_onnx: bool = False) -> Step:
     """Train as one gang (Volcano Job or PyTorchJob: all workers start together or none), with the
     run's infrastructure retries, under ``torchrun`` (rank and world size in ``RANK``,
     ``LOCAL_RANK``, ``WORLD_SIZE``; gloo on CPU, nccl on GPU). Needs: preprocess. Makes: the model.
 
-    Without arguments: pipectl's training code (the digits CNN), checkpointing to the run's folder
-    and resuming from the latest checkpoint after a restart. With ``module="mypkg.train"`` (or
-    ``script="train.py"``) and ``args``: your torchrun-compatible code instead, in ``image`` (built
-    FROM pipectl's train step image; default: that image). It reads the step's inputs from the
-    environment: ``PIPECTL_TRAIN_SHARDS_URI``, ``PIPECTL_TRAIN_RUN_URI`` (write checkpoints and
-    the model under it), ``PIPECTL_TRAIN_EPOCHS``, ``PIPECTL_TRAIN_BATCH_SIZE``,
-    ``PIPECTL_TRAIN_LEARNING_RATE``, ``PIPECTL_TRAIN_CHECKPOINT_EVERY_STEPS``, ``PIPECTL_TRAIN_SEED``,
-    ``PIPECTL_TRAIN_MODEL_NAME``, ``PIPECTL_TRAIN_WORKFLOW_NAME``, and the store's settings
-    (``PIPECTL_S3_*``, ``PIPECTL_MLFLOW_URI``). Exit 0 when done, 75 for a transient failure worth
-    restarting the gang for; any other exit ends the run as a failure of the code. pipectl's
-    ``evaluate()`` scores only its own model: follow your training with your own evaluation step."""
-    if module is not None and script is not None:
-        raise PipelineError("train(): give module= or script=, not both")
-    if module is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", str(module)):
+    Three levels of your own code:
+
+    - ``train()``: pipectl's train function (the ``architecture`` parameter's model:
+      :mod:`pipectl.components.train.builtin`).
+    - ``train(function="mypkg.train:train")``: your train function, ``def train(ctx: TrainContext) ->
+      nn.Module``, in ``image`` (built FROM pipectl's train step image; default: that image). It
+      gets the gang, the data, resume and checkpoint-then-yield from ``ctx`` and returns the trained
+      model; pipectl registers it as ONNX, so ``evaluate()`` and ``register()`` work as for its own.
+    - ``train("mypkg.train")`` (``module=``, or ``script="train.py"``) and ``args``: any
+      torchrun-compatible code. It reads the step's inputs from the environment:
+      ``PIPECTL_TRAIN_SHARDS_URI``, ``PIPECTL_TRAIN_RUN_URI`` (write checkpoints and the model under
+      it), ``PIPECTL_TRAIN_EPOCHS``, ``PIPECTL_TRAIN_BATCH_SIZE``, ``PIPECTL_TRAIN_LEARNING_RATE``,
+      ``PIPECTL_TRAIN_CHECKPOINT_EVERY_STEPS``, ``PIPECTL_TRAIN_SEED``, ``PIPECTL_TRAIN_MODEL_NAME``,
+      ``PIPECTL_TRAIN_WORKFLOW_NAME``, and the store's settings (``PIPECTL_S3_*``,
+      ``PIPECTL_MLFLOW_URI``). Exit 0 when done, 75 for a transient failure worth restarting the gang
+      for; any other exit ends the run as a failure of the code, except an infrastructure fault your
+      entry point records with torch's ``@record`` (a GPU hardware error, a collective timeout: the
+      gang restarts; :mod:`pipectl.components.train.faults`). With ``exports_onnx=True`` rank 0
+      writes the trained model to ``$PIPECTL_TRAIN_OUTPUTS_DIR/model.onnx`` and pipectl registers
+      it (:mod:`pipectl.components.train.publish`): ``evaluate()`` and ``register()`` can follow.
+      Without it, follow your training with your own evaluation step."""
+    entry, ref = _train_code(function, module, script, args, image)
+    if exports_onnx is not False and (exports_onnx is not True or not entry):
+        raise PipelineError(f"train(exports_onnx={exports_onnx!r}): True or False, and only with module= or script=",
+                            "a train function's model is published by pipectl already")
+    makes = (MODEL,) if not entry or exports_onnx else (USER_MODEL,)
+    return Step("train", (SHARDS,), makes, lambda cfg: t.train_templates(cfg, entry, image, ref, exports_onnx),
+                lambda ctx: {"shards_uri": ctx.resolve(SHARDS_URI, "train"), "run_uri": ctx.run.run_uri,
+                             **{n: _wf(n) for n in TRAIN_STEP_INPUTS if n not in ("shards_uri", "run_uri")}})
+
+
+_MODULE = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+
+
+def _train_code(function: str | None, module: str | None, script: str | None, args: Sequence[str],
+                image: str | None) -> tuple[tuple[str, ...], str]:
+    """(torchrun target, train function reference) of :func:`train`'s arguments; PipelineError naming a bad one."""
+    if sum(x is not None for x in (function, module, script)) > 1:
+        raise PipelineError("train(): give module= or script=, not both" if function is None else
+                            "train(): give function= (a train function) or module=/script= (your own torchrun code), not both")
+    if function is not None and not re.fullmatch(_MODULE + r":[A-Za-z_][A-Za-z0-9_]*", str(function)):
+        raise PipelineError(f"train(function={function!r}): not a train function reference (module.path:name)",
+                            "e.g. train(function='mypkg.train:train')")
+    if module is not None and not re.fullmatch(_MODULE, str(module)):
         raise PipelineError(f"train(module={module!r}): not a Python module name", "e.g. train(module='mypkg.train')")
     if script is not None and (not isinstance(script, str) or not script.strip() or script.startswith("-")):
         raise PipelineError(f"train(script={script!r}): not a script path", "e.g. train(script='train.py')")
@@ -195,18 +233,58 @@ def train(module: str | None = None, *, script: str | None = None, args: Sequenc
         raise PipelineError(f"train(image={image!r}): not an image reference", "e.g. registry.example.com/me/train:1.0")
     entry = (("-m", module) if module else (script,) if script else ()) + (tuple(args) if (module or script) else ())
     if args and not entry:
-        raise PipelineError("train(args=...) needs module= or script=: pipectl's own training takes its parameters")
-    return Step("train", (SHARDS,), (USER_MODEL,) if entry else (MODEL,), lambda cfg: t.train_templates(cfg, entry, image),
-                lambda ctx: {"shards_uri": ctx.resolve(SHARDS_URI, "train"), "run_uri": ctx.run.run_uri,
-                             **{n: _wf(n) for n in TRAIN_STEP_INPUTS if n not in ("shards_uri", "run_uri")}})
+        raise PipelineError("train(args=...) needs module= or script=: a train function takes the run's parameters")
+    if function is not None:
+        _check_reference(function, f"train(function={function!r})", 1, "a train function takes one argument, the TrainContext",
+                         f"def {function.partition(':')[2]}(ctx: TrainContext) -> torch.nn.Module")
+    return entry, function or ""
 
 
-def evaluate() -> Step:
-    """Score the trained model and the current ``champion`` on the held-out shards; decide
-    promote/keep by ``promotion-metric`` and ``promotion-threshold``. Needs: train. Makes: the decision."""
-    return Step("evaluate", (SHARDS, MODEL), (DECISION,), t.evaluate_templates, lambda ctx: {
-        "shards_uri": ctx.resolve(SHARDS_URI, "evaluate"), "run_uri": ctx.run.run_uri,
-        **{n: _wf(n) for n in ("model_name", "promotion_metric", "promotion_threshold")}})
+def _check_reference(ref: str, call: str, arity: int, what: str, example: str) -> None:
+    """When the module of ``ref`` (``module.path:name``) imports here (it may exist only in the
+    step's image, or need torch where only the light install is), check the function takes
+    ``arity`` arguments. ``call``: how the user wrote it, for messages."""
+    import importlib
+    import importlib.util
+    import inspect
+
+    module_name, _, attr = ref.partition(":")
+    try:
+        found = importlib.util.find_spec(module_name) is not None
+        fn = getattr(importlib.import_module(module_name), attr, None) if found else None
+    except ImportError:
+        return  # its dependencies are in the image only
+    except Exception as e:  # noqa: BLE001 - the user's module: name it and its error
+        raise PipelineError(f"{call}: importing {module_name} failed: {type(e).__name__}: {e}") from e
+    if found and fn is None:
+        raise PipelineError(f"{call}: {module_name} has no {attr!r}", f"define {example} in {module_name}")
+    if fn is not None:
+        try:
+            inspect.signature(fn).bind(*([object()] * arity))
+        except (TypeError, ValueError):
+            raise PipelineError(f"{call}: {what}", example) from None
+
+
+def evaluate(metric: str | None = None, *, image: str | None = None) -> Step:
+    """Score the trained model and the current ``champion`` on the held-out shards (both ONNX,
+    whatever their architectures); decide promote/keep by ``promotion-metric`` and
+    ``promotion-threshold``. Needs: train. Makes: the decision.
+
+    ``metric="mypkg.metrics:balanced_accuracy"``: your metric decides instead of ``promotion-metric``:
+    ``def balanced_accuracy(logits: np.ndarray, labels: np.ndarray) -> float`` (logits float32
+    [N, classes], labels int64 [N]; higher is better, in [0, 1] as ``promotion-threshold`` is), in
+    ``image`` (built FROM pipectl's light step image with your package; default: that image)."""
+    if metric is not None and not re.fullmatch(_MODULE + r":[A-Za-z_][A-Za-z0-9_]*", str(metric)):
+        raise PipelineError(f"evaluate(metric={metric!r}): not a metric function reference (module.path:name)",
+                            "e.g. evaluate(metric='mypkg.metrics:balanced_accuracy')")
+    if image is not None and (not isinstance(image, str) or not image.strip() or any(c.isspace() for c in image)):
+        raise PipelineError(f"evaluate(image={image!r}): not an image reference", "e.g. registry.example.com/me/eval:1.0")
+    if metric is not None:
+        _check_reference(metric, f"evaluate(metric={metric!r})", 2, "a metric takes two arguments, logits and labels",
+                         f"def {metric.partition(':')[2]}(logits: np.ndarray, labels: np.ndarray) -> float")
+    return Step("evaluate", (SHARDS, MODEL), (DECISION,), lambda cfg: t.evaluate_templates(cfg, metric or "", image),
+                lambda ctx: {"shards_uri": ctx.resolve(SHARDS_URI, "evaluate"), "run_uri": ctx.run.run_uri,
+                             **{n: _wf(n) for n in ("model_name", "promotion_metric", "promotion_threshold")}})
 
 
 def register() -> Step:
@@ -288,12 +366,29 @@ class Pipeline:
         from pipectl.sdk import Pipeline, stage, preprocess, train, evaluate, register
         pipeline = Pipeline("my-training", [stage(), preprocess(), train(), evaluate(), register()])
 
-    Every pipeline takes the same typed parameters (``pipectl submit --help`` lists them)."""
+    Every pipeline takes the same typed parameters (``pipectl render training`` lists them);
+    ``defaults`` sets this pipeline's own default values (what the Argo UI, ``pipectl run`` and
+    ``pipectl submit`` start from; ``-p`` still overrides them)::
+
+        Pipeline("shapes", [...], defaults={"architecture": "resnet18", "image-size": 64})"""
 
     name: str
     steps: Sequence[Step | ContainerStep]
     title: str = ""
     description: str = ""
+    defaults: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+
+    def parameters(self, overrides: Mapping[str, str] | None = None) -> TrainingParameters:
+        """The run's parameters: this pipeline's ``defaults``, then ``overrides`` (``-p``). Raises
+        ValueError (an unknown name) or pydantic's ValidationError (a bad value)."""
+        return TrainingParameters.from_overrides({**self.default_arguments(), **(overrides or {})})
+
+    def default_arguments(self) -> dict[str, str]:
+        """``defaults`` as argument text by kebab-case name (booleans ``true``/``false``)."""
+        if not isinstance(self.defaults, Mapping):
+            raise PipelineError(f"pipeline {self.name!r}: defaults must be a mapping of parameter name to value "
+                                f"(got {type(self.defaults).__name__})", "e.g. defaults={'architecture': 'resnet18'}")
+        return {kebab(str(k)): ("true" if v else "false") if isinstance(v, bool) else str(v) for k, v in self.defaults.items()}
 
     def check(self) -> None:
         """Raise :class:`PipelineError` naming what is wrong: a bad name, two steps with one name,
@@ -301,6 +396,13 @@ class Pipeline:
         if not isinstance(self.name, str) or not _NAME.match(self.name) or self.name in RESERVED_TEMPLATES:
             raise PipelineError(f"pipeline name {self.name!r} must be lower-case letters, digits and '-' (at most 40), "
                                 f"not one of pipectl's step names")
+        try:
+            self.parameters()
+        except ValueError as e:
+            problem = _first_error(e) if isinstance(e, ValidationError) else str(e).splitlines()[0]
+            raise PipelineError(f"pipeline {self.name!r}: defaults: {problem}",
+                                "defaults take the pipeline's parameter names (`pipectl render training` lists them) "
+                                "and values of their types") from None
         seen: set[str] = {"validate"}
         made: set[str] = set()
         for i, step in enumerate(self.steps):
@@ -320,10 +422,13 @@ class Pipeline:
             if MODEL in needs and USER_MODEL in made:
                 raise PipelineError(f"step {step.name!r} scores the model pipectl's own training code writes, but train() "
                                     f"in pipeline {self.name!r} runs your code",
-                                    "follow your training with your own evaluation step (a ContainerStep)")
+                                    "write model.onnx and declare it: train(module=..., exports_onnx=True); or follow "
+                                    "your training with your own evaluation step (a ContainerStep)")
             for need in sorted(needs - made):
-                raise PipelineError(f"step {step.name!r} needs the {need} that {_MAKER[need]} makes, and no step before it does",
-                                    f"put {_MAKER[need]}() before {step.name!r} in pipeline {self.name!r}")
+                maker, other = _MAKER[need], _OR_ELSE.get(need)
+                raise PipelineError(f"step {step.name!r} needs the {need} that {maker}{f' (or {other})' if other else ''} makes, "
+                                    "and no step before it does",
+                                    f"put {maker}(){f' (or {other}())' if other else ''} before {step.name!r} in pipeline {self.name!r}")
             seen.add(step.name)
             made.update(step.makes if isinstance(step, Step) else ())
 
@@ -351,7 +456,16 @@ class Pipeline:
             after = [*after, step.name] if when else [step.name]
         title = self.title or f"{self.name} pipeline"
         description = self.description or " → ".join(["validate", *(s.name for s in self.steps)])
-        return t.workflow_template(cfg, self.name, title, description, DAG(name=self.name, tasks=tasks), templates)
+        return t.workflow_template(cfg, self.name, title, description, DAG(name=self.name, tasks=tasks), templates,
+                                   self.parameters().as_arguments() if self.defaults else None)
+
+
+def _first_error(e: ValidationError) -> str:
+    """``name: message (got value)`` of a pydantic error's first problem."""
+    err = e.errors()[0]
+    return f"{'.'.join(str(x).replace('_', '-') for x in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
 
 
 _MAKER = {MANIFEST: "stage", SHARDS: "preprocess", MODEL: "train", DECISION: "evaluate"}
+_OR_ELSE = {SHARDS: "shards"}
+"""Another of pipectl's steps that makes the same data (shards you already have)."""

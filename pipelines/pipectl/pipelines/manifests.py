@@ -95,20 +95,25 @@ def _role_for(name: str, rules: list[dict], cfg: CompileConfig) -> list[dict]:
     ]
 
 
+GANG_PODS_RULE = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
+"""The ``gang-release`` exit handler waits (a watch) until no gang pod of its run is left."""
+
+
 def rbac(cfg: CompileConfig) -> list[dict]:
     """Least privilege, one ServiceAccount per kind of pod, namespaced Roles only, no
     wildcards:
 
     - ``service_account`` (every step pod): the executor's WorkflowTaskResults, nothing else;
     - ``launcher_service_account`` (the train step's resource pod, argoexec running ``kubectl apply
-      --server-side`` then polling the job with GET): that plus create/get/patch on the ONE gang
-      job kind of ``cfg.launcher`` (server-side apply that creates needs create and patch);
+      --server-side`` then polling the job with GET, and the ``gang-release`` exit handler): that
+      plus create/get/patch/list/watch/delete on the ONE gang job kind of ``cfg.launcher``
+      (server-side apply that creates needs create and patch) and list/watch of pods;
     - ``training_service_account`` (the gang's pods): no Role, and its token is not mounted.
     """
     job_rule = LAUNCHERS[cfg.launcher].rbac_rule()
     return [
         *_role_for(cfg.service_account, [_task_results_rule()], cfg),
-        *_role_for(cfg.launcher_service_account, [_task_results_rule(), job_rule], cfg),
+        *_role_for(cfg.launcher_service_account, [_task_results_rule(), job_rule, GANG_PODS_RULE], cfg),
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(cfg.training_service_account, cfg),
          "automountServiceAccountToken": False},
     ]

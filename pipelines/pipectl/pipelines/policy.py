@@ -111,6 +111,11 @@ SPEC_ERROR_PATTERNS = (
 )
 
 
+STEP_FIRST_DELAY_S = 5
+"""The first backoff delay of a container step: also how long its workflow waits after a code
+failure before the step ends Failed (Argo waits out the backoff before the retry expression; C23)."""
+
+
 class RetryPolicy(BaseModel):
     """Retries by failure class, rendered to an Argo ``retryStrategy``.
 
@@ -128,6 +133,14 @@ class RetryPolicy(BaseModel):
     first four retries together wait at least scale_up_s (1+2+4+8 = 15 parts: a replacement node
     has arrived; tests/cluster/test_autoscaler.py checks it against a measured scale-up); ``step_timeout_s`` plus
     ``scale_up_s`` bounds each attempt (Argo's template ``timeout`` counts Pending time).
+
+    Container steps carry the backoff on their own ``retryStrategy``, and Argo waits it out BEFORE
+    it evaluates the expression (operator.go processNodeRetries, v4.0.5): a code failure would hold
+    its workflow through the first delay. So their backoff starts at :data:`STEP_FIRST_DELAY_S`
+    and grows by :attr:`step_backoff_factor`, the smallest factor with which the first four
+    retries still wait through a scale-up together (:meth:`step_delays_s`). The train step's
+    backoff is entered only for a retryable Error (training.py ``train-retry``) and keeps
+    :meth:`delays_s`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -166,6 +179,21 @@ class RetryPolicy(BaseModel):
         """Seconds Argo waits before retry 1..infra_limit: duration x 2^n, capped."""
         return [min(self.backoff_duration_s * 2**n, self.backoff_cap_s) for n in range(self.infra_limit)]
 
+    @property
+    def step_backoff_factor(self) -> int:
+        """The smallest factor >= 2 with which four delays from :data:`STEP_FIRST_DELAY_S` add up
+        to ``scale_up_s``."""
+        factor = 2
+        while STEP_FIRST_DELAY_S * sum(factor**n for n in range(4)) < self.scale_up_s:
+            factor += 1
+        return factor
+
+    def step_delays_s(self) -> list[int]:
+        """Seconds Argo waits before retry 1..infra_limit of a container step: the first
+        :data:`STEP_FIRST_DELAY_S` (how long a code failure waits before it ends its step), then x
+        :attr:`step_backoff_factor`, capped at ``scale_up_s``."""
+        return [min(STEP_FIRST_DELAY_S * self.step_backoff_factor**n, self.backoff_cap_s) for n in range(self.infra_limit)]
+
     def expression(self) -> str:
         """The ``retryStrategy.expression`` (expr-lang, evaluated by the workflow controller)."""
         patterns = list(INFRA_MESSAGE_PATTERNS) + ([OOM_PATTERN] if self.retry_oom else [])
@@ -183,8 +211,8 @@ class RetryPolicy(BaseModel):
             retry_policy="Always",
             expression=self.expression(),
             backoff=Backoff(
-                duration=f"{self.backoff_duration_s}s",
-                factor=2,
+                duration=f"{STEP_FIRST_DELAY_S}s",
+                factor=self.step_backoff_factor,
                 cap=f"{self.backoff_cap_s}s",
                 max_duration=f"{self.max_duration_s}s",
             ),

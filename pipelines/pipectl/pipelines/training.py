@@ -55,7 +55,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipectl.components.contracts import (
     EvaluateInput,
+    ReleaseInput,
+    ReleaseOutput,
     EvaluateOutput,
+    PrebuiltInput,
+    PrebuiltOutput,
     PreprocessInput,
     PreprocessOutput,
     RegisterInput,
@@ -79,7 +83,7 @@ from pipectl.components.names import (
 )
 from pipectl.pipelines.launchers import DEFAULT_LAUNCHER, LAUNCHERS, GangConfig
 from pipectl.pipelines.launchers.base import TRAIN_STEP_INPUTS
-from pipectl.pipelines.autoscaling import AutoscalingConfig
+from pipectl.pipelines.autoscaling import DO_NOT_DISRUPT, AutoscalingConfig
 from pipectl.pipelines.policy import RetryPolicy, lane_toleration_for, step_metrics
 from pipectl.pipelines.security import TMP_VOLUME, restricted_container_security_context, restricted_pod_security_context
 
@@ -155,10 +159,12 @@ class CompileConfig(BaseModel):
             raise ValueError(f"unknown launcher {v!r}: one of {', '.join(LAUNCHERS)}")
         return v
 
-    def gang(self, entry: tuple[str, ...] = (), image: str | None = None) -> GangConfig:
-        """The gang's pods; ``entry``/``image``: the user's training code and image (:class:`GangConfig`)."""
+    def gang(self, entry: tuple[str, ...] = (), image: str | None = None, function: str = "",
+             exports_onnx: bool = False) -> GangConfig:
+        """The gang's pods; ``entry``/``function``/``image``: the user's training code and image (:class:`GangConfig`)."""
         return GangConfig(image=image or self.train_image, service_account=self.training_service_account, shm_gib=self.shm_gib,
-                          max_restarts=self.retry.infra_limit, retry_oom=self.retry.retry_oom, entry=entry)
+                          max_restarts=self.retry.infra_limit, retry_oom=self.retry.retry_oom, entry=entry,
+                          function=function, exports_onnx=exports_onnx)
 
 
 def _input_params(names: list[str]) -> list[Parameter]:
@@ -263,7 +269,8 @@ def _in_place_retry(cfg: CompileConfig) -> RetryStrategy:
                          affinity=policy.affinity)
 
 
-def _train_template(cfg: CompileConfig, entry: tuple[str, ...] = (), image: str | None = None) -> Resource:
+def _train_template(cfg: CompileConfig, entry: tuple[str, ...] = (), image: str | None = None, function: str = "",
+                    exports_onnx: bool = False) -> Resource:
     """Resource template creating ONE gang job (Volcano Job or PyTorchJob) and waiting for it: ONE
     attempt of the train step, holding a slot of the lane's semaphore while it runs (C10).
 
@@ -271,9 +278,12 @@ def _train_template(cfg: CompileConfig, entry: tuple[str, ...] = (), image: str 
     lock under its RETRY node until every retry is over, backoff included (workflow/controller
     operator.go executeTemplate v4.0.5; argoproj/argo-workflows#9875), so this template has no
     backoff (:func:`_in_place_retry`) and the retries that wait are around it
-    (:func:`_train_retry_templates`). The gang job's name carries ``{{retries}}`` (this template's in-place retry count)
-    and a random suffix per attempt (launchers/base.py JOB_NAME), so every attempt, at either
-    level, creates its own job.
+    (:func:`_train_retry_templates`). The gang job's name is the run's (launchers/base.py
+    JOB_NAME): an attempt after a lost launcher pod, at either level, adopts the gang still
+    training instead of adding a second one.
+    The launcher pod lives as long as the training: it is kept from voluntary disruption
+    (Karpenter consolidation, Cluster Autoscaler scale-down) and runs at its lane's priority, with
+    its lane's toleration.
 
     Conditions look only at terminal states (C02); ``setOwnerReference`` makes the job (and its
     pods) go when the Workflow is deleted.
@@ -300,13 +310,16 @@ def _train_template(cfg: CompileConfig, entry: tuple[str, ...] = (), image: str 
         service_account_name=cfg.launcher_service_account,
         set_owner_reference=True,
         archive_location=ArtifactLocation(archive_logs=False),
-        manifest=launcher.manifest(cfg.gang(entry, image)),
+        manifest=launcher.manifest(cfg.gang(entry, image, function, exports_onnx)),
         success_condition=launcher.success_condition,
         failure_condition=launcher.failure_condition,
         inputs=_input_params(list(TRAIN_STEP_INPUTS)),
         metrics=step_metrics("train", container=False),
         retry_strategy=_in_place_retry(cfg),
         timeout=f"{cfg.retry.attempt_timeout_s}s",
+        annotations=dict(DO_NOT_DISRUPT),
+        priority_class_name=lane_object_name("{{inputs.parameters.lane}}"),
+        tolerations=[lane_toleration_for("{{inputs.parameters.lane}}")],
         synchronization=Synchronization(
             semaphores=[SemaphoreRef(config_map_key_ref=ConfigMapKeySelector(name=SEMAPHORE_CONFIGMAP, key="{{inputs.parameters.lane}}"))]
         ),
@@ -364,9 +377,10 @@ def _train_retry_templates(train: Resource, cfg: CompileConfig) -> list[DAG | Su
     return [step, backoff, wait]
 
 
-def _workflow_parameters() -> list[Parameter]:
-    """One argument per TrainingParameters field: default, description, and enum for Enum fields
-    (the Argo UI shows them as a drop-down)."""
+def workflow_parameters(defaults: dict[str, str] | None = None) -> list[Parameter]:
+    """The WorkflowTemplate's arguments: one per :class:`TrainingParameters` field, with its
+    default (or the pipeline's, ``defaults`` by kebab-case name, as text), description, and enum
+    for Enum fields (the Argo UI shows them as a drop-down)."""
     import enum as _enum
 
     params = []
@@ -378,13 +392,9 @@ def _workflow_parameters() -> list[Parameter]:
         value = default.value if isinstance(default, _enum.Enum) else str(default)
         if field.annotation is bool:
             choices, value = ["false", "true"], "true" if default else "false"
+        value = (defaults or {}).get(kebab(name), value)
         params.append(Parameter(name=kebab(name), value=value, description=field.description, enum=choices))
     return params
-
-
-def workflow_parameters() -> list[Parameter]:
-    """The WorkflowTemplate's arguments: one per :class:`TrainingParameters` field."""
-    return _workflow_parameters()
 
 
 # -- one builder per built-in step: its templates (the first is the one the DAG task runs) --------
@@ -412,16 +422,50 @@ def preprocess_templates(cfg: CompileConfig) -> list:
     return [preprocess]
 
 
-def train_templates(cfg: CompileConfig, entry: tuple[str, ...] = (), image: str | None = None) -> list:
-    """``train-retry`` (what the DAG task runs), ``train`` (the attempt), ``train-backoff``, ``train-wait``;
-    ``entry``/``image``: the user's training code in the gang instead of pipectl's (:class:`GangConfig`)."""
-    step, backoff, wait = _train_retry_templates(_train_template(cfg, entry, image), cfg)
+def prebuilt_templates(cfg: CompileConfig) -> list:
+    """``shards``: check pre-built shards (:mod:`pipectl.components.prebuilt`) in place of stage and preprocess."""
+    return [_step(cfg, "shards", cfg.light_image, "prebuilt", PrebuiltInput, PrebuiltOutput)]
+
+
+def train_templates(cfg: CompileConfig, entry: tuple[str, ...] = (), image: str | None = None, function: str = "",
+                    exports_onnx: bool = False) -> list:
+    """``train-retry`` (what the DAG task runs), ``train`` (the attempt), ``train-backoff``, ``train-wait``,
+    and the exit handler that ends the gang with the run (:func:`gang_release_templates`);
+    ``entry``/``function``/``image``: the user's training code in the gang instead of pipectl's (:class:`GangConfig`)."""
+    step, backoff, wait = _train_retry_templates(_train_template(cfg, entry, image, function, exports_onnx), cfg)
     inner = [t.template for t in step.tasks if not isinstance(t.template, DAG)]
-    return [step, *inner, backoff, wait]
+    return [step, *inner, backoff, wait, *gang_release_templates(cfg)]
 
 
-def evaluate_templates(cfg: CompileConfig) -> list:
-    return [_step(cfg, "evaluate", cfg.light_image, "evaluate", EvaluateInput, EvaluateOutput)]
+GANG_RELEASE_TEMPLATE = "gang-release"
+
+
+def gang_release_templates(cfg: CompileConfig) -> list:
+    """The workflow's exit handler when it trains (``onExit``: :func:`workflow_template`):
+    ``gang-release`` runs when the workflow has ended and, unless it Succeeded, deletes every gang
+    job of the run, then waits until their pods are gone (:mod:`pipectl.components.gang`). Argo
+    runs exit handlers after a success, a failure, an error, a timeout and ``stop``; not after
+    ``terminate`` (``pipectl terminate`` releases the gang itself). A plain container template:
+    Argo holds the workflow's end until it is done. It runs as the launcher's ServiceAccount
+    (list, watch and delete of the gang job kind; list and watch of pods), with no store
+    credentials and at the default priority (a run refused for its lane still releases its gang)."""
+    kind = LAUNCHERS[cfg.launcher]
+    release = _step(cfg, GANG_RELEASE_TEMPLATE, cfg.light_image, "gang", ReleaseInput, ReleaseOutput, fixed={
+        "workflow_name": "{{workflow.name}}", "workflow_status": "{{workflow.status}}", "namespace": "{{workflow.namespace}}",
+        "job_kind": f"{kind.api_group}/{kind.version}/{kind.resource}"})
+    release.service_account_name = cfg.launcher_service_account
+    release.env_from = None
+    release.timeout = "300s"
+    # no lane priority: it must start even when the run's lane value is what failed the run
+    release.priority_class_name, release.tolerations = None, None
+    release.retry_strategy = RetryStrategy(limit=3, retry_policy="Always")  # an API server that blinked
+    return [release]
+
+
+def evaluate_templates(cfg: CompileConfig, metric: str = "", image: str | None = None) -> list:
+    """``evaluate``; ``metric``/``image``: the user's metric function and the image that has it."""
+    return [_step(cfg, "evaluate", image or cfg.light_image, "evaluate", EvaluateInput, EvaluateOutput,
+                  fixed={"metric_function": metric} if metric else None)]
 
 
 def register_templates(cfg: CompileConfig) -> list:
@@ -457,10 +501,11 @@ def user_container_template(cfg: CompileConfig, name: str, image: str, command: 
     )
 
 
-def workflow_template(cfg: CompileConfig, name: str, title: str, description: str, entry: DAG, templates: list) -> WorkflowTemplate:
+def workflow_template(cfg: CompileConfig, name: str, title: str, description: str, entry: DAG, templates: list,
+                      defaults: dict[str, str] | None = None) -> WorkflowTemplate:
     """The WorkflowTemplate ``<name>-v1`` around a pipeline's entry DAG ``entry`` (named ``name``)
     and its step templates: service account, restricted pod security, labels, the UI's title and
-    description, the typed arguments."""
+    description, the typed arguments (``defaults``: the pipeline's own, by kebab-case name)."""
     return WorkflowTemplate(
         name=f"{name}-v1",
         namespace=cfg.namespace,
@@ -477,6 +522,7 @@ def workflow_template(cfg: CompileConfig, name: str, title: str, description: st
             },
             labels={LANE_LABEL: "{{workflow.parameters.lane}}"},
         ),
-        arguments=workflow_parameters(),
+        arguments=workflow_parameters(defaults),
+        on_exit=GANG_RELEASE_TEMPLATE if any(getattr(t, "name", "") == "train" for t in templates) else None,
         templates=[entry, *templates],
     )

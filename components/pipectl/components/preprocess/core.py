@@ -267,6 +267,16 @@ PREFETCH_BATCHES = 4
 PREFETCH_BYTES = 512 << 20
 WRITES_IN_FLIGHT = 2
 
+SHARD_BYTES = 256 << 20
+"""Most bytes of images in one shard: what a training process holds per shard it reads
+(pipectl.components.shard_stream keeps about four), whatever the dataset's size."""
+
+
+def shard_images(shard_size: int, image_size: int) -> int:
+    """Images per shard: ``shard_size``, fewer when their float16 bytes would pass :data:`SHARD_BYTES`
+    (at 224x224: 891 images)."""
+    return max(1, min(shard_size, SHARD_BYTES // (3 * image_size * image_size * 2)))
+
 
 def gpu_available() -> bool:
     """True when DALI sees at least one CUDA device."""
@@ -617,6 +627,7 @@ class ShardWriter:
     put: Callable[[str, Any], None]
     pool: ThreadPoolExecutor
     uris: dict[str, list[str]] = field(default_factory=lambda: {"train": [], "validation": []})
+    sizes: dict[str, list[int]] = field(default_factory=lambda: {"train": [], "validation": []})
     counts: Counter[str] = field(default_factory=Counter)
     put_s: float = 0.0
     _open: dict[str, tuple[Any, int, list[np.ndarray]]] = field(default_factory=dict)
@@ -681,6 +692,7 @@ class ShardWriter:
         uri = join_uri(self.output_uri, f"{split}-{len(self.uris[split]):05d}.npz")
         labels = np.concatenate(labs).astype(np.int64)
         self.uris[split].append(uri)
+        self.sizes[split].append(fill)
         self.counts[split] += fill
         while len(self._writes) >= WRITES_IN_FLIGHT:  # bound memory: wait for the oldest write
             self._reclaim(self._writes.popleft())
@@ -780,7 +792,7 @@ def _accept(inp: PreprocessInput, s3: Any, entries: list, quarantined: list[tupl
     if quarantined:
         write_json(s3, join_uri(inp.output_uri, "quarantine.json"),
                    [{"key": entries[i].key, "category": v.category, "reason": v.reason}
-                    for i, v in sorted(quarantined, key=lambda q: q[0])])
+                    for i, v in sorted(quarantined, key=lambda q: entries[q[0]].key)])
     if len(quarantined) > inp.max_corrupt_fraction * total:
         raise StepError(
             f"{len(quarantined)} of {total} images are corrupt ({len(quarantined) / total:.1%}: "
@@ -811,7 +823,8 @@ def _publish(inp: PreprocessInput, s3: Any, labels: list[str], writer: "ShardWri
     """index.json (written last: it makes the shards reachable), the timing log line, the output."""
     index = ShardIndex(labels=labels, image_size=inp.image_size, channels=3, mean=MEAN, std=STD,
                        train=writer.uris["train"], validation=writer.uris["validation"],
-                       train_count=counts["train"], validation_count=counts["validation"])
+                       train_count=counts["train"], validation_count=counts["validation"],
+                       train_sizes=writer.sizes["train"], validation_sizes=writer.sizes["validation"])
     write_json(s3, join_uri(inp.output_uri, "index.json"), index.model_dump(mode="json"))
     timings.wall_s = time.perf_counter() - t_start
     d = timings.decode
@@ -838,7 +851,9 @@ def preprocess_timed(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> tu
     manifest = DatasetManifest.model_validate(read_json(s3, inp.manifest_uri))
     bucket, data_prefix = parse_s3_uri(DatasetLayout.of_manifest(inp.manifest_uri).data_uri)
     label_index = {label: i for i, label in enumerate(manifest.labels)}
-    entries = manifest.entries
+    # In content-hash order, not the manifest's (grouped by label): every shard mixes the classes,
+    # so a window of a shard or two shuffled together (pipectl.components.shard_stream) is a fair sample.
+    entries = sorted(manifest.entries, key=lambda e: e.sha256)
     splits = ["validation" if in_validation(e.sha256, inp.validation_fraction) else "train" for e in entries]
     labels = np.asarray([label_index[e.label] for e in entries], dtype=np.int64)
 
@@ -894,7 +909,7 @@ def preprocess_timed(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> tu
         try:
             writer = decode_to_shards(
                 fetched(), splits, labels, output_uri=inp.output_uri, image_size=inp.image_size,
-                batch_size=inp.batch_size, shard_size=inp.shard_size, use_gpu=use_gpu, put=put,
+                batch_size=inp.batch_size, shard_size=shard_images(inp.shard_size, inp.image_size), use_gpu=use_gpu, put=put,
                 on_undecodable=lambda i, blob: quarantine(i, blob, reasons.pop(i, Verdict(Corrupt.UNDECODABLE, "decoder error"))),
                 timings=timings, reasons=reasons,
             )

@@ -108,7 +108,7 @@ def register(inp: RegisterInput, evaluation: EvaluateOutput, client: Any) -> Reg
     import mlflow
 
     name = inp.model_name
-    metric_tag = METRIC_TAG.format(inp.promotion_metric.value)
+    metric_tag = METRIC_TAG.format(evaluation.metric_name or inp.promotion_metric.value)
     _ensure_registered_model(client, name)
     promote = evaluation.decision is Decision.promote
     round_key = evaluation.champion_version or "none"

@@ -1,4 +1,6 @@
-"""PyTorch DDP training under ``torchrun``, checkpointing to the store and resuming from it.
+"""The train step: a train function (pipectl's own, :mod:`~pipectl.components.train.builtin`, or
+the user's ``module:name``) run in every process of the gang under ``torchrun``, with its
+:class:`~pipectl.components.train.context.TrainContext`; then the model is published.
 
 Every process runs :func:`run`. torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``
 (= nodes x processes per node), ``MASTER_ADDR``/``MASTER_PORT``. Backend: ``nccl`` when CUDA
@@ -6,9 +8,13 @@ is available, else ``gloo``.
 
 Checkpoints: ``<run_uri>/checkpoints/step-<nnnnnnnn>.pt`` (model, optimiser, global step), then
 ``<run_uri>/checkpoints/latest.json`` pointing at it (one PUT each: a reader never sees a
-half-written checkpoint). A restarted run (a retried step, a rescheduled gang) loads the latest
+half-written checkpoint), and at the step the gang is told to stop (SIGTERM: preemption,
+eviction, drain; :mod:`pipectl.components.train.preemption`). A restarted run (a retried step, a rescheduled gang) loads the latest
 checkpoint and continues at the same global step with the same sample order
-(``DistributedSampler.set_epoch``), so only the steps after the last checkpoint are recomputed.
+(:mod:`pipectl.components.shard_stream`), so only the steps after the last checkpoint are recomputed.
+
+Published by rank 0 after the last step: a final checkpoint, the model as ONNX and its weights in
+the run's MLflow run (:mod:`pipectl.components.models.portable`), then the train output.
 
 MLflow: rank 0 alone logs. The run is found again by the tag ``pipectl.workflow`` so a restart
 continues the same MLflow run instead of opening a second one.
@@ -18,22 +24,32 @@ from __future__ import annotations
 
 import io
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data.distributed import DistributedSampler
 
 from pipectl.components.contracts import RunLayout, StoreSettings, TrainInput, TrainOutput
-from pipectl.components.models import SmallCNN, classification_metrics, log_weights, predict
-from pipectl.components.runtime import StepError, available_cpus, object_exists, parse_s3_uri, read_json, s3_client, write_json
-from pipectl.components.shards import load_split
+from pipectl.components.models import ExportError, log_model
+from pipectl.components.runtime import (
+    StepError,
+    available_cpus,
+    object_exists,
+    parse_s3_uri,
+    read_json,
+    resolve_callable,
+    s3_client,
+    write_json,
+)
+from pipectl.components.shard_stream import ShardStream
+from pipectl.components.train import builtin
+from pipectl.components.train.context import TrainContext, TrainFunction
+from pipectl.components.train.preemption import PreemptionWatch
 
 log = logging.getLogger("pipectl.train")
 
@@ -130,131 +146,146 @@ def _resume(s3: Any, run_uri: str, model: nn.Module, optimizer: torch.optim.Opti
     return int(state["step"]), latest["uri"]
 
 
-def _run_steps(inp: TrainInput, proc: _Process, ddp: nn.Module, optimizer: torch.optim.Optimizer, sampler: DistributedSampler,
-               x: torch.Tensor, y: torch.Tensor, start: int, total_steps: int, checkpoint: Callable[[int], None],
-               on_epoch: Callable[[int, float], None]) -> int:
-    """Optimiser steps ``start`` .. ``total_steps`` (resuming mid-epoch at the same sample order:
-    the sampler's permutation depends only on seed and epoch). Rank 0 calls ``checkpoint(step)``
-    every ``checkpoint_every_steps`` (then every rank meets at a barrier) and ``on_epoch(epoch,
-    mean loss)`` after each epoch. Returns the last step."""
-    steps_per_epoch = math.ceil(len(sampler) / inp.batch_size)
-    loss_fn = nn.CrossEntropyLoss()
-    step = start
-    while step < total_steps:
-        epoch, offset = divmod(step, steps_per_epoch)
-        sampler.set_epoch(epoch)
-        order = list(sampler)
-        ddp.train()
-        epoch_loss = torch.zeros((), device=proc.device)
-        for b in range(offset, steps_per_epoch):
-            idx = torch.tensor(order[b * inp.batch_size:(b + 1) * inp.batch_size])
-            xb, yb = x[idx].to(proc.device, non_blocking=True), y[idx].to(proc.device, non_blocking=True)
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(ddp(xb), yb)
-            loss.backward()
-            optimizer.step()
-            epoch_loss += loss.detach()
-            step += 1
-            if step % inp.checkpoint_every_steps == 0 and step < total_steps:
-                if proc.rank == 0:
-                    checkpoint(step)
-                if proc.distributed:
-                    dist.barrier()
-        if proc.rank == 0:  # progress in the step's log (`pipectl logs`): where a restart would resume from
-            mean_loss = (epoch_loss / max(1, steps_per_epoch - offset)).item()
-            log.info("epoch %d of %d done: step %d of %d, mean loss %.4f", epoch + 1, inp.epochs, step, total_steps, mean_loss)
-            on_epoch(epoch, mean_loss)
-    return step
+def _log_model(inp: TrainInput, model: nn.Module, example: torch.Tensor, num_classes: int) -> str:
+    """Log the trained model to the active MLflow run as ONNX (registered and scored by evaluate
+    whatever its architecture, with no code of the model's) and its weights. Returns its model URI.
+    A model that cannot be exported is a failure of the code, naming the layer."""
+    try:
+        return log_model(model, example, inp.architecture.value, num_classes, int(example.shape[1]))
+    except ExportError as e:
+        raise StepError(str(e), "use operators ONNX supports in that layer (torch.onnx), or register the model "
+                        "with your own training code") from e
 
 
-def _log_model(model: nn.Module, channels: int) -> str:
-    """Log the trained model to the active MLflow run: MLflow's pytorch flavour (for serving) and
-    the weights evaluate loads (tensors only, no pickle: components/pipectl/components/models.py). Returns its model URI."""
-    import mlflow
-
-    model_info = mlflow.pytorch.log_model(
-        model.cpu(),
-        name="model",
-        serialization_format="pickle",
-        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-    )
-    log_weights(model, channels=channels)
-    return model_info.model_uri
-
-
-def _publish(inp: TrainInput, s3: Any, out: TrainOutput, model: nn.Module, optimizer: torch.optim.Optimizer, channels: int,
-             accuracy: float, elapsed_s: float, run: Any, output_uri: str) -> None:
+def _publish(inp: TrainInput, s3: Any, out: TrainOutput, model: nn.Module, optimizer: torch.optim.Optimizer | None, example: torch.Tensor,
+             num_classes: int, accuracy: float, elapsed_s: float, run: Any, output_uri: str) -> None:
     """Rank 0, after the last step: final checkpoint, MLflow metrics and model, then the train
     output (written last: its presence means this run trained completely)."""
     import mlflow
 
-    if out.steps_this_attempt:
+    if out.steps_this_attempt and optimizer is not None:
         save_checkpoint(s3, inp.run_uri, out.steps, model, optimizer)
     mlflow.log_metrics({
         "train_accuracy": accuracy,
         "samples_per_s": out.steps_this_attempt * inp.batch_size * out.world_size / elapsed_s if elapsed_s > 0 else 0.0,
         "steps_recomputed_after_resume": float(out.steps_this_attempt),
     })
-    out.mlflow_run_id, out.model_uri = run.info.run_id, _log_model(model, channels)
+    out.mlflow_run_id, out.model_uri = run.info.run_id, _log_model(inp, model, example, num_classes)
     write_json(s3, output_uri, out.model_dump(mode="json"))
     mlflow.end_run()
     log.info("trained %d steps (%d this attempt, resumed from %d) on world size %d; train accuracy %.4f",
              out.steps, out.steps_this_attempt, out.resumed_from_step, out.world_size, accuracy)
 
 
+def resolve_function(ref: str) -> TrainFunction:
+    """The train function ``module.path:name``; StepError naming what is wrong (:func:`resolve_callable`)."""
+    return resolve_callable(ref, "train function", 1, f"def {ref.partition(':')[2]}(ctx: TrainContext) -> torch.nn.Module")
+
+
+def _context(inp: TrainInput, s3: Any, reader: Any, proc: _Process) -> TrainContext:
+    """The context of this process: the training split, and the run's checkpoints and metrics."""
+    data = ShardStream(s3 if reader is None else reader, inp.shards_uri, "train", rank=proc.rank,
+                       world_size=proc.world_size, seed=inp.seed)
+
+    def log_metric(name: str, value: float, step: int | None = None) -> None:
+        import mlflow
+
+        if proc.rank == 0 and mlflow.active_run() is not None:  # rank 0 alone logs
+            mlflow.log_metric(name, value, step=step)
+
+    return TrainContext(
+        params=inp, rank=proc.rank, world_size=proc.world_size, device=proc.device, distributed=proc.distributed,
+        data=data, label_names=list(data.index.labels),
+        image_size=data.index.image_size, checkpoint=lambda step, model, opt: save_checkpoint(s3, inp.run_uri, step, model, opt),
+        restore=lambda model, opt: _resume(s3, inp.run_uri, model, opt), log_metric=log_metric)
+
+
+@torch.no_grad()
+def _train_accuracy(model: nn.Module, ctx: TrainContext, batch_size: int = 512) -> float:
+    """Accuracy on the training split: each process scores its own shards (``rank``, ``rank + W``,
+    ...), one at a time, and the gang sums the counts."""
+    model.eval()
+    counts = torch.zeros(2, dtype=torch.float64, device=ctx.device)  # correct, seen
+    for images, labels in ctx.data.shards(own=True):
+        for i in range(0, len(images), batch_size):
+            x = torch.from_numpy(images[i:i + batch_size]).to(ctx.device).float()
+            y = torch.from_numpy(labels[i:i + batch_size]).to(ctx.device)
+            counts[0] += (model(x).argmax(dim=1) == y).sum()
+            counts[1] += len(y)
+    if ctx.distributed:
+        dist.all_reduce(counts)
+    return float(counts[0] / counts[1]) if counts[1] else 0.0
+
+
+def _peak_rss_mib(ctx: TrainContext) -> float:
+    """The largest peak resident memory of the gang's processes (MiB; Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], dtype=torch.float64, device=ctx.device)
+    if ctx.distributed:
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return float(peak[0])
+
+
+def _log_params(inp: TrainInput, ctx: TrainContext, function: str) -> None:
+    import mlflow
+
+    mlflow.log_params({"architecture": inp.architecture.value if not inp.function else "", "train_function": function,
+                       "epochs": inp.epochs, "batch_size": inp.batch_size, "learning_rate": inp.learning_rate,
+                       "world_size": ctx.world_size, "seed": inp.seed, "image_size": ctx.image_size,
+                       "train_images": ctx.num_samples, "shards_uri": inp.shards_uri})
+
+
+def _trained(ctx: TrainContext, function: TrainFunction, ref: str) -> nn.Module:
+    """Run the train function; its returned model (unwrapped from DDP)."""
+    ctx.watch = PreemptionWatch()  # only around the steps: elsewhere SIGTERM ends the process at once
+    try:
+        model = function(ctx)
+    finally:
+        ctx.watch.close()
+    model = getattr(model, "module", model) if isinstance(model, DDP) else model
+    if not isinstance(model, nn.Module):
+        raise StepError(f"train function {ref} returned {type(model).__name__}, not the trained torch.nn.Module",
+                        "end it with `return model`")
+    return model
+
+
 def train(inp: TrainInput, settings: StoreSettings, s3: Any, *, reader: Any = None) -> TrainOutput:
-    """Train one process of the gang; returns the output (meaningful on rank 0). See module doc.
+    """Train one process of the gang with the train function (pipectl's own, or ``inp.function``);
+    returns the output (meaningful on rank 0). See module doc.
 
     ``s3``: the store (checkpoints, outputs); ``reader``: where the shards are read from (default
     ``s3``; Alluxio's S3 proxy when configured). Checkpoints never go through the cache.
     """
+    function, ref = (resolve_function(inp.function), inp.function) if inp.function else (builtin.train, "pipectl")
     proc = _init_process()
     output_uri = RunLayout(run_uri=inp.run_uri).train_output_uri
-    images, labels, index = load_split(s3 if reader is None else reader, inp.shards_uri, "train")
-    num_classes = len(index.labels)
-    x, y = torch.from_numpy(images), torch.from_numpy(labels)
-
-    torch.manual_seed(inp.seed)
-    model = SmallCNN(num_classes=num_classes, channels=index.channels).to(proc.device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=inp.learning_rate)
-    sampler = DistributedSampler(range(len(x)), num_replicas=proc.world_size, rank=proc.rank, shuffle=True, seed=inp.seed)
-    total_steps = math.ceil(len(sampler) / inp.batch_size) * inp.epochs
-
-    previous = _finished_output(s3, output_uri, total_steps)
+    ctx = _context(inp, s3, reader, proc)
+    previous = _finished_output(s3, output_uri, ctx.total_steps)
     if previous is not None:
         log.info("already trained: %s (%d steps); nothing to do", output_uri, previous.steps)
         if proc.distributed:
             dist.destroy_process_group()
         return previous
-    resumed_from, checkpoint_uri = _resume(s3, inp.run_uri, model, optimizer)
-    if checkpoint_uri and proc.rank == 0:
-        log.info("resuming from checkpoint %s (step %d of %d)", checkpoint_uri, resumed_from, total_steps)
-    ddp = DDP(model) if proc.distributed else model
-
     run = _mlflow_run(inp, settings) if proc.rank == 0 else None
-    if run is not None and resumed_from == 0:
-        import mlflow
-
-        mlflow.log_params({"epochs": inp.epochs, "batch_size": inp.batch_size, "learning_rate": inp.learning_rate,
-                           "world_size": proc.world_size, "seed": inp.seed, "image_size": index.image_size,
-                           "train_images": len(x), "shards_uri": inp.shards_uri})
-
-    def on_epoch(epoch: int, mean_loss: float) -> None:
-        if run is not None:
-            import mlflow
-
-            mlflow.log_metric("train_loss", mean_loss, step=epoch)
-
+    if run is not None and latest_checkpoint(s3, inp.run_uri) is None:
+        _log_params(inp, ctx, ref)
+    if proc.rank == 0:
+        log.info("train function %s, %s, %d classes, %d training images of %dx%d, world size %d, %d steps", ref,
+                 f"architecture {inp.architecture.value}" if not inp.function else "its own model", ctx.num_classes,
+                 ctx.num_samples, ctx.image_size, ctx.image_size, proc.world_size, ctx.total_steps)
+    torch.manual_seed(inp.seed)
     t0 = time.perf_counter()
-    step = _run_steps(inp, proc, ddp, optimizer, sampler, x, y, resumed_from, total_steps,
-                      lambda s: save_checkpoint(s3, inp.run_uri, s, model, optimizer), on_epoch)
-    steps_this_attempt, elapsed = step - resumed_from, time.perf_counter() - t0
+    model = _trained(ctx, function, ref)
+    steps_this_attempt, elapsed = ctx.step - ctx.resumed_from, time.perf_counter() - t0
 
-    metrics = classification_metrics(predict(model, x.to(proc.device)), y.to(proc.device), num_classes)
-    out = TrainOutput(mlflow_run_id="", model_uri="", steps=step, steps_this_attempt=steps_this_attempt,
-                      resumed_from_step=resumed_from, world_size=proc.world_size, train_accuracy=round(metrics["accuracy"], 6))
+    accuracy = _train_accuracy(model, ctx)
+    ctx.log_metric("peak_rss_mib", _peak_rss_mib(ctx), None)
+    out = TrainOutput(mlflow_run_id="", model_uri="", steps=ctx.step, steps_this_attempt=steps_this_attempt,
+                      resumed_from_step=ctx.resumed_from, world_size=proc.world_size, train_accuracy=round(accuracy, 6))
     if run is not None:
-        _publish(inp, s3, out, model, optimizer, index.channels, metrics["accuracy"], elapsed, run, output_uri)
+        example = torch.from_numpy(ctx.data.example(2)).float()
+        _publish(inp, s3, out, model, ctx.optimizer, example, ctx.num_classes, accuracy, elapsed, run, output_uri)
     if proc.distributed:
         dist.barrier()
         dist.destroy_process_group()

@@ -13,6 +13,10 @@ runs torchrun's own ``main`` unchanged and maps its outcome:
 - a worker killed by SIGKILL while this process lives: the kernel's OOM killer inside the
   container (the kubelet and the runtime kill the whole container, this process first): a code
   failure, 1, unless ``PIPECTL_RETRY_OOM=1`` (the retry policy's ``retry_oom``), then 137;
+- a failure torch records as the infrastructure's (:mod:`pipectl.components.train.faults`: the
+  gang's rendezvous timing out in torchrun's agent before any worker ran, a GPU hardware fault or
+  a collective timeout in a worker's recorded exception): 75, with the fault and the node on
+  stderr and as the pod's termination message;
 - any other worker failure (exit 1, 2, a traceback, SIGSEGV, SIGBUS from a full /dev/shm): 1;
 - success: 0.
 
@@ -36,6 +40,7 @@ store stays as torchrun makes it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import signal
@@ -44,21 +49,29 @@ import sys
 from typing import Any
 
 from pipectl.components.contracts import ExitCode
-from pipectl.components.names import RETRY_OOM_ENV
+from pipectl.components.names import NODE_NAME_ENV, PUBLISH_ONNX_ENV, RETRY_OOM_ENV
+from pipectl.components.train import publish
+from pipectl.components.train.faults import INFRASTRUCTURE_FAULTS, Fault, classify, recorded_message
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
-def _loopback_store(argv: list[str]) -> tuple[Any, socket.socket] | None:
-    """Rank 0 on a loopback master: a multi-tenant TCPStore listening on loopback only (see the
-    module doc), returned with its socket (both must live until torchrun ends); else None."""
+def _torchrun_args(argv: list[str]) -> argparse.Namespace:
+    """The torchrun options this wrapper reads (the rest stays torchrun's)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--master-addr", "--master_addr", default="127.0.0.1")
     parser.add_argument("--master-port", "--master_port", type=int, default=29500)
     parser.add_argument("--node-rank", "--node_rank", type=int, default=0)
     parser.add_argument("--nnodes", default="1")
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", default="1")
     parser.add_argument("--standalone", action="store_true")
-    known, _ = parser.parse_known_args(argv)
+    return parser.parse_known_args(argv)[0]
+
+
+def _loopback_store(argv: list[str]) -> tuple[Any, socket.socket] | None:
+    """Rank 0 on a loopback master: a multi-tenant TCPStore listening on loopback only (see the
+    module doc), returned with its socket (both must live until torchrun ends); else None."""
+    known = _torchrun_args(argv)
     if known.standalone or known.node_rank != 0 or known.master_addr not in LOOPBACK:
         return None
     import torch.distributed as dist
@@ -75,22 +88,69 @@ def _loopback_store(argv: list[str]) -> tuple[Any, socket.socket] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import main as torchrun_main
 
     argv = sys.argv[1:] if argv is None else argv
-    store = _loopback_store(argv)  # noqa: F841 - kept alive until torchrun returns
+    publishes = os.environ.get(PUBLISH_ONNX_ENV) == "1" and _torchrun_args(argv).node_rank == 0
+    if publishes:  # an earlier attempt's file is not this attempt's model
+        publish.model_path().unlink(missing_ok=True)
     try:
+        store = _loopback_store(argv)  # noqa: F841 - kept alive until torchrun returns
         torchrun_main(argv)
     except ChildFailedError as e:
         _, failure = e.get_first_failure()
+        fault = classify(recorded_message(failure.error_file_data)) if failure.exitcode > 0 else None
+        if fault is not None:
+            return infrastructure_exit(fault, recorded_message(failure.error_file_data), f"rank {failure.local_rank} (local)")
         return container_exit_code(failure.exitcode, retry_oom=os.environ.get(RETRY_OOM_ENV) == "1")
     except SignalException as e:
         return 128 + int(e.sigval)
+    except (DistError, RendezvousError) as e:  # torchrun's agent: the gang's store or rendezvous (C20)
+        recorded = f"{type(e).__name__}: {e}"
+        return infrastructure_exit(classify(recorded) or INFRASTRUCTURE_FAULTS[0], recorded, "the agent")
     except SystemExit as e:  # torchrun's own argument errors: the spec's fault, never restarted
-        return 0 if e.code in (None, 0) else int(ExitCode.FAILED)
+        if e.code not in (None, 0):
+            return int(ExitCode.FAILED)
+    return _published(_torchrun_args(argv)) if publishes else 0
+
+
+def _published(known: argparse.Namespace) -> int:
+    """Node rank 0 of ``train(module=..., exports_onnx=True)`` after success: publish the model the
+    code wrote (:mod:`.publish`); 1 for a missing or unusable file, 75 for an unreachable store."""
+    from pipectl.components.runtime import classify_exception
+
+    try:
+        nnodes, nproc = str(known.nnodes).split(":")[-1], str(known.nproc_per_node)
+        out = publish.publish(world_size=int(nnodes) * int(nproc) if nnodes.isdigit() and nproc.isdigit() else 0)
+    except Exception as e:  # the step's boundary: a message and an exit code, as step_main does
+        print(f"error: {getattr(e, 'headline', None) or f'{type(e).__name__}: {e}'}", file=sys.stderr, flush=True)
+        if getattr(e, "hint", ""):
+            print(f"hint: {e.hint}", file=sys.stderr, flush=True)
+        return int(classify_exception(e))
+    print(f"pipectl: published the training code's model as {out.model_uri} (MLflow run {out.mlflow_run_id})",
+          file=sys.stderr, flush=True)
     return 0
+
+
+TERMINATION_LOG = "/dev/termination-log"
+"""Kubernetes' default terminationMessagePath: what the pod's status shows as its message."""
+
+
+def infrastructure_exit(fault: Fault, recorded: str, where: str) -> int:
+    """Report an infrastructure fault (its class, the node, the recorded exception) on stderr and
+    as the pod's termination message, and return 75: the gang restarts within its budget."""
+    node = os.environ.get(NODE_NAME_ENV) or socket.gethostname()
+    line = f"infrastructure fault ({fault.name}) on node {node}, {where}: {recorded.splitlines()[0][:300]} — {fault.hint}"
+    print(f"pipectl: {line}", file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):
+        if os.path.exists(TERMINATION_LOG):
+            with open(TERMINATION_LOG, "w") as f:
+                f.write(line)
+    return int(ExitCode.TEMPFAIL)
 
 
 def container_exit_code(worker_exit: int, *, retry_oom: bool = False) -> int:

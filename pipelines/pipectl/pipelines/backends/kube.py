@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 from pipectl.components.errors import PipectlError, Unreachable, ValidationFailed
 from pipectl.components.names import STEP_LABEL, WORKFLOW_LABEL
 from pipectl.pipelines.launchers import LAUNCHERS
+from pipectl.pipelines.launchers.base import JOB_NAME
 from pipectl.pipelines.workflows import GROUP, VERSION
 
 TERMINAL = ("Succeeded", "Failed", "Error")
@@ -129,56 +130,53 @@ class ArgoCluster:
         body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
         return self._call(f"replace {obj['kind']} {name}", self.api.replace_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, name, body)
 
-    def delete_failed_gang_jobs(self, workflow: str) -> list[str]:
-        """Delete the gang jobs (Volcano Jobs, PyTorchJobs) of ``workflow`` that ended failed.
+    def release_gangs(self, workflow: str, *, failed_only: bool = False, timeout_s: float = 120) -> list[str]:
+        """Delete the gang jobs (every launcher's kind) of ``workflow`` and wait until they are gone
+        (:func:`pipectl.components.gang.core.release`); with ``failed_only`` only those that ended
+        failed (before an in-place retry: the retried attempt applies the run's one job name, and
+        a failed job is never adopted). Checkpoints live in the store, not in the job, so nothing
+        is lost. Returns the deleted names. Errors as :meth:`_call`; PipectlError when they are not
+        gone after ``timeout_s``."""
+        from pipectl.components.gang.core import JobKind, release
 
-        Housekeeping before an in-place retry (`pipectl retry`): the retried step creates a job of
-        its own (``<workflow>-train-<retries>-<random>``: an in-place retry starts ``{{retries}}``
-        at 0 again, so the name alone would collide: launchers/base.py JOB_NAME), so this is no
-        longer needed for the retry to work — the Argo UI's RETRY works without it. Checkpoints
-        live in the store, not in the job, so nothing is lost. Returns the deleted names.
-        Errors as :meth:`_call` (401/403 → :class:`Unreachable`, exit 3); a kind whose CRD is not
-        installed is skipped.
-        """
-        selector = f"{WORKFLOW_LABEL}={workflow}"
-        deleted = []
-        for launcher in LAUNCHERS.values():
-            group, version, plural = launcher.api_group, launcher.version, launcher.resource
-            listed = self._call(f"list {plural}", self.api.list_namespaced_custom_object, group, version, self.namespace, plural,
-                                label_selector=selector, missing_ok=True)
-            for j in (listed or {}).get("items", []):  # None: that CRD is not installed
-                if launcher.failed(j):
-                    name = j["metadata"]["name"]
-                    self._call(f"delete {plural} {name}", self.api.delete_namespaced_custom_object, group, version, self.namespace, plural, name,
-                               body={"propagationPolicy": "Foreground"}, missing_ok=True)
-                    deleted.append(name)
-                    # Foreground: the job object stays until its pods are gone; the retry must
-                    # not run into it.
-                    deadline = time.monotonic() + 120
-                    while self._call(f"get {plural} {name}", self.api.get_namespaced_custom_object, group, version, self.namespace, plural, name, missing_ok=True):
-                        if time.monotonic() > deadline:
-                            raise PipectlError(f"{plural} {name} still terminating after 120 s", "check its pods, then retry again")
-                        time.sleep(0.5)
-        return deleted
+        kinds = [JobKind(l.api_group, l.version, l.resource) for l in LAUNCHERS.values()]
+        failed = lambda job: any(l.handles(job) and l.failed(job) for l in LAUNCHERS.values())  # noqa: E731
+        keep = (lambda job: not failed(job)) if failed_only else (lambda job: False)
+
+        def run(**_: Any) -> list[str]:  # release bounds its own waits (no _request_timeout)
+            try:
+                return release(self.api.api_client, self.namespace, workflow, kinds, keep=keep, timeout_s=timeout_s)
+            except TimeoutError as e:  # an OSError: not "unreachable" to _call
+                raise PipectlError(f"the gang of workflow {workflow} is not gone after {timeout_s:g} s: {e}",
+                                   "check its pods' nodes, then run the command again") from e
+
+        return self._call(f"release the gang of {workflow}", run)  # API errors mapped as every other call's
 
     def unscheduled_gang_pods(self, workflow: str) -> dict[str, str]:
-        """Gang pods of ``workflow`` that never got a node: pod name -> why, from the pod's latest
+        """Gang pods of ``workflow`` that never got a node: pod name -> why, from the pods' latest
         scheduling events (Volcano's "pod group is not ready", an autoscaler's "Failed to schedule
         pod, incompatible with nodepool ..."), one line per reporting component. What `pipectl
-        status` shows for a train step that timed out Pending: a gang that can never fit."""
-        pods = self._call(f"list gang pods of {workflow}", self.core.list_namespaced_pod, self.namespace,
-                          label_selector=f"{WORKFLOW_LABEL}={workflow},{STEP_LABEL}=train").items
+        status` shows for a train step that timed out Pending: a gang that can never fit. Read from
+        the events, which outlive the pods (the API server keeps them an hour): the run's
+        ``gang-release`` exit handler has deleted a failed run's gang by the time one asks."""
+        pods = {p.metadata.name: p for p in self._call(f"list gang pods of {workflow}", self.core.list_namespaced_pod, self.namespace,
+                                                       label_selector=f"{WORKFLOW_LABEL}={workflow},{STEP_LABEL}=train").items}
+        events = self._call("list pod events", self.core.list_namespaced_event, self.namespace,
+                            field_selector="involvedObject.kind=Pod").items
+        gang_prefix = JOB_NAME.replace("{{workflow.name}}", workflow) + "-"
+        by_pod: dict[str, list[Any]] = {name: [] for name in pods}
+        for e in events:
+            if e.involved_object.name in pods or e.involved_object.name.startswith(gang_prefix):
+                by_pod.setdefault(e.involved_object.name, []).append(e)
         out = {}
-        for pod in pods:
-            if pod.spec.node_name:
+        for name, evs in sorted(by_pod.items()):
+            if (name in pods and pods[name].spec.node_name) or any(e.reason == "Scheduled" for e in evs):
                 continue
-            events = self._call(f"events of pod {pod.metadata.name}", self.core.list_namespaced_event, self.namespace,
-                                field_selector=f"involvedObject.name={pod.metadata.name},involvedObject.kind=Pod").items
             latest: dict[str, Any] = {}
-            for e in sorted(events, key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp):
+            for e in sorted(evs, key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp):
                 if e.type == "Warning":
                     latest[e.reporting_component or (e.source.component if e.source else "") or "?"] = e
-            out[pod.metadata.name] = "; ".join(f"{who}: {e.message}" for who, e in sorted(latest.items())) or "no scheduling event"
+            out[name] = "; ".join(f"{who}: {e.message}" for who, e in sorted(latest.items())) or "no scheduling event"
         return out
 
     def create_workflow(self, wf: dict[str, Any]) -> dict[str, Any]:

@@ -111,7 +111,7 @@ def probe_mlflow(uri: str) -> None:
 def validate_dataset(parameters: TrainingParameters, settings: RunSettings) -> None:
     """Check the dataset before anything starts: missing, empty or unlabelled -> exit 2."""
     from pipectl.components.runtime import s3_client
-    from pipectl.components.stage.core import DatasetError, scan_s3, validate_source
+    from pipectl.components.stage.sources import DatasetError, is_manifest, scan_manifest, scan_s3, validate_source
 
     try:
         if parameters.dataset_uri.startswith("s3://"):
@@ -120,7 +120,7 @@ def validate_dataset(parameters: TrainingParameters, settings: RunSettings) -> N
                     f"dataset {parameters.dataset_uri} is on S3 but no --s3-endpoint is configured",
                     "the embedded S3 server starts empty; pass --s3-endpoint (and keys) of the store that holds it",
                 )
-            scan_s3(s3_client(settings), parameters.dataset_uri)
+            (scan_manifest if is_manifest(parameters.dataset_uri) else scan_s3)(s3_client(settings), parameters.dataset_uri)
         else:
             validate_source(parameters.dataset_uri)
     except DatasetError as e:
@@ -177,15 +177,16 @@ def summarise(result: RunResult, parameters: TrainingParameters) -> dict[str, An
     return summary
 
 
-def preflight(parameters: TrainingParameters, settings: RunSettings) -> None:
+def preflight(parameters: TrainingParameters, settings: RunSettings, stages_a_dataset: bool = True) -> None:
     """Everything ``pipectl run`` checks before it starts a service or writes a byte: configured
-    endpoints answer (exit 3 otherwise), the dataset is usable, warm-cache has an Alluxio, GPUs
-    asked for exist (exit 2 otherwise)."""
+    endpoints answer (exit 3 otherwise), the dataset is usable (when the pipeline stages one),
+    warm-cache has an Alluxio, GPUs asked for exist (exit 2 otherwise)."""
     if settings.s3_endpoint or settings.s3_access_key:
         probe_s3(settings)
     if settings.mlflow_uri:
         probe_mlflow(settings.mlflow_uri)
-    validate_dataset(parameters, settings)
+    if stages_a_dataset:
+        validate_dataset(parameters, settings)
 
     if parameters.warm_cache and not (settings.alluxio_proxy_url and settings.alluxio_job_master_url):
         raise ValidationFailed(
@@ -363,7 +364,7 @@ def run_training_locally(
             launcher = recorded_launcher
             _check_same_store(record, settings)
         launcher = launcher or DEFAULT_LAUNCHER
-        preflight(parameters, settings)
+        preflight(parameters, settings, any(s.name == "stage" for s in (pipeline or training).steps))
         template = (pipeline or training).build(CompileConfig(bucket=settings.bucket, launcher=launcher)).to_dict()
         if record is not None and record.template != template:
             raise ValidationFailed(f"run {record.name} ran another compiled workflow than this pipectl compiles",

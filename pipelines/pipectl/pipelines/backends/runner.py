@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import secrets
 import shutil
@@ -48,6 +49,7 @@ import yaml
 from pipectl.components.names import OUTPUTS_DIR as CONTAINER_OUTPUTS_DIR
 from pipectl.pipelines.backends.processes import free_port, spawn, stop
 from pipectl.pipelines.launchers import launcher_for
+from pipectl.pipelines.launchers.base import NODE_NAME_FIELD
 from pipectl.pipelines.substitution import TemplateError, evaluate_when, expand_k8s_vars, substitute
 
 class LocalBackendError(TemplateError):
@@ -483,7 +485,8 @@ class LocalRunner:
                 raise LocalBackendError(f"task {task}: local pods must have exactly one container")
             c = group.pod_spec["containers"][0]
             for index in range(group.replicas):
-                env = self._container_env(c, f"task {task} pod {group.name}-{index}", launcher.pod_fields(job), taskdir)
+                fields = {**launcher.pod_fields(job), NODE_NAME_FIELD: platform.node()}  # the node: this machine
+                env = self._container_env(c, f"task {task} pod {group.name}-{index}", fields, taskdir)
                 env.update(launcher.local_env(group.name, index, rank, total, port))
                 rank += 1
                 for k, v in list(env.items()):

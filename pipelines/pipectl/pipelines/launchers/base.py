@@ -27,9 +27,12 @@ from typing import Any, ClassVar
 import yaml
 
 from pipectl.components.contracts import GangShape, TrainInput
+from pipectl.components.train.preemption import GRACE_PERIOD_S
 from pipectl.components.names import (
     LANE_TAINT_KEY,
+    NODE_NAME_ENV,
     OUTPUTS_DIR,
+    PUBLISH_ONNX_ENV,
     RETRY_OOM_ENV,
     STEP_LABEL,
     STORE_CONFIGMAP,
@@ -42,19 +45,23 @@ from pipectl.pipelines.autoscaling import DO_NOT_DISRUPT, GPU_TOLERATION
 from pipectl.pipelines.security import TMP_VOLUME, restricted_container_security_context, restricted_pod_security_context
 
 MASTER_PORT = 29500
-ATTEMPT_ID = "{{=sprig.lower(sprig.randAlphaNum(5))}}"
-JOB_NAME = "{{workflow.name}}-train-{{retries}}-" + ATTEMPT_ID
-"""One job per attempt. ``{{retries}}`` is the step's attempt number, but an in-place retry of
-the workflow (the Argo UI's RETRY, ``argo retry``) starts it at 0 again — seen on the v4.0.5
-controller (tests/cluster/test_ui.py): the retried step re-applied the failed attempt's job and
-failed at once. The random suffix is evaluated when Argo creates the step's pod (the substituted
-manifest travels in the pod), so every attempt creates its own job and re-sends of one attempt's
-apply (C16) still name the same job. Each ``{{=…}}`` is evaluated on its own: the name must
-appear ONCE in a manifest; pods learn it from a label (:meth:`Launcher.pod_fields`)."""
+NODE_NAME_FIELD = "spec.nodeName"
+"""Downward API field of a gang pod's node (env :data:`~pipectl.components.names.NODE_NAME_ENV`)."""
+JOB_NAME = "{{workflow.name}}-train"
+"""ONE gang job per run (C18): every attempt of the train step, retried in place after its launcher pod
+was lost (evicted, node shut down) or after a backoff (the pod deleted), applies the same name, so
+it ADOPTS the gang that is still training instead of starting a second one beside it (two gangs
+would write one run's checkpoints and take two slots of the lane). Server-side apply of an
+unchanged manifest changes nothing on the live job; the attempt then waits for its end. A job
+that ended failed is never adopted: the ``gang-release`` exit handler deletes the run's jobs when
+the workflow ends other than Succeeded, and ``pipectl retry`` deletes a failed job before an
+in-place retry (:mod:`pipectl.components.gang`)."""
 
 TRAIN_FIXED = {"workflow_name": "{{workflow.name}}"}
 """TrainInput fields the template fixes instead of taking them as step inputs."""
-TRAIN_ARGS: tuple[str, ...] = tuple(n for n in TrainInput.model_fields if n not in TRAIN_FIXED)
+TRAIN_PER_PIPELINE = ("function",)
+"""TrainInput fields a pipeline's definition fixes (:attr:`GangConfig.function`), never a run's parameter."""
+TRAIN_ARGS: tuple[str, ...] = tuple(n for n in TrainInput.model_fields if n not in TRAIN_FIXED and n not in TRAIN_PER_PIPELINE)
 TRAIN_STEP_INPUTS: tuple[str, ...] = TRAIN_ARGS + tuple(GangShape.model_fields)
 """Input parameters of the train step (snake_case): TrainInput's (less the fixed ones), then GangShape's."""
 
@@ -99,6 +106,12 @@ class GangConfig:
     """The user's training code instead of pipectl's: torchrun's target (``("-m", "mypkg.train",
     "--flag", ...)`` or ``("train.py", ...)``); it reads the train step's inputs from the
     environment (:func:`train_env`). Empty: pipectl's own ``-m pipectl.components.train``."""
+    exports_onnx: bool = False
+    """With ``entry``: the user's code writes ``model.onnx`` and node rank 0 publishes it
+    (:data:`~pipectl.components.names.PUBLISH_ONNX_ENV`)."""
+    function: str = ""
+    """The user's train function (``mypkg.train:train``) that pipectl's train step runs with its
+    TrainContext; empty: pipectl's own. Ignored with ``entry``."""
 
 
 TRAIN_ENV_PREFIX = "PIPECTL_TRAIN_"
@@ -132,6 +145,8 @@ def _train_command(cfg: GangConfig, node_rank: str) -> list[str]:
         command += [f"--{kebab(name)}", param(name)]
     for name, value in TRAIN_FIXED.items():
         command += [f"--{kebab(name)}", value]
+    if cfg.function:
+        command += ["--function", cfg.function]
     return command + ["--outputs-dir", OUTPUTS_DIR]
 
 
@@ -142,7 +157,7 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
     """
     command = _train_command(cfg, node_rank)
     if cfg.entry:
-        env = env + train_env()
+        env = env + train_env() + ([{"name": PUBLISH_ONNX_ENV, "value": "1"}] if cfg.exports_onnx else [])
     cpu, memory = param("cpu_per_worker"), param("memory_gib_per_worker") + "Gi"
     return {
         "metadata": {
@@ -152,6 +167,8 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
         },
         "spec": {
             "restartPolicy": "Never",
+            # long enough for torchrun to pass SIGTERM on and the gang to checkpoint its step
+            "terminationGracePeriodSeconds": GRACE_PERIOD_S,
             "serviceAccountName": cfg.service_account,
             # training code never calls the Kubernetes API: no token in the pods
             "automountServiceAccountToken": False,
@@ -164,7 +181,8 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
                     "name": "pytorch",
                     "image": cfg.image,
                     "command": command,
-                    "env": env + ([{"name": RETRY_OOM_ENV, "value": "1"}] if cfg.retry_oom else []),
+                    "env": env + [{"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": NODE_NAME_FIELD}}}]
+                    + ([{"name": RETRY_OOM_ENV, "value": "1"}] if cfg.retry_oom else []),
                     "envFrom": [
                         {"configMapRef": {"name": STORE_CONFIGMAP, "optional": True}},
                         {"secretRef": {"name": STORE_SECRET, "optional": True}},
@@ -297,9 +315,11 @@ class Launcher(ABC):
         return failure_condition_holds(self.failure_condition, obj)
 
     def rbac_rule(self) -> dict:
-        """What the train step's ServiceAccount may do: ``kubectl apply --server-side`` (create,
-        patch) and argoexec's polling (get) on this one kind, nothing else."""
-        return {"apiGroups": [self.api_group], "resources": [self.resource], "verbs": ["create", "get", "patch"]}
+        """What the train step's ServiceAccount may do on this one kind, nothing else:
+        ``kubectl apply --server-side`` (create, patch) and argoexec's polling (get); the
+        ``gang-release`` exit handler's list, watch and delete of the run's jobs."""
+        return {"apiGroups": [self.api_group], "resources": [self.resource],
+                "verbs": ["create", "get", "patch", "list", "watch", "delete"]}
 
     @abstractmethod
     def manifest(self, cfg: GangConfig) -> str:

@@ -77,8 +77,8 @@ class VolcanoJob(Launcher):
     failure_condition = "status.state.phase in (Failed, Aborted, Terminated)"
 
     def manifest(self, cfg: GangConfig) -> str:
-        # the job's name is random per attempt (JOB_NAME): read it from the label Volcano puts on
-        # its pods; Kubernetes expands $(VAR) of earlier variables in an env value
+        # the pods read the job's name (JOB_NAME) from the label Volcano puts on them; Kubernetes
+        # expands $(VAR) of earlier variables in an env value
         env = [
             {"name": "PIPECTL_GANG_JOB", "valueFrom": {"fieldRef": {"fieldPath": JOB_NAME_FIELD}}},
             {"name": "MASTER_ADDR", "value": "$(PIPECTL_GANG_JOB)-worker-0.$(PIPECTL_GANG_JOB)"},

@@ -1,0 +1,168 @@
+"""What a train function gets from pipectl: :class:`TrainContext`.
+
+A train function takes the context and returns the trained model; pipectl does the rest (the
+gang, resume after a restart, checkpoint-then-yield on SIGTERM, MLflow, the ONNX model that
+evaluate scores and register registers)::
+
+    def train(ctx: TrainContext) -> nn.Module:
+        model = MyNet(ctx.num_classes, ctx.channels).to(ctx.device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=ctx.params.learning_rate)
+        net = ctx.wrap(model)                                   # DDP when the gang has >1 process
+        for images, labels in ctx.batches(model, optimizer):    # resumes from the latest checkpoint
+            optimizer.zero_grad()
+            loss = F.cross_entropy(net(images), labels)
+            loss.backward()
+            optimizer.step()
+            ctx.record_loss(loss)
+        return model
+
+``ctx.batches`` restores the newest checkpoint of the run into ``model`` and ``optimizer`` first
+(a restarted gang continues at the same global step, with the same sample order), streams this
+process's share of the training split shard by shard (memory does not grow with the dataset), and after each
+batch the body handled it counts the step, checkpoints every ``checkpoint-every-steps`` (rank 0),
+and stops the gang together when a member was told to stop (it checkpoints that step, then raises
+``Preempted``: let it through). Do not catch ``BaseException`` or ``Exception`` around the loop.
+Call ``batches`` once per run: its steps are the run's steps (``ctx.step`` counts them across
+restarts; a retried step that finds them all done does not call the function again).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import closing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from pipectl.components.contracts import TrainInput
+from pipectl.components.runtime import StepError
+from pipectl.components.shard_stream import ShardStream
+from pipectl.components.train.preemption import PreemptionWatch
+
+log = logging.getLogger("pipectl.train")
+
+
+class Preempted(StepError):
+    """The gang was told to stop (SIGTERM) and wrote a checkpoint of its step first."""
+
+    def __init__(self, step: int, total_steps: int) -> None:
+        super().__init__(f"told to stop (SIGTERM) at step {step} of {total_steps}: checkpoint written",
+                         "the next attempt resumes from it", transient=True)
+
+
+@dataclass
+class TrainContext:
+    """The gang process a train function runs in, its data and its run.
+
+    ``data``: the training split (preprocessed: resized, normalised), read shard by shard;
+    ``batches`` gives this process its share, never the whole split in memory.
+    ``label_names[i]`` is the class of label ``i``."""
+
+    params: TrainInput
+    rank: int
+    world_size: int
+    device: torch.device
+    distributed: bool
+    data: ShardStream = field(repr=False)
+    label_names: list[str]
+    image_size: int
+    checkpoint: Callable[[int, nn.Module, torch.optim.Optimizer], None] = field(repr=False)
+    restore: Callable[[nn.Module, torch.optim.Optimizer], tuple[int, str | None]] = field(repr=False)
+    log_metric: Callable[[str, float, int | None], None] = field(repr=False)
+    watch: PreemptionWatch = field(default_factory=PreemptionWatch, repr=False)
+    step: int = 0
+    """The global optimiser step: the number of batches done, over every attempt of the run."""
+    resumed_from: int = 0
+    optimizer: torch.optim.Optimizer | None = field(default=None, repr=False)
+    """The optimiser given to :meth:`batches`: the run's last checkpoint holds its state too."""
+    _epoch_loss: list[torch.Tensor] = field(default_factory=list, repr=False)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.label_names)
+
+    @property
+    def channels(self) -> int:
+        return self.data.index.channels
+
+    @property
+    def num_samples(self) -> int:
+        """Images in the training split (all processes together)."""
+        return self.data.num_samples
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches per epoch of every process: ``ceil(ceil(num_samples / world_size) / batch_size)``."""
+        return self.data.steps_per_epoch(self.params.batch_size)
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.params.epochs
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """``model`` in DistributedDataParallel when the gang has more than one process."""
+        return DDP(model) if self.distributed else model
+
+    def record_loss(self, loss: torch.Tensor | float) -> None:
+        """Note a batch's loss: the epoch's mean goes to the step's log and MLflow (``train_loss``)."""
+        self._epoch_loss.append(loss.detach().float().reshape(()) if isinstance(loss, torch.Tensor) else torch.tensor(float(loss)))
+
+    def batches(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(images float32 [B, C, H, W], labels int64 [B]) of this process, on ``ctx.device``, batch
+        after batch until the run's last step; see the module doc. The sample order depends only on
+        the seed, the epoch and the gang's size (:mod:`pipectl.components.shard_stream`)."""
+        self.optimizer = optimizer
+        self.step, uri = self.restore(model, optimizer)
+        self.resumed_from = self.step
+        steps_per_epoch, total = self.steps_per_epoch, self.total_steps
+        if uri and self.rank == 0:
+            log.info("resuming from checkpoint %s (step %d of %d)", uri, self.step, total)
+        while self.step < total:
+            epoch, offset = divmod(self.step, steps_per_epoch)
+            model.train()
+            self._epoch_loss.clear()
+            with closing(self.data.batches(epoch, self.params.batch_size, offset)) as stream:
+                for images, labels in stream:  # float16 from the shards: float32 on the device
+                    yield (torch.from_numpy(images).to(self.device, non_blocking=True).float(),
+                           torch.from_numpy(labels).to(self.device, non_blocking=True))
+                    self.step += 1
+                    self._after_step(model, optimizer, total)
+            self._end_epoch(epoch)
+
+    def _after_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, total: int) -> None:
+        """Periodic checkpoint (every rank meets at a barrier after it), then checkpoint-then-yield."""
+        periodic = self.step % self.params.checkpoint_every_steps == 0
+        if periodic and self.step < total:
+            if self.rank == 0:
+                self.checkpoint(self.step, model, optimizer)
+            if self.distributed:
+                dist.barrier()
+        if self.step < total and self.watch.should_stop():
+            if self.rank == 0 and not periodic:
+                self.checkpoint(self.step, model, optimizer)
+                log.info("told to stop at step %d of %d: checkpoint written", self.step, total)
+            if self.distributed:
+                dist.barrier()
+            raise Preempted(self.step, total)
+
+    def _end_epoch(self, epoch: int) -> None:
+        if self.rank != 0:
+            return  # progress in the step's log (`pipectl logs`): where a restart would resume from
+        mean = torch.stack([t.cpu() for t in self._epoch_loss]).mean().item() if self._epoch_loss else float("nan")
+        log.info("epoch %d of %d done: step %d of %d, mean loss %.4f", epoch + 1, self.params.epochs, self.step,
+                 self.total_steps, mean)
+        if self._epoch_loss:
+            self.log_metric("train_loss", mean, epoch)
+
+
+TrainFunction = Callable[[TrainContext], nn.Module]
+"""``def train(ctx: TrainContext) -> nn.Module``: returns the trained model (not its DDP wrapper)."""
+
+
+def describe(fn: Any) -> str:
+    """``module:name`` of a function, for messages."""
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"

@@ -1,0 +1,32 @@
+"""A team's image classifier: its own train function (a torchvision ResNet-18, shapes/train.py)
+on its own 64x64 images, evaluated against the current champion whatever architecture that is
+(both are registered as ONNX) by its own metric (balanced accuracy, shapes/metrics.py), and
+registered.
+
+    pip install -e .                                               # this project, beside pipectl
+    python -m shapes.generate ./shapes-data --per-class 60         # the team's data
+    pipectl run pipeline.py:pipeline -p dataset-uri=./shapes-data  # on this machine
+    docker build -t registry.example.com/ml/shapes:0.1.0 .         # the train image, FROM pipectl's
+    pipectl templates apply pipeline.py:pipeline                   # on a cluster, then
+    pipectl submit pipeline.py:pipeline -p dataset-uri=s3://team-data/shapes/
+"""
+
+from pipectl.sdk import Pipeline, evaluate, preprocess, register, stage, train
+
+IMAGE = "registry.example.com/ml/shapes:0.1.0"  # FROM pipectl's step-train image, with this project (Dockerfile)
+
+pipeline = Pipeline(
+    "shapes-training",
+    [stage(), preprocess(), train(function="shapes.train:train", image=IMAGE),
+     evaluate(metric="shapes.metrics:balanced_accuracy", image=IMAGE), register()],
+    title="Shapes classifier",
+    description="Stage the team's images, preprocess at 64x64, train the team's ResNet-18 as a gang, "
+    "evaluate against the champion, register.",
+    defaults={
+        "image-size": 64,
+        "epochs": 6,
+        "learning-rate": 0.05,
+        "model-name": "shapes-classifier",
+        "promotion-threshold": 0.8,
+    },
+)
