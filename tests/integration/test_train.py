@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -270,6 +271,46 @@ def test_launcher_turns_sigterm_into_143(tmp_path):
     assert _workers_running(proc.pid, script) >= 2, "the SIGTERM must land while both workers run"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 143
+
+
+def _torch_loaded(pid: int) -> bool:
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare(1) for a PID namespace")
+def test_a_containers_first_process_ends_on_sigterm_while_it_waits_for_its_peers(tmp_path):
+    """The launcher as a container's first process (PID 1 of its own PID namespace), node rank 1 of
+    a gang whose other pod never comes: a SIGTERM once torch is loaded and it waits in the
+    rendezvous ends it with 143 at once. A PID 1 without a handler drops the signal and waits for
+    its peers until the kubelet's SIGKILL. (Gang pods also share their pod's PID namespace, so
+    the launcher is not PID 1 there: see the launcher's pod template.)"""
+    from pipectl.pipelines.backends.processes import free_port
+
+    script = tmp_path / "s.py"
+    script.write_text("print('trained')\n")
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-m", "pipectl.components.train.launch",
+                             "--nnodes=2", "--node-rank=1", "--nproc-per-node=1", "--master-addr=127.0.0.1",
+                             f"--master-port={free_port()}", str(script)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not psutil.Process(proc.pid).children():
+        assert time.monotonic() < deadline and proc.poll() is None, "unshare did not start the launcher"
+        time.sleep(0.01)
+    first = psutil.Process(proc.pid).children()[0]  # PID 1 inside the namespace
+    while not _torch_loaded(first.pid):
+        assert time.monotonic() < deadline and proc.poll() is None, "the launcher never loaded torch"
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    first.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=20)
+    finally:
+        proc.kill()
+    print(f"exit {code} {time.monotonic() - t0:.1f} s after SIGTERM")
+    assert code == 143, proc.stderr.read()[-2000:]
 
 
 LISTENING_PROBE = """

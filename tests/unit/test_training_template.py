@@ -238,6 +238,17 @@ def test_C07_gang_pods_are_guaranteed_qos_never_best_effort(wt, wt_pytorchjob):
                 assert res["limits"]["nvidia.com/gpu"] == 0
 
 
+def test_gang_pods_are_told_to_stop_through_a_process_that_is_not_pid_1(wt, wt_pytorchjob):
+    """Gang pods share their pod's PID namespace (the launcher is not PID 1, which would drop a
+    SIGTERM that comes before it has a handler) and give the gang its grace period to checkpoint."""
+    from pipectl.components.train.preemption import GRACE_PERIOD_S
+
+    for tmpl in (wt, wt_pytorchjob):
+        for pod in _pods(_job(tmpl, workers="2")):
+            assert pod["spec"]["shareProcessNamespace"] is True
+            assert pod["spec"]["terminationGracePeriodSeconds"] == GRACE_PERIOD_S
+
+
 def test_C07_step_and_executor_containers_request_cpu_and_memory(wt):
     """No pod the pipeline creates is BestEffort: step containers request CPU and memory, and the
     controller configuration gives Argo's executor containers (init, wait, resource pods) requests."""

@@ -9,6 +9,8 @@ runs torchrun's own ``main`` unchanged and maps its outcome:
 
 - torchrun itself got SIGTERM/SIGINT/... (``SignalException``): 128 + the signal number (143 for
   the kubelet's SIGTERM: node shutdown, eviction, preemption) — the infrastructure ended the pod;
+  the same at once when the signal comes before the workers started (importing torch, waiting in
+  the rendezvous for the gang's peers: :mod:`pipectl.components.train.stop`);
 - a worker exited 75 (EX_TEMPFAIL): 75, declared transient;
 - a worker killed by SIGKILL while this process lives: the kernel's OOM killer inside the
   container (the kubelet and the runtime kill the whole container, this process first): a code
@@ -48,10 +50,15 @@ import socket
 import sys
 from typing import Any
 
-from pipectl.components.contracts import ExitCode
-from pipectl.components.names import NODE_NAME_ENV, PUBLISH_ONNX_ENV, RETRY_OOM_ENV
-from pipectl.components.train import publish
-from pipectl.components.train.faults import INFRASTRUCTURE_FAULTS, Fault, classify, recorded_message
+from pipectl.components.train.stop import StopSignals
+
+if __name__ == "__main__":  # first, before the imports below: see pipectl.components.train.stop
+    StopSignals.install()
+
+from pipectl.components.contracts import ExitCode  # noqa: E402 - after the stop signals' handler
+from pipectl.components.names import NODE_NAME_ENV, PUBLISH_ONNX_ENV, RETRY_OOM_ENV  # noqa: E402
+from pipectl.components.train import publish  # noqa: E402
+from pipectl.components.train.faults import INFRASTRUCTURE_FAULTS, Fault, classify, recorded_message  # noqa: E402
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -101,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         store = _loopback_store(argv)  # noqa: F841 - kept alive until torchrun returns
         torchrun_main(argv)
+        return _published(_torchrun_args(argv)) if publishes else 0
     except ChildFailedError as e:
         _, failure = e.get_first_failure()
         fault = classify(recorded_message(failure.error_file_data)) if failure.exitcode > 0 else None
@@ -113,19 +121,21 @@ def main(argv: list[str] | None = None) -> int:
         recorded = f"{type(e).__name__}: {e}"
         return infrastructure_exit(classify(recorded) or INFRASTRUCTURE_FAULTS[0], recorded, "the agent")
     except SystemExit as e:  # torchrun's own argument errors: the spec's fault, never restarted
-        if e.code not in (None, 0):
-            return int(ExitCode.FAILED)
-    return _published(_torchrun_args(argv)) if publishes else 0
+        return int(ExitCode.FAILED) if e.code not in (None, 0) else 0
 
 
 def _published(known: argparse.Namespace) -> int:
     """Node rank 0 of ``train(module=..., exports_onnx=True)`` after success: publish the model the
     code wrote (:mod:`.publish`); 1 for a missing or unusable file, 75 for an unreachable store."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     from pipectl.components.runtime import classify_exception
 
     try:
         nnodes, nproc = str(known.nnodes).split(":")[-1], str(known.nproc_per_node)
         out = publish.publish(world_size=int(nnodes) * int(nproc) if nnodes.isdigit() and nproc.isdigit() else 0)
+    except SignalException:
+        raise  # told to stop while publishing (torchrun's handler is still set): main's 128 + N
     except Exception as e:  # the step's boundary: a message and an exit code, as step_main does
         print(f"error: {getattr(e, 'headline', None) or f'{type(e).__name__}: {e}'}", file=sys.stderr, flush=True)
         if getattr(e, "hint", ""):

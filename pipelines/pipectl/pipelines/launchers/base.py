@@ -169,6 +169,10 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
             "restartPolicy": "Never",
             # long enough for torchrun to pass SIGTERM on and the gang to checkpoint its step
             "terminationGracePeriodSeconds": GRACE_PERIOD_S,
+            # the launcher is then not PID 1 (the pod's pause process is): a PID 1 drops a SIGTERM
+            # that comes before it has a handler, and the pod would keep its GPUs for the whole
+            # grace period (pipectl.components.train.stop)
+            "shareProcessNamespace": True,
             "serviceAccountName": cfg.service_account,
             # training code never calls the Kubernetes API: no token in the pods
             "automountServiceAccountToken": False,
