@@ -3,6 +3,7 @@ before anything is started or written."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,27 @@ def test_a_server_that_is_not_mlflow_exits_3(tmp_path):
 def test_data_example_refuses_bad_targets(target):
     r = subprocess.run([PIPECTL, "data", "example", target], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_data_push_stages_a_folder_once_and_prints_the_uri_submit_takes(settings, s3, small_digits_dir, tmp_path):
+    """`pipectl data push DIR` (the store from PIPECTL_* settings): the images in the store under
+    their content address, the printed URI accepted by `submit` (dry run), a second push writes
+    nothing; a missing folder is exit 2 and a store that cannot be reached exit 3, both writing nothing."""
+    env = {**os.environ, **settings.step_env()}
+    first = subprocess.run([PIPECTL, "data", "push", str(small_digits_dir)], capture_output=True, text=True, timeout=300, env=env)
+    assert first.returncode == 0, first.stderr
+    uri = first.stdout.strip()
+    assert uri.startswith(f"s3://{settings.bucket}/datasets/") and uri.endswith("/data/"), uri
+    assert "300 images" in first.stderr and "300 written" in first.stderr, first.stderr
+    keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=settings.bucket) for o in page.get("Contents", [])]
+    assert sum(k.endswith(".jpg") for k in keys) == 300
+    again = subprocess.run([PIPECTL, "data", "push", str(small_digits_dir)], capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 0 and again.stdout.strip() == uri and "0 written" in again.stderr, again.stderr
+    sub = subprocess.run([PIPECTL, "submit", "training", "--dry-run", "-p", f"dataset-uri={uri}"], capture_output=True, text=True, timeout=60)
+    assert sub.returncode == 0 and f"value: {uri}" in sub.stdout, sub.stderr
+
+    missing = subprocess.run([PIPECTL, "data", "push", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120, env=env)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
+    closed = {**env, "PIPECTL_S3_ENDPOINT": "http://127.0.0.1:9", "PIPECTL_BUCKET": "never-made"}
+    down = subprocess.run([PIPECTL, "data", "push", str(small_digits_dir)], capture_output=True, text=True, timeout=300, env=closed)
+    assert down.returncode == 3 and "cannot write to the store at http://127.0.0.1:9" in down.stderr, down.stderr

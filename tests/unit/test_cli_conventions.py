@@ -219,3 +219,46 @@ def test_remote_text_is_printed_as_it_is_never_as_markup(capsys):
 
     _follow(Cluster(), "training-x")
     assert message in capsys.readouterr().err
+
+
+def test_submit_and_run_with_a_pipeline_list_its_parameters_in_help():
+    """`pipectl submit PIPELINE --help` (and `run`): every parameter of the contract, with its type,
+    bounds, choices, default and description; options before the pipeline do not hide it."""
+    from pipectl.components.contracts import TrainingParameters
+
+    for args in (["submit", "training", "--help"], ["run", "-p", "epochs=3", "training", "-h"]):
+        r = _run(*args)
+        assert r.returncode == 0, r.stderr
+        help_text = " ".join(r.stdout.split())
+        assert "Parameters of training" in help_text
+        for name in TrainingParameters.model_fields:
+            assert f" {name.replace('_', '-')} " in help_text, name
+        assert "[integer, 1 to 1,000; default: 15]" in help_text  # epochs
+        assert "[one of urgent|standard|batch; default: standard]" in help_text
+        assert "[number, > 0, < 1; default: 0.2]" in help_text  # validation-fraction
+
+
+def test_help_without_a_pipeline_says_how_to_list_parameters_and_a_bad_one_is_named():
+    r = _run("submit", "--help")
+    assert r.returncode == 0 and "`pipectl submit PIPELINE --help` lists the pipeline's parameters" in r.stdout
+    r = _run("submit", "no-such-pipeline", "--help")
+    assert r.returncode == 2 and "unknown pipeline 'no-such-pipeline'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_user_pipeline_help_shows_its_own_defaults(tmp_path):
+    (tmp_path / "p.py").write_text(
+        "from pipectl.sdk import Pipeline, stage, preprocess, train, evaluate, register\n"
+        "mine = Pipeline('mine', [stage(), preprocess(), train(), evaluate(), register()], defaults={'epochs': 7})\n")
+    r = _run("submit", f"{tmp_path / 'p.py'}:mine", "--help")
+    assert r.returncode == 0, r.stderr
+    assert "default: 7]" in " ".join(r.stdout.split())
+
+
+@pytest.mark.parametrize("uri", ["./my-images", "/data/images", "manifest.csv", "cephfs:///datasets/x"])
+def test_submit_refuses_a_dataset_only_this_machine_can_read(uri):
+    """No pod of a run can read this machine's files: exit 2 before anything is sent, with the
+    command that pushes the folder to the store."""
+    r = _run("submit", "training", "--dry-run", "-p", f"dataset-uri={uri}")
+    assert r.returncode == 2, r.stdout
+    assert "is a path on this machine" in r.stderr and f"pipectl data push {uri}" in r.stderr
+    assert r.stdout == ""

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from pipectl.cli.parameters_help import PipelineCommand
 from pipectl.cli.common import (
     cluster_options,
     compile_config,
@@ -48,7 +49,7 @@ def _print_objects(objects: list[dict]) -> None:
     click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
 
 
-@click.command()
+@click.command(cls=PipelineCommand)
 @click.argument("pipeline")
 @parameter_option
 @lane_option
@@ -68,6 +69,7 @@ def submit(pipeline: str, params: tuple[str, ...], parameter_file: Any, lane: st
     chosen = load_pipeline(pipeline)
     template_name = f"{chosen.name}-v1"
     parameters = training_parameters(params + ((f"lane={lane}",) if lane else ()), parameter_file, chosen)
+    _refuse_local_dataset(pipeline, parameters.dataset_uri)
     wf = workflow_for(template_name, namespace, parameters)
     _check([wf])
     if dry_run:
@@ -86,6 +88,17 @@ def submit(pipeline: str, params: tuple[str, ...], parameter_file: Any, lane: st
     _record({**record, "phase": phase, "message": final.get("status", {}).get("message")}, output_format, text=f"{name} {phase}")
     if phase != "Succeeded":
         sys.exit(1)
+
+
+REMOTE_DATASETS = ("s3://", "example:")
+"""What a step pod can read as ``dataset-uri``: the store, or the example shipped in the image."""
+
+
+def _refuse_local_dataset(pipeline: str, uri: str) -> None:
+    """Exit 2 for a ``dataset-uri`` that names this machine's files: no pod of the run can see them."""
+    if not uri.startswith(REMOTE_DATASETS):
+        fail(f"dataset-uri {uri!r} is a path on this machine: the pipeline's pods cannot read it",
+             f"push it to the store first: pipectl submit {pipeline} -p dataset-uri=$(pipectl data push {uri})", code=2)
 
 
 @click.group()

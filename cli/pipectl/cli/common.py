@@ -228,7 +228,7 @@ def training_parameters(pairs: Sequence[str], parameter_file: Path | None = None
                 + (f" (got {err['input']!r})" if "input" in err else "")
                 for err in e.errors()
             )
-            fail(f"invalid parameter: {problems}", "see `pipectl render PIPELINE` for each parameter's type and values", code=2)
+            fail(f"invalid parameter: {problems}", "`pipectl submit PIPELINE --help` lists each parameter's type, bounds and values", code=2)
         fail(str(e), "parameters are the WorkflowTemplate arguments, e.g. -p epochs=5 -p lane=urgent", code=2)
 
 

@@ -1,4 +1,4 @@
-"""Commands of the compile layer: ``render``, ``lint``, and ``data example``. Nothing here talks
+"""Commands of the compile layer: ``render`` and ``lint``. Nothing here talks
 to a cluster or starts a service."""
 
 from __future__ import annotations
@@ -80,26 +80,3 @@ def lint(paths: tuple[Path, ...], output_format: str) -> None:
     if findings:
         fail(f"{len(findings)} problem(s) in {len(objects)} object(s)", "fix each field named above", code=2)
     out.print(f"{len(objects)} object(s) valid")
-
-
-@click.group()
-def data() -> None:
-    """Example datasets that ship with pipectl."""
-
-
-@data.command("example")
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--name", type=click.Choice(["digits"]), default="digits", show_default=True)
-@needs_steps_extra("pipectl data example")
-def data_example(directory: Path, name: str) -> None:
-    """Write the example dataset NAME to DIRECTORY in ImageFolder layout (<label>/<image>.jpg)."""
-    from pipectl.components.data import write_example
-
-    if not str(directory).strip() or str(directory) in (".", ""):
-        fail("DIRECTORY is empty", "name a folder to write into, e.g. pipectl data example ./digits", code=2)
-    try:
-        n = write_example(name, directory)
-    except OSError as e:
-        fail(f"cannot write to {directory}: {e.strerror or e}", "choose a writable folder", code=2)
-    console().print(f"wrote {n} images of {name} to {directory}")
-    click.echo(str(directory))

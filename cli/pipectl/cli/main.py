@@ -1,7 +1,8 @@
 """``pipectl``: the root command group. Each command lives in the module of its kind and is added
 here once; no command module imports this one (no import cycle).
 
-- :mod:`pipectl.cli.compile_cmds`: render, lint, data example (compile layer, no I/O beyond files);
+- :mod:`pipectl.cli.compile_cmds`: render, lint (compile layer, no I/O beyond files);
+- :mod:`pipectl.cli.data_cmds`: data example, data push (datasets);
 - :mod:`pipectl.cli.run_cmd`: run (the local backend);
 - :mod:`pipectl.cli.cluster_cmds`: submit, templates, cron, list, status, logs, retry, stop, terminate, delete;
 - :mod:`pipectl.cli.completion_cmd`: completion (click's shell completion scripts).
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import click
 
-from pipectl.cli import cluster_cmds, compile_cmds, completion_cmd, run_cmd
+from pipectl.cli import cluster_cmds, compile_cmds, completion_cmd, data_cmds, run_cmd
 from pipectl.cli.common import Group
 
 
@@ -25,7 +26,7 @@ def main() -> None:
 
 
 for _command in (
-    compile_cmds.render, compile_cmds.lint, compile_cmds.data,
+    compile_cmds.render, compile_cmds.lint, data_cmds.data,
     run_cmd.run,
     cluster_cmds.submit, cluster_cmds.templates, cluster_cmds.cron, cluster_cmds.list_, cluster_cmds.status,
     cluster_cmds.logs, cluster_cmds.retry, cluster_cmds.stop, cluster_cmds.terminate, cluster_cmds.delete,

@@ -14,13 +14,14 @@ from typing import Any
 
 import click
 
+from pipectl.cli.parameters_help import PipelineCommand
 from pipectl.cli.common import console, launcher_option, needs_steps_extra, output_option, parameter_option, training_parameters
 from pipectl.components.errors import redact_credentials
 
 _CAUSE = re.compile(r"^(error|hint): |^[A-Za-z_.]+(Error|Exception): ")
 
 
-@click.command()
+@click.command(cls=PipelineCommand)
 @click.argument("pipeline")
 @parameter_option
 @click.option("--s3-endpoint", default=None, help="S3 endpoint (Ceph RGW...). Default: start an embedded S3 server.")

@@ -83,10 +83,10 @@ class GangShape(StrictModel):
     cpu_per_worker: float = Field(
         2.0, gt=0, le=512, multiple_of=0.001,
         description="CPU cores per training pod, requested and limited alike: with memory-gib-per-worker the gang's "
-        "pods are Guaranteed QoS, the last the kubelet evicts under node pressure (field case C07).",
+        "pods are Guaranteed QoS, the last the kubelet evicts under node pressure.",
     )
     memory_gib_per_worker: int = Field(
-        8, ge=1, le=4096, description="Memory per training pod in GiB, requested and limited alike (Guaranteed QoS, C07)."
+        8, ge=1, le=4096, description="Memory per training pod in GiB, requested and limited alike (Guaranteed QoS)."
     )
     lane: Lane = Field(Lane.standard, description="Priority lane: urgent, standard or batch.")
 
