@@ -18,7 +18,7 @@ from pipectl.components.contracts import PreprocessInput, StageInput, TrainOutpu
 from pipectl.components.preprocess.core import preprocess
 from pipectl.components.runtime import read_json
 from pipectl.components.stage.core import stage
-from pipectl.components.train.core import latest_checkpoint
+from pipectl.components.train.checkpoints import latest_checkpoint
 from pipectl.pipelines.backends.processes import kill_tree
 
 pytestmark = pytest.mark.integration

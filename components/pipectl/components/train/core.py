@@ -6,9 +6,8 @@ Every process runs :func:`run`. torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_
 (= nodes x processes per node), ``MASTER_ADDR``/``MASTER_PORT``. Backend: ``nccl`` when CUDA
 is available, else ``gloo``.
 
-Checkpoints: ``<run_uri>/checkpoints/step-<nnnnnnnn>.pt`` (model, optimiser, global step), then
-``<run_uri>/checkpoints/latest.json`` pointing at it (one PUT each: a reader never sees a
-half-written checkpoint), and at the step the gang is told to stop (SIGTERM: preemption,
+Checkpoints (:mod:`pipectl.components.train.checkpoints`: bound to the run, digest-checked,
+tensors only) every ``checkpoint-every-steps``, and at the step the gang is told to stop (SIGTERM: preemption,
 eviction, drain; :mod:`pipectl.components.train.preemption`). A restarted run (a retried step, a rescheduled gang) loads the latest
 checkpoint and continues at the same global step with the same sample order
 (:mod:`pipectl.components.shard_stream`), so only the steps after the last checkpoint are recomputed.
@@ -22,7 +21,6 @@ continues the same MLflow run instead of opening a second one.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import time
@@ -48,38 +46,13 @@ from pipectl.components.runtime import (
 )
 from pipectl.components.shard_stream import ShardStream
 from pipectl.components.train import builtin
+from pipectl.components.train.checkpoints import latest_checkpoint, resume, save_checkpoint
 from pipectl.components.train.context import TrainContext, TrainFunction
 from pipectl.components.train.preemption import PreemptionWatch
 
 log = logging.getLogger("pipectl.train")
 
 WORKFLOW_TAG = "pipectl.workflow"
-
-
-def latest_checkpoint(s3: Any, run_uri: str) -> dict | None:
-    """``{"step": int, "uri": str}`` of the newest checkpoint under ``run_uri``, or None."""
-    latest = RunLayout(run_uri=run_uri).latest_checkpoint_uri
-    bucket, key = parse_s3_uri(latest)
-    if object_exists(s3, bucket, key) is None:
-        return None
-    return read_json(s3, latest)
-
-
-def save_checkpoint(s3: Any, run_uri: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
-    """Write a checkpoint, then move ``latest.json`` to it. Returns its URI."""
-    layout = RunLayout(run_uri=run_uri)
-    uri = layout.checkpoint_uri(step)
-    buf = io.BytesIO()
-    torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, buf)
-    bucket, key = parse_s3_uri(uri)
-    s3.put_object(Bucket=bucket, Key=key, Body=buf.getvalue())
-    write_json(s3, layout.latest_checkpoint_uri, {"step": step, "uri": uri})
-    return uri
-
-
-def load_checkpoint(s3: Any, uri: str) -> dict:
-    bucket, key = parse_s3_uri(uri)
-    return torch.load(io.BytesIO(s3.get_object(Bucket=bucket, Key=key)["Body"].read()), map_location="cpu")
 
 
 def _mlflow_run(inp: TrainInput, settings: StoreSettings) -> Any:
@@ -135,17 +108,6 @@ def _finished_output(s3: Any, output_uri: str, total_steps: int) -> TrainOutput 
     return previous if previous.steps == total_steps else None
 
 
-def _resume(s3: Any, run_uri: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, str | None]:
-    """Load the newest checkpoint of the run into ``model``/``optimizer``: (its step, its URI), or (0, None)."""
-    latest = latest_checkpoint(s3, run_uri)
-    if latest is None:
-        return 0, None
-    state = load_checkpoint(s3, latest["uri"])
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    return int(state["step"]), latest["uri"]
-
-
 def _log_model(inp: TrainInput, model: nn.Module, example: torch.Tensor, num_classes: int) -> str:
     """Log the trained model to the active MLflow run as ONNX (registered and scored by evaluate
     whatever its architecture, with no code of the model's) and its weights. Returns its model URI.
@@ -197,7 +159,7 @@ def _context(inp: TrainInput, s3: Any, reader: Any, proc: _Process) -> TrainCont
         params=inp, rank=proc.rank, world_size=proc.world_size, device=proc.device, distributed=proc.distributed,
         data=data, label_names=list(data.index.labels),
         image_size=data.index.image_size, checkpoint=lambda step, model, opt: save_checkpoint(s3, inp.run_uri, step, model, opt),
-        restore=lambda model, opt: _resume(s3, inp.run_uri, model, opt), log_metric=log_metric)
+        restore=lambda model, opt: resume(s3, inp.run_uri, model, opt), log_metric=log_metric)
 
 
 @torch.no_grad()
