@@ -262,3 +262,16 @@ def test_submit_refuses_a_dataset_only_this_machine_can_read(uri):
     assert r.returncode == 2, r.stdout
     assert "is a path on this machine" in r.stderr and f"pipectl data push {uri}" in r.stderr
     assert r.stdout == ""
+
+
+@pytest.mark.parametrize("message", ["bad [/] value", "[bold red]x", "ends with \\", "[/red] unbalanced", ""])
+def test_a_steps_message_is_shown_as_text_never_as_markup(message):
+    """`pipectl run`'s progress row for a finished step: the step's own text (a user's exception)
+    is printed as it is, whatever brackets it holds."""
+    from rich.console import Console
+
+    from pipectl.cli.run_cmd import step_row
+
+    console = Console(record=True, width=200, color_system=None)
+    console.print(step_row("train", "Failed", False, message))
+    assert console.export_text().rstrip() == f"✗ train {message}".rstrip()

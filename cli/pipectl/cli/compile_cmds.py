@@ -48,7 +48,7 @@ def render(what: str, bucket: str | None, launcher: str | None, registry: str | 
         target = write_dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
-        console().print(f"wrote {target}")
+        console().print(f"wrote {target}", markup=False)
 
 
 @click.command()

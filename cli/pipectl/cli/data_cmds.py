@@ -30,7 +30,7 @@ def data_example(directory: Path, name: str) -> None:
         n = write_example(name, directory)
     except OSError as e:
         fail(f"cannot write to {directory}: {e.strerror or e}", "choose a writable folder", code=2)
-    console().print(f"wrote {n} images of {name} to {directory}")
+    console().print(f"wrote {n} images of {name} to {directory}", markup=False)
     click.echo(str(directory))
 
 
@@ -61,7 +61,7 @@ def data_push(source: str, bucket: str | None, s3_endpoint: str | None) -> None:
     out = _stage(StageInput(source_uri=str(path), bucket=settings.bucket), settings)
     data_uri = DatasetLayout(dataset_uri=out.dataset_uri).data_uri
     console().print(f"pushed {out.objects} images ({out.bytes / 1e6:.1f} MB, {out.copied} written, "
-                    f"{out.skipped} already there) to {out.dataset_uri}")
+                    f"{out.skipped} already there) to {out.dataset_uri}", markup=False)
     click.echo(data_uri)
 
 

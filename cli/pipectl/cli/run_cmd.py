@@ -82,8 +82,7 @@ def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str |
         else:
             if task not in ids:  # skipped (`when` false): never started
                 ids[task] = progress.add_task(task, total=1)
-            mark = "[green]↺[/]" if node.reused else {"Succeeded": "[green]✓[/]", "Skipped": "[dim]–[/]"}.get(node.phase, "[red]✗[/]")
-            progress.update(ids[task], description=f"{mark} {task} [dim]{node.message}[/]", completed=1)
+            progress.update(ids[task], description=step_row(task, node.phase, node.reused, node.message), completed=1)
 
     def on_services(urls: dict[str, str]) -> None:
         # Validation is over: from here on there is progress to show.
@@ -130,6 +129,15 @@ def stop_on_signals() -> Any:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def step_row(task: str, phase: str, reused: bool, message: str) -> str:
+    """A finished step's progress row (rich markup): its mark, name and message, the two escaped
+    (a step's message is the step's text: a user's exception may hold ``[/]``)."""
+    from rich.markup import escape
+
+    mark = "[green]↺[/]" if reused else {"Succeeded": "[green]✓[/]", "Skipped": "[dim]–[/]"}.get(phase, "[red]✗[/]")
+    return f"{mark} {escape(task)} [dim]{escape(message or '')}[/]"
 
 
 def _print_resume_hint(settings: Any, since: float, console: Any) -> None:
