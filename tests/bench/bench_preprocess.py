@@ -130,7 +130,7 @@ def pil_dataloader(blobs: list[bytes], image_size: int, batch_size: int, workers
 def _splits(blobs: list[bytes], fraction: float = 0.2) -> tuple[list[str], np.ndarray]:
     import hashlib
 
-    from pipectl.components.preprocess.core import in_validation
+    from pipectl.components.preprocess.split import in_validation
 
     splits = ["validation" if in_validation(hashlib.sha256(b).hexdigest(), fraction) else "train" for b in blobs]
     return splits, (np.arange(len(blobs)) % 10).astype(np.int64)
@@ -275,7 +275,7 @@ def step_from_s3(s3: Any, bucket: str, manifest_uri: str, image_size: int, parts
 
 def main() -> None:
     from pipectl.components.contracts import PreprocessInput
-    from pipectl.components.preprocess.core import decode_all
+    from pipectl.components.preprocess.decode import decode_all
     from pipectl.components.runtime import available_cpus
 
     batch_size = PreprocessInput.model_fields["batch_size"].default

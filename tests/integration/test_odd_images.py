@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from pipectl.components.contracts import DatasetManifest
-from pipectl.components.preprocess.core import MEAN, STD, in_validation
+from pipectl.components.preprocess.decode import MEAN, STD
+from pipectl.components.preprocess.split import in_validation
 from pipectl.components.runtime import read_json
 from pipectl.components.shards import load_split
 from tests.tools.odd_images import CORPUS, UPRIGHT, quadrant_means, write_corpus
@@ -108,7 +109,9 @@ def test_C13_an_image_dali_fails_alone_is_decoded_by_the_pil_fallback_in_place(s
     """A GIF fed to DALI (as when a format DALI cannot read reaches it unrecognised) fails its batch;
     isolated, PIL decodes it and it is used, in its place in the stream; a PNG neither decoder reads
     is reported with the reason. Without the fallback (``fallback=False``) the GIF is lost."""
-    from pipectl.components.preprocess.core import Corrupt, batched, decode_robust, decode_stream
+    from pipectl.components.preprocess.decode import decode_robust, decode_stream
+    from pipectl.components.preprocess.screen import Corrupt
+    from pipectl.components.preprocess.stream import batched
 
     good = [p.read_bytes() for p in sorted(small_digits_dir.rglob("*.jpg"))[:20]]
     gif = next(e for e in CORPUS if e.key == "other/anim.gif").make()

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from pipectl.components.contracts import PreprocessInput, StageInput
-from pipectl.components.preprocess.core import decode_all, preprocess
+from pipectl.components.preprocess.core import preprocess
+from pipectl.components.preprocess.decode import decode_all
 from pipectl.components.runtime import StepError, read_json
 from pipectl.components.shards import load_split
 from pipectl.components.stage.core import stage
@@ -79,7 +80,7 @@ def test_an_image_only_dali_rejects_is_isolated_and_quarantined(small_digits_dir
     import struct
     import zlib
 
-    from pipectl.components.preprocess.core import decode_robust
+    from pipectl.components.preprocess.decode import decode_robust
 
     def chunk(kind, data):
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
@@ -121,7 +122,8 @@ def _bad_png():
 def test_a_stream_goes_on_after_a_batch_dali_rejects(small_digits_dir):
     """One pipeline for the whole stream; a batch DALI fails is decoded again image by
     image, the bad image reported with its tag, and a fresh pipeline continues with the rest."""
-    from pipectl.components.preprocess.core import DecodeTimings, batched, decode_stream
+    from pipectl.components.preprocess.decode import DecodeTimings, decode_stream
+    from pipectl.components.preprocess.stream import batched
 
     good = [p.read_bytes() for p in sorted(small_digits_dir.rglob("*.jpg"))[:60]]
     items = list(enumerate(good[:27])) + [(1000, _bad_png())] + list(enumerate(good[27:], start=27))
@@ -144,7 +146,7 @@ def test_shards_hold_each_split_in_content_hash_order_across_shard_boundaries(se
     cut every shard-size images, the index counting each shard; checked against decoding the
     split in one go."""
     from pipectl.components.contracts import DatasetManifest
-    from pipectl.components.preprocess.core import in_validation
+    from pipectl.components.preprocess.split import in_validation
 
     staged = stage(StageInput(source_uri=str(dataset_with_corrupt_jpeg), bucket=settings.bucket), s3)
     out = preprocess(_inp(staged.manifest_uri, settings.bucket, shard_size=50, batch_size=32), s3)
@@ -177,7 +179,8 @@ def test_a_fetch_error_reaches_the_step_as_itself(small_digits_dir):
     """An error raised while feeding DALI (an S3 GET that failed after its retries) must come out
     of the stream as the same exception, not as a DALI error or a short stream: the step's exit
     code (1 or 75) is chosen from it."""
-    from pipectl.components.preprocess.core import batched, decode_stream
+    from pipectl.components.preprocess.decode import decode_stream
+    from pipectl.components.preprocess.stream import batched
 
     good = [p.read_bytes() for p in sorted(small_digits_dir.rglob("*.jpg"))[:40]]
 

@@ -4,7 +4,8 @@ import pytest
 
 from pipectl.components.contracts import Decision
 from pipectl.components.evaluate.core import decide
-from pipectl.components.preprocess.core import in_validation, is_corrupt
+from pipectl.components.preprocess.screen import is_corrupt
+from pipectl.components.preprocess.split import in_validation
 from pipectl.components.stage.core import dataset_digest
 from pipectl.components.contracts import ManifestEntry
 

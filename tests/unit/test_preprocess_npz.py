@@ -70,7 +70,7 @@ def test_zip64_sized_shards_are_refused():
 
 
 def test_a_shard_holds_at_most_256_mib_of_images():
-    from pipectl.components.preprocess.core import SHARD_BYTES, shard_images
+    from pipectl.components.preprocess.writer import SHARD_BYTES, shard_images
 
     assert shard_images(2048, 64) == 2048
     assert shard_images(2048, 224) == 891 and 891 * 3 * 224 * 224 * 2 <= SHARD_BYTES < 892 * 3 * 224 * 224 * 2

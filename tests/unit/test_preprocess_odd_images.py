@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipectl.components.preprocess.core import Corrupt, decode_with_pil, image_format, screen
+from pipectl.components.preprocess.decode import decode_with_pil
+from pipectl.components.preprocess.screen import Corrupt, image_format, screen
 from tests.tools.odd_images import CORPUS, UPRIGHT, png_raw, quadrant_means
 
 

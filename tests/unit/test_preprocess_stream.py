@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pipectl.components.preprocess.core import batched, prefetch_ordered
+from pipectl.components.preprocess.stream import batched, prefetch_ordered
 
 
 def test_prefetch_keeps_order_when_fetches_finish_out_of_order():

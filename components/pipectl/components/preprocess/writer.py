@@ -1,0 +1,159 @@
+"""Shard writing: decoded images routed to their split's shard files, complete shards PUT by
+writer threads while the next batches decode, and ``index.json`` (:class:`ShardIndex`), which
+makes the shards reachable.
+
+Shards: ``<output_uri>/<split>-<nnnnn>.npz`` with ``images`` float16 [N, 3, H, W] (normalised
+to [-1, 1]: (x - 127.5) / 127.5) and ``labels`` int64 [N]. Each shard file is assembled in place
+(npz.py): an image is copied once, into the file's bytes. Memory is bounded by the shard buffers
+(one open per split, at most 2 being written, finished ones reused), not by the data set.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from pipectl.components.contracts import ShardIndex
+from pipectl.components.runtime import StepError, join_uri, write_json
+from pipectl.components.preprocess.decode import MEAN, STD
+from pipectl.components.preprocess.npz import ShardFile, fits
+
+WRITES_IN_FLIGHT = 2
+
+SHARD_BYTES = 256 << 20
+"""Most bytes of images in one shard: what a training process holds per shard it reads
+(pipectl.components.shard_stream keeps about four), whatever the dataset's size."""
+
+
+def shard_images(shard_size: int, image_size: int) -> int:
+    """Images per shard: ``shard_size``, fewer when their float16 bytes would pass :data:`SHARD_BYTES`
+    (at 224x224: 891 images)."""
+    return max(1, min(shard_size, SHARD_BYTES // (3 * image_size * image_size * 2)))
+
+
+class _NumpyShard:
+    """A shard too large for :class:`ShardFile` (ZIP64): a numpy buffer written by ``np.savez``."""
+
+    def __init__(self, capacity: int, image_size: int) -> None:
+        self.capacity, self.image_size = capacity, image_size
+        self._images = np.empty((capacity, 3, image_size, image_size), np.float16)
+
+    def images(self, n: int) -> np.ndarray:
+        return self._images[:n]
+
+    def finish(self, n: int, labels: np.ndarray) -> io.BytesIO:
+        buf = io.BytesIO()
+        np.savez(buf, images=self._images[:n], labels=labels)
+        buf.seek(0)
+        return buf
+
+
+@dataclass
+class ShardWriter:
+    """Routes decoded images to their split's shard files; PUTs complete shards in ``pool``.
+
+    ``expected``: images per split that may still arrive (capacity of new shard buffers:
+    min(shard_size, expected)); ``put(uri, body)``: uploads one file (``body``: seekable binary
+    file). A shard is complete at ``shard_size`` images, or at :meth:`close`. Shard ``n`` of a
+    split holds the split's images ``n*shard_size ..`` in stream order, as when each split was decoded in one go.
+    """
+
+    output_uri: str
+    shard_size: int
+    image_size: int
+    expected: dict[str, int]
+    put: Callable[[str, Any], None]
+    pool: ThreadPoolExecutor
+    uris: dict[str, list[str]] = field(default_factory=lambda: {"train": [], "validation": []})
+    sizes: dict[str, list[int]] = field(default_factory=lambda: {"train": [], "validation": []})
+    counts: Counter[str] = field(default_factory=Counter)
+    put_s: float = 0.0
+    _open: dict[str, tuple[Any, int, list[np.ndarray]]] = field(default_factory=dict)
+    _writes: deque[tuple[Future[float], Any]] = field(default_factory=deque)
+    _free: list[Any] = field(default_factory=list)
+
+    def add(self, split: str, images: np.ndarray, positions: np.ndarray, labels: np.ndarray) -> None:
+        """Copy ``images[positions]`` (float16 [B, 3, S, S]; positions int [k]) with ``labels``
+        int64 [k] into ``split``'s open shard(s)."""
+        k = 0
+        while k < len(positions):
+            if split not in self._open:
+                self._open[split] = (self._file(min(self.shard_size, max(self.expected[split], 1))), 0, [])
+            f, fill, labs = self._open[split]
+            if fill == f.capacity:  # capacity = min(shard_size, an upper bound of what may arrive)
+                raise StepError(f"more {split} images arrived than expected ({fill})", "report this as a bug")
+            take = positions[k:k + f.capacity - fill]
+            dst = f.images(f.capacity)[fill:fill + len(take)]
+            if len(take) == len(images) and take[0] == 0 and take[-1] == len(images) - 1:
+                np.copyto(dst, images)
+            else:
+                np.take(images, take, axis=0, out=dst, mode="clip")
+            labs.append(labels[k:k + len(take)])
+            k += len(take)
+            fill += len(take)
+            self.expected[split] -= len(take)
+            self._open[split] = (f, fill, labs)
+            if fill == self.shard_size:
+                self._flush(split)
+
+    def lost(self, split: str) -> None:
+        """One image of ``split`` will not arrive (quarantined)."""
+        self.expected[split] -= 1
+
+    def close(self) -> None:
+        """Write the open shards and wait for every write (raises the first write error)."""
+        for split in list(self._open):
+            self._flush(split)
+        while self._writes:
+            self._reclaim(self._writes.popleft())
+
+    def _file(self, capacity: int) -> Any:
+        while self._writes and self._writes[0][0].done():
+            self._reclaim(self._writes.popleft())
+        for i, f in enumerate(self._free):
+            if f.capacity >= capacity:
+                return self._free.pop(i)
+        if not fits(capacity, self.image_size):
+            return _NumpyShard(capacity, self.image_size)
+        return ShardFile(capacity, self.image_size)
+
+    def _reclaim(self, write: tuple[Future[float], Any]) -> None:
+        fut, f = write
+        self.put_s += fut.result()
+        self._free.append(f)
+
+    def _flush(self, split: str) -> None:
+        f, fill, labs = self._open.pop(split)
+        if not fill:
+            self._free.append(f)
+            return
+        uri = join_uri(self.output_uri, f"{split}-{len(self.uris[split]):05d}.npz")
+        labels = np.concatenate(labs).astype(np.int64)
+        self.uris[split].append(uri)
+        self.sizes[split].append(fill)
+        self.counts[split] += fill
+        while len(self._writes) >= WRITES_IN_FLIGHT:  # bound memory: wait for the oldest write
+            self._reclaim(self._writes.popleft())
+
+        def write() -> float:
+            t0 = time.perf_counter()
+            self.put(uri, f.finish(fill, labels))
+            return time.perf_counter() - t0
+
+        self._writes.append((self.pool.submit(write), f))
+
+
+def write_index(s3: Any, output_uri: str, labels: list[str], image_size: int, writer: ShardWriter,
+                counts: dict[str, int]) -> None:
+    """Write ``<output_uri>/index.json`` listing ``writer``'s shards (written last: it makes them reachable)."""
+    index = ShardIndex(labels=labels, image_size=image_size, channels=3, mean=MEAN, std=STD,
+                       train=writer.uris["train"], validation=writer.uris["validation"],
+                       train_count=counts["train"], validation_count=counts["validation"],
+                       train_sizes=writer.sizes["train"], validation_sizes=writer.sizes["validation"])
+    write_json(s3, join_uri(output_uri, "index.json"), index.model_dump(mode="json"))
