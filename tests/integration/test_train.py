@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -311,6 +313,45 @@ def test_a_containers_first_process_ends_on_sigterm_while_it_waits_for_its_peers
         proc.kill()
     print(f"exit {code} {time.monotonic() - t0:.1f} s after SIGTERM")
     assert code == 143, proc.stderr.read()[-2000:]
+
+
+PREFLIGHT = """
+import sys, torch.distributed as dist
+from pipectl.components.runtime import StepError
+from pipectl.components.train import preflight
+dist.init_process_group("gloo")
+try:
+    times = preflight.check_gang()
+except StepError as e:
+    print(e.headline, file=sys.stderr, flush=True)
+    sys.exit(int(e.step_exit))
+if dist.get_rank() == 0:
+    print("ring ms", [round(t.seconds * 1000, 1) for t in times], flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("delayed_rank", [None, 2])
+def test_gang_preflight_fails_a_gang_with_a_slow_link_as_the_infrastructures(tmp_path, delayed_rank):
+    """Four processes under the launcher: a healthy ring passes (no false verdict); with rank 2's
+    sends delayed 0.5 s (a slow outbound link) the preflight fails the attempt with 75 (the gang
+    restarts), naming the two ranks at the ends of the slow link and their node."""
+    script = tmp_path / "preflight.py"
+    script.write_text(PREFLIGHT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if delayed_rank is not None:
+        env.update({"PIPECTL_PREFLIGHT_DELAY_RANK": str(delayed_rank), "PIPECTL_PREFLIGHT_DELAY_S": "0.5"})
+    r = subprocess.run([sys.executable, "-m", "pipectl.components.train.launch", "--standalone", "--nproc-per-node=4",
+                        str(script)], capture_output=True, text=True, timeout=300, env=env)
+    print(r.stdout[-500:], r.stderr[-1500:])
+    if delayed_rank is None:
+        assert r.returncode == 0 and "ring ms" in r.stdout, r.stderr[-3000:]
+        return
+    assert r.returncode == 75, r.stderr[-3000:]
+    line = next(x for x in r.stderr.splitlines() if "gang preflight: a slow link" in x)
+    named = {int(n) for n in re.findall(r"rank (\d+) on node", line)}
+    assert named == {2, 3}, line
+    assert socket.gethostname() in line
 
 
 LISTENING_PROBE = """

@@ -134,6 +134,11 @@ class TrainingParameters(StrictModel):
         0.01, ge=0, le=1, description="Preprocess fails if more than this share of images is corrupt."
     )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Random seed for initialisation and sampling.")
+    gang_preflight: bool = Field(
+        True,
+        description="Before training, time every link of the gang's ring (3 processes or more) and fail the "
+        "attempt as the infrastructure's when one is several times slower than the others, naming its nodes.",
+    )
     warm_cache: bool = Field(
         False,
         description="Warm the Alluxio cache over the staged dataset before preprocessing (step warm; "
@@ -481,6 +486,7 @@ class TrainInput(StrictModel):
     checkpoint_every_steps: int = Field(ge=1)
     seed: int = Field(ge=0)
     architecture: Architecture = Architecture.small_cnn
+    gang_preflight: bool = True
     function: str = Field("", pattern=r"^([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*)?$",
                           description="The user's train function as module.path:name; empty: pipectl's own.")
 

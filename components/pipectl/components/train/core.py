@@ -45,7 +45,7 @@ from pipectl.components.runtime import (
     write_json,
 )
 from pipectl.components.shard_stream import ShardStream
-from pipectl.components.train import builtin
+from pipectl.components.train import builtin, preflight
 from pipectl.components.train.checkpoints import latest_checkpoint, resume, save_checkpoint
 from pipectl.components.train.context import TrainContext, TrainFunction
 from pipectl.components.train.preemption import PreemptionWatch
@@ -229,6 +229,8 @@ def train(inp: TrainInput, settings: StoreSettings, s3: Any, *, reader: Any = No
         if proc.distributed:
             dist.destroy_process_group()
         return previous
+    if proc.distributed and inp.gang_preflight:
+        preflight.check_gang()
     run = _mlflow_run(inp, settings) if proc.rank == 0 else None
     if run is not None and latest_checkpoint(s3, inp.run_uri) is None:
         _log_params(inp, ctx, ref)
