@@ -56,6 +56,21 @@ def test_corrupt_jpeg_is_quarantined_and_counted(settings, s3, dataset_with_corr
     assert index.labels == [str(i) for i in range(10)]
 
 
+def test_an_image_changed_in_the_store_after_staging_is_quarantined_not_trained_on(settings, s3, small_digits_dir):
+    """preprocess re-hashes every object it reads against the manifest: an image replaced in the
+    store after staging (here: by another valid digit) is quarantined as changed, the rest used."""
+    staged = stage(StageInput(source_uri=str(small_digits_dir), bucket=settings.bucket), s3)
+    data_key = staged.dataset_uri.split("/", 3)[3] + "data/"
+    other = next((small_digits_dir / "7").iterdir()).read_bytes()
+    victim = sorted(p.name for p in (small_digits_dir / "3").iterdir())[0]
+    s3.put_object(Bucket=settings.bucket, Key=f"{data_key}3/{victim}", Body=other)
+    out = preprocess(_inp(staged.manifest_uri, settings.bucket), s3)
+    assert out.corrupt == 1 and out.train_count + out.validation_count == 299
+    quarantine = read_json(s3, f"s3://{settings.bucket}/runs/t/shards/quarantine.json")
+    assert [(q["key"], q["category"]) for q in quarantine] == [(f"3/{victim}", "changed")], quarantine
+    assert "changed in the store after it was staged" in quarantine[0]["reason"]
+
+
 def test_too_many_corrupt_images_fail_deterministically(settings, s3, dataset_with_corrupt_jpeg):
     staged = stage(StageInput(source_uri=str(dataset_with_corrupt_jpeg), bucket=settings.bucket), s3)
     with pytest.raises(StepError, match="corrupt") as e:

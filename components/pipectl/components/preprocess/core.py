@@ -33,6 +33,7 @@ first batch), steady state, the time decoding waited for bytes, and the shard wr
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import Counter
@@ -229,8 +230,14 @@ def preprocess_timed(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> tu
             log.warning("quarantined %s (%s): %s", entries[i].key, verdict.category, verdict.reason)
 
         def fetch(i: int) -> tuple[bytes, bytes, Verdict | None]:
-            """(the object's bytes, the bytes to decode, why it is quarantined or None); in a fetch thread."""
+            """(the object's bytes, the bytes to decode, why it is quarantined or None); in a fetch thread.
+            The bytes are checked against the manifest's sha256 first: a staged dataset is reused by its
+            content address, and an object changed in the store since is not the image the run trains on."""
             blob = read(i)
+            digest = hashlib.sha256(blob).hexdigest()
+            if digest != entries[i].sha256:
+                return blob, blob, Verdict(Corrupt.CHANGED, f"sha256 {digest[:16]}… is not the manifest's {entries[i].sha256[:16]}…: "
+                                           "changed in the store after it was staged")
             return (blob, *for_decoding(blob))
 
         def fetched() -> Iterator[tuple[int, bytes]]:

@@ -30,6 +30,7 @@ class Corrupt:
     TRUNCATED = "truncated"  # an image format, cut short (no JPEG EOI after the last scan, PNG without IEND)
     CORRUPT_DATA = "corrupt-data"  # complete, but a checksum or the structure says the bytes changed
     UNDECODABLE = "undecodable"  # passed the checks, but DALI and the PIL fallback both failed to decode it
+    CHANGED = "changed"  # not the bytes the manifest names (sha256): changed in the store after staging
 
 
 @dataclass(frozen=True)
