@@ -502,6 +502,7 @@ class TrainOutput(StrictModel):
     world_size: int
     train_accuracy: float | None = None
     """None when the user's own torchrun code trained (it reports its metrics itself)."""
+    verdicts: list[str] = Field(default_factory=list, description="What the step anatomy said (starved, fabric-bound, straggler...), each with its rule.")
 
 
 class EvaluateInput(StrictModel):

@@ -29,6 +29,7 @@ restarts; a retried step that finds them all done does not call the function aga
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -41,7 +42,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from pipectl.components.contracts import TrainInput
 from pipectl.components.runtime import StepError
 from pipectl.components.shard_stream import ShardStream
+from pipectl.components.train import telemetry
 from pipectl.components.train.preemption import PreemptionWatch
+from pipectl.components.train.telemetry import StepClock
 
 log = logging.getLogger("pipectl.train")
 
@@ -74,6 +77,10 @@ class TrainContext:
     restore: Callable[[nn.Module, torch.optim.Optimizer], tuple[int, str | None]] = field(repr=False)
     log_metric: Callable[[str, float, int | None], None] = field(repr=False)
     watch: PreemptionWatch = field(default_factory=PreemptionWatch, repr=False)
+    clock: StepClock = field(default_factory=StepClock, repr=False)
+    """Where each step's time goes (:mod:`pipectl.components.train.telemetry`)."""
+    verdicts: list[str] = field(default_factory=list)
+    """What the step anatomy said over the run (rank 0; each verdict kind once, its latest wording)."""
     step: int = 0
     """The global optimiser step: the number of batches done, over every attempt of the run."""
     resumed_from: int = 0
@@ -104,8 +111,13 @@ class TrainContext:
         return self.steps_per_epoch * self.params.epochs
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        """``model`` in DistributedDataParallel when the gang has more than one process."""
-        return DDP(model) if self.distributed else model
+        """``model`` in DistributedDataParallel when the gang has more than one process, with the
+        step clock's timing all-reduce hook (so do not register a communication hook of your own on it)."""
+        if not self.distributed:
+            return model
+        ddp = DDP(model)
+        telemetry.attach(self.clock, ddp)
+        return ddp
 
     def record_loss(self, loss: torch.Tensor | float) -> None:
         """Note a batch's loss: the epoch's mean goes to the step's log and MLflow (``train_loss``)."""
@@ -126,21 +138,28 @@ class TrainContext:
             model.train()
             self._epoch_loss.clear()
             with closing(self.data.batches(epoch, self.params.batch_size, offset)) as stream:
+                self.clock.data_begin()
                 for images, labels in stream:  # float16 from the shards: float32 on the device
-                    yield (torch.from_numpy(images).to(self.device, non_blocking=True).float(),
-                           torch.from_numpy(labels).to(self.device, non_blocking=True))
+                    batch = (torch.from_numpy(images).to(self.device, non_blocking=True).float(),
+                             torch.from_numpy(labels).to(self.device, non_blocking=True))
+                    self.clock.body_begin(len(labels))
+                    yield batch
+                    self.clock.body_end()
                     self.step += 1
                     self._after_step(model, optimizer, total)
+                    self.clock.data_begin()
             self._end_epoch(epoch)
 
     def _after_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, total: int) -> None:
         """Periodic checkpoint (every rank meets at a barrier after it), then checkpoint-then-yield."""
         periodic = self.step % self.params.checkpoint_every_steps == 0
         if periodic and self.step < total:
+            t0 = time.perf_counter()
             if self.rank == 0:
                 self.checkpoint(self.step, model, optimizer)
             if self.distributed:
                 dist.barrier()
+            self.clock.checkpoint(time.perf_counter() - t0)
         if self.step < total and self.watch.should_stop():
             if self.rank == 0 and not periodic:
                 self.checkpoint(self.step, model, optimizer)
@@ -150,13 +169,37 @@ class TrainContext:
             raise Preempted(self.step, total)
 
     def _end_epoch(self, epoch: int) -> None:
+        ranks = self._gather_anatomy()
         if self.rank != 0:
             return  # progress in the step's log (`pipectl logs`): where a restart would resume from
+        self._report_anatomy(ranks, epoch)
         mean = torch.stack([t.cpu() for t in self._epoch_loss]).mean().item() if self._epoch_loss else float("nan")
         log.info("epoch %d of %d done: step %d of %d, mean loss %.4f", epoch + 1, self.params.epochs, self.step,
                  self.total_steps, mean)
         if self._epoch_loss:
             self.log_metric("train_loss", mean, epoch)
+
+
+    def _gather_anatomy(self) -> list[telemetry.RankEpoch]:
+        """Every rank's step anatomy of the epoch (a collective: every rank calls it)."""
+        mine = self.clock.epoch(self.rank)
+        if not self.distributed:
+            return [mine]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine)
+        return gathered
+
+    def _report_anatomy(self, ranks: list[telemetry.RankEpoch], epoch: int) -> None:
+        """Rank 0: the gang's shares to MLflow and the log; verdicts to the log and ``self.verdicts``."""
+        shares = telemetry.gang_shares(ranks)
+        for name, value in shares.items():
+            self.log_metric(name, value, epoch)
+        log.info("epoch %d step time: %s; %.0f images/s", epoch + 1,
+                 ", ".join(f"{p} {shares['share_' + p]:.0%}" for p in telemetry.PARTS), shares["images_per_s"])
+        for verdict in telemetry.verdicts(ranks):
+            log.warning("epoch %d: %s", epoch + 1, verdict)
+            kind = verdict.split(":", 1)[0]
+            self.verdicts[:] = [v for v in self.verdicts if not v.startswith(kind + ":")] + [verdict]
 
 
 TrainFunction = Callable[[TrainContext], nn.Module]

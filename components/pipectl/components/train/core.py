@@ -132,6 +132,8 @@ def _publish(inp: TrainInput, s3: Any, out: TrainOutput, model: nn.Module, optim
         "samples_per_s": out.steps_this_attempt * inp.batch_size * out.world_size / elapsed_s if elapsed_s > 0 else 0.0,
         "steps_recomputed_after_resume": float(out.steps_this_attempt),
     })
+    if out.verdicts:
+        mlflow.set_tag("pipectl.verdicts", "\n".join(out.verdicts))
     out.mlflow_run_id, out.model_uri = run.info.run_id, _log_model(inp, model, example, num_classes)
     write_json(s3, output_uri, out.model_dump(mode="json"))
     mlflow.end_run()
@@ -246,7 +248,8 @@ def train(inp: TrainInput, settings: StoreSettings, s3: Any, *, reader: Any = No
     accuracy = _train_accuracy(model, ctx)
     ctx.log_metric("peak_rss_mib", _peak_rss_mib(ctx), None)
     out = TrainOutput(mlflow_run_id="", model_uri="", steps=ctx.step, steps_this_attempt=steps_this_attempt,
-                      resumed_from_step=ctx.resumed_from, world_size=proc.world_size, train_accuracy=round(accuracy, 6))
+                      resumed_from_step=ctx.resumed_from, world_size=proc.world_size, train_accuracy=round(accuracy, 6),
+                      verdicts=ctx.verdicts)
     if run is not None:
         example = torch.from_numpy(ctx.data.example(2)).float()
         _publish(inp, s3, out, model, ctx.optimizer, example, ctx.num_classes, accuracy, elapsed, run, output_uri)

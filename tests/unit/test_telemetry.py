@@ -1,0 +1,47 @@
+"""The step anatomy's verdicts, each rule at its threshold (the measured side: tests/integration/test_train.py)."""
+
+from __future__ import annotations
+
+from pipectl.components.train.telemetry import RankEpoch, gang_shares, verdicts
+
+
+def _rank(rank: int, data=0.1, compute=0.6, sync=0.1, optimizer=0.1, checkpoint=0.1, steps=40, hooked=True) -> RankEpoch:
+    seconds = {"data": data, "compute": compute, "sync": sync, "optimizer": optimizer, "checkpoint": checkpoint}
+    return RankEpoch(rank, f"node-{rank}", steps, steps * 32, {k: v * steps for k, v in seconds.items()}, hooked)
+
+
+def test_a_balanced_gang_gets_no_verdict_and_shares_sum_to_one():
+    ranks = [_rank(r) for r in range(4)]
+    shares = gang_shares(ranks)
+    assert abs(sum(v for k, v in shares.items() if k.startswith("share_")) - 1) < 1e-9
+    assert shares["slowest_rank_ratio"] == 1.0
+    assert verdicts(ranks) == []
+
+
+def test_starved_above_20_percent_data_wait():
+    assert verdicts([_rank(r, data=0.19, compute=0.51) for r in range(2)]) == []
+    found = verdicts([_rank(r, data=0.21, compute=0.49) for r in range(2)])
+    assert len(found) == 1 and found[0].startswith("starved: 21%") and "DALI mixed" in found[0]
+
+
+def test_fabric_bound_above_15_and_no_scale_above_30_percent_sync():
+    assert verdicts([_rank(r, sync=0.14, compute=0.56) for r in range(2)]) == []
+    assert verdicts([_rank(r, sync=0.16, compute=0.54) for r in range(2)])[0].startswith("fabric-bound: 16%")
+    assert "not pay" not in verdicts([_rank(r, sync=0.16, compute=0.54) for r in range(2)])[0].split(");")[1]
+    found = verdicts([_rank(r, sync=0.31, compute=0.39) for r in range(2)])
+    assert found[0].startswith("fabric-bound: 31%") and "adding nodes will not pay" in found[0]
+    # the sync is not measured without the hook (the user's own DDP): no sync verdict
+    assert verdicts([_rank(r, sync=0.31, compute=0.39, hooked=False) for r in range(2)]) == []
+    # one node: no fabric between the ranks
+    one_node = [_rank(r, sync=0.31, compute=0.39) for r in range(2)]
+    for r in one_node:
+        r.node = "same"
+    assert verdicts(one_node) == []
+
+
+def test_a_straggler_is_named_with_its_node_over_enough_steps():
+    gang = [_rank(0, sync=0.4), _rank(1, sync=0.4), _rank(2, compute=0.9), _rank(3, sync=0.4)]
+    found = verdicts(gang)  # the others' sync is the wait for rank 2: one verdict, the straggler
+    assert len(found) == 1 and found[0].startswith("straggler: rank 2 on node node-2"), found
+    assert verdicts([_rank(0), _rank(1), _rank(2, compute=0.65), _rank(3)]) == []  # 1.06x: within the rule
+    assert verdicts([_rank(0, steps=10), _rank(1, compute=0.9, steps=10)]) == []  # fewer than 20 steps
