@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from pipectl.cli.parameters_help import PipelineCommand
-from pipectl.cli.common import console, launcher_option, needs_steps_extra, output_option, parameter_option, training_parameters
+from pipectl.cli.common import console, fail, launcher_option, needs_steps_extra, output_option, parameter_option, training_parameters
 from pipectl.components.errors import redact_credentials
 
 _CAUSE = re.compile(r"^(error|hint): |^[A-Za-z_.]+(Error|Exception): ")
@@ -60,8 +60,33 @@ def run(pipeline: str, params: tuple[str, ...], parameter_file: Path | None, out
                                 pipeline=chosen)
     if output_format == "json":
         click.echo(json.dumps(result, indent=2, sort_keys=True))
+    if not opts.get("mlflow_uri"):  # the embedded server is gone with the run: say how to see its runs
+        where = "" if opts.get("state_dir") in (None, Path(".pipectl")) else f" --state-dir {opts['state_dir']}"
+        console().print(f"MLflow UI of this folder's runs: pipectl ui{where}", markup=False, style="dim", soft_wrap=True)
     if result["phase"] != "Succeeded":
         sys.exit(1)
+
+
+@click.command()
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".pipectl"), show_default=True,
+              help="The state folder of `pipectl run`.")
+def ui(state_dir: Path) -> None:
+    """Open the MLflow UI of the local runs in the state folder (experiments, metrics such as the
+    step-time shares, registered models) on a loopback port, until Ctrl-C."""
+    from pipectl.pipelines.backends.services import mlflow_store_exists, start_mlflow
+
+    if not mlflow_store_exists(state_dir):
+        fail(f"no local runs in {state_dir} (no MLflow store there)", "run one first: pipectl run training", code=2)
+    svc = start_mlflow(state_dir)
+    try:
+        console().print(f"MLflow UI of {state_dir}: {svc.url}  (Ctrl-C to stop)", markup=False, soft_wrap=True)
+        with stop_on_signals():
+            svc.process.wait()
+    except SystemExit as e:
+        if e.code not in (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP):
+            raise
+    finally:
+        svc.stop()
 
 
 def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str | None, console: Any,

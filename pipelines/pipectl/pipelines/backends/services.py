@@ -66,6 +66,11 @@ def start_s3(state_dir: Path, timeout_s: float = 30.0) -> Service:
     return _start("s3", "S3 server (moto)", argv, state_dir, port, "/moto-api/", timeout_s)
 
 
+def mlflow_store_exists(state_dir: Path) -> bool:
+    """``state_dir`` holds the embedded MLflow server's store (a ``pipectl run`` used it)."""
+    return (state_dir / "mlflow" / "mlflow.db").is_file()
+
+
 def start_mlflow(state_dir: Path, timeout_s: float = 90.0) -> Service:
     """Start an MLflow tracking server (sqlite store, artifacts under ``state_dir/mlflow``)."""
     port = free_port()
