@@ -405,3 +405,15 @@ def test_C10_lint_refuses_a_semaphore_held_through_a_backoff(wt):
     _templates(before)["train"]["retryStrategy"] = RetryPolicy().build().model_dump(by_alias=True, exclude_none=True, mode="json")
     (finding,) = [f for f in lint_objects([("test", before)]) if "backoff" in f.message]
     assert "'train' holds a semaphore through its retry backoff" in finding.message
+
+
+def test_only_steps_that_use_the_store_get_its_credentials(wt):
+    """The store's Secret (and settings) reach the pods of the steps that read or write the store;
+    validate (parameters only) and gang-release (the Kubernetes API only) get neither."""
+    from pipectl.components.names import STORE_SECRET
+
+    with_secret = {t["name"] for t in wt["spec"]["templates"]
+                   if any(e.get("secretRef", {}).get("name") == STORE_SECRET for e in t.get("container", {}).get("envFrom", []))}
+    assert with_secret == {"stage", "warm", "preprocess", "evaluate", "register"}, with_secret
+    containers = {t["name"] for t in wt["spec"]["templates"] if "container" in t}
+    assert {"validate", "gang-release"} <= containers - with_secret

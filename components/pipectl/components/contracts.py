@@ -102,9 +102,10 @@ class TrainingParameters(StrictModel):
 
     dataset_uri: str = Field(
         "example:digits",
-        description="Dataset to train on: a local folder or s3://bucket/prefix in ImageFolder "
-        "layout (<label>/<image>.jpg); a .csv or .parquet manifest (local or s3://) with the columns "
-        "uri (s3:// or relative to the manifest) and label; or example:digits for the bundled scikit-learn digits.",
+        description="Dataset to train on: s3://bucket/prefix in ImageFolder layout (<label>/<image>.jpg); "
+        "a .csv or .parquet manifest on s3:// with the columns uri (s3:// or relative to the manifest) and label; "
+        "or example:digits for the bundled scikit-learn digits. pipectl run also takes a local folder or manifest; "
+        "for a cluster, pipectl data push copies one to the store and prints its URI.",
     )
     image_size: int = Field(32, ge=8, le=512, description="Square side in pixels images are resized to.")
     epochs: int = Field(15, ge=1, le=1000, description="Passes over the training split.")

@@ -216,11 +216,12 @@ def _step_pod_fields(cfg: CompileConfig, name: str) -> dict:
 
 
 def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type[BaseModel], output: type[BaseModel],
-          fixed: dict[str, str] | None = None, every_field: bool = False) -> Container:
+          fixed: dict[str, str] | None = None, every_field: bool = False, store: bool = True) -> Container:
     """A container template running ``python -m pipectl.components.<module>``.
 
     Inputs are the contract's required fields (every field with ``every_field``) minus ``fixed``
-    (compile-time values baked into args).
+    (compile-time values baked into args). ``store``: the step reads or writes the object store
+    and MLflow, so its pod gets their settings and credentials; a step that does not gets neither.
     """
     fixed = fixed or {}
     names = [n for n in contract.model_fields
@@ -235,7 +236,7 @@ def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type
         args=args + ["--outputs-dir", OUTPUTS_DIR],
         inputs=_input_params(names),
         outputs=_outputs(output) or None,
-        env_from=_store_env(),
+        env_from=_store_env() if store else None,
         resources=Resources(cpu_request=cfg.step_cpu, memory_request=f"{cfg.step_memory_gib:g}Gi"),
         **_step_pod_fields(cfg, name),
     )
@@ -402,7 +403,8 @@ def workflow_parameters(defaults: dict[str, str] | None = None) -> list[Paramete
 def validate_templates(cfg: CompileConfig) -> list:
     """C15: every workflow parameter parsed by the CLI's own contract inside the cluster, first;
     its log tail (the parameter named) becomes the step's message in Argo and the UI."""
-    validate = _step(cfg, "validate", cfg.light_image, "validate", TrainingParameters, ValidateOutput, every_field=True)
+    validate = _step(cfg, "validate", cfg.light_image, "validate", TrainingParameters, ValidateOutput, every_field=True,
+                     store=False)
     validate.termination_message_policy = "FallbackToLogsOnError"
     return [validate]
 

@@ -57,6 +57,12 @@ class LocalBackendError(TemplateError):
     (substitution problems arrive as the base class, :class:`TemplateError`)."""
 
 
+
+def _skipped(when: str, condition: str) -> str:
+    """Why a task was skipped, for people: its ``when`` with parameter names, and what it read."""
+    readable = re.sub(r"\{\{workflow\.parameters\.([A-Za-z0-9_-]+)\}\}", r"\1", when)
+    return f"skipped: {readable} does not hold ({condition})"
+
 @dataclass
 class NodeResult:
     """One executed task: ``phase`` is Succeeded, Failed or Skipped (``when`` false); ``duration_s`` seconds."""
@@ -268,8 +274,9 @@ class LocalRunner:
                     p["name"]: substitute(str(p.get("value", "")), values, where=f"task {name}")
                     for p in task.get("arguments", {}).get("parameters", [])
                 }
-                if "when" in task and not evaluate_when(substitute(task["when"], values, where=f"task {name} when"), name):
-                    node = NodeResult(name, task["template"], "Skipped", 0, 0.0, message=f"when '{task['when']}' is false")
+                condition = substitute(task["when"], values, where=f"task {name} when") if "when" in task else ""
+                if "when" in task and not evaluate_when(condition, name):
+                    node = NodeResult(name, task["template"], "Skipped", 0, 0.0, message=_skipped(task["when"], condition))
                     nodes.append(node)
                     self._record(node, time.time(), ran=False)
                     self.on_event("end", name, node)
