@@ -179,7 +179,6 @@ class TrainContext:
         if self._epoch_loss:
             self.log_metric("train_loss", mean, epoch)
 
-
     def _gather_anatomy(self) -> list[telemetry.RankEpoch]:
         """Every rank's step anatomy of the epoch (a collective: every rank calls it)."""
         mine = self.clock.epoch(self.rank)

@@ -2,19 +2,17 @@
 
 The kubelet stops a gang pod (preemption, eviction, drain, a stopped run deleting its gang) with
 SIGTERM to the container's first process, pipectl's launcher, then SIGKILL after the grace
-period. Two gaps would let that SIGTERM do nothing and keep the pod, and its GPUs, for the whole
-grace period:
+period. Where the launcher is its PID namespace's first process (a container without an init:
+``docker run``, a pod that does not share its PID namespace — pipectl's gang pods do), the kernel
+delivers it a signal only when it has a handler for it. Python has none for SIGTERM, so until
+torchrun installs its own (after its rendezvous, when it starts the workers) the signal is
+dropped — through the seconds of importing torch and waiting for the gang's peers — and the pod
+keeps its node, and its GPUs, for the whole grace period. A Python handler alone would not do
+either: it runs only between bytecodes of the main thread, and torchrun's agent waits for its
+peers inside one C++ call (the rendezvous store).
 
-- **PID 1 ignores it.** The kernel delivers a signal to a PID namespace's first process only when
-  that process has a handler for it; Python has none for SIGTERM, so until torchrun installs its
-  own (after its rendezvous, when it starts the workers) the signal is dropped — through the
-  seconds of importing torch and waiting for the gang's peers.
-- **A Python handler runs only between bytecodes of the main thread.** torchrun's agent waits for
-  its peers inside one C++ call (the rendezvous store); a handler set before that runs only when
-  the call returns — when the peers come, or at the rendezvous timeout.
-
-:meth:`StopSignals.install` closes both before anything else is imported: a handler (so the
-kernel delivers the signal), and a thread that learns of the signal from the interpreter's wakeup
+:meth:`StopSignals.install` therefore sets, before anything else is imported, a handler (so the
+kernel delivers the signal) and a thread that learns of the signal from the interpreter's wakeup
 file descriptor (written by the C-level handler, whatever the main thread is doing) and ends the
 process at once, 128 + the signal number, while the handler is still this one — no training
 process exists then, so there is nothing to checkpoint. Once torchrun has its own
