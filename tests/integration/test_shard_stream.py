@@ -138,3 +138,20 @@ def test_sizes_an_index_gets_wrong_are_refused_naming_the_shard(s3, settings, sh
     write_json(s3, join_uri(shards, "index.json"), short.model_dump(mode="json"))
     with pytest.raises(StepError, match="train_sizes has 2 entries summing to 200 for 5 shards of 401 samples"):
         check(PrebuiltInput(shards_uri=shards), s3)
+
+
+@pytest.mark.parametrize("damage", ["flipped-bit", "cut-short", "not-a-shard"])
+def test_a_damaged_shard_stops_the_stream_naming_it(s3, settings, shards, damage):
+    """A shard whose bytes changed in the store: a step error (the data's, not retried) naming the
+    shard, met by the stream that reads it, never a batch of wrong numbers."""
+    from pipectl.components.runtime import StepError
+
+    key = "shards/train-00002.npz"
+    body = bytearray(s3.get_object(Bucket=settings.bucket, Key=key)["Body"].read())
+    body[len(body) // 2] ^= 0x01
+    damaged = {"flipped-bit": bytes(body), "cut-short": bytes(body[: len(body) // 2]), "not-a-shard": b"<html>503</html>"}
+    s3.put_object(Bucket=settings.bucket, Key=key, Body=damaged[damage])
+    stream = ShardStream(s3, shards, "train", seed=0)
+    with pytest.raises(StepError, match=r"shard s3://.*/train-00002\.npz cannot be read") as e:
+        _ids(stream.batches(0, 16))
+    assert not e.value.transient and "preprocess the dataset again" in e.value.hint

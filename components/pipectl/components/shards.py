@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import io
+import zipfile
 from typing import Any
 
 import numpy as np
 
 from pipectl.components.contracts import ShardIndex
-from pipectl.components.runtime import join_uri, parse_s3_uri, read_json
+from pipectl.components.runtime import StepError, join_uri, parse_s3_uri, read_json
 
 
 def put_npz(s3: Any, uri: str, images: np.ndarray, labels: np.ndarray) -> None:
@@ -25,10 +26,19 @@ def read_index(reader: Any, shards_uri: str) -> ShardIndex:
 
 
 def read_shard(reader: Any, uri: str) -> tuple[np.ndarray, np.ndarray]:
-    """One ``.npz`` shard: (images [N, C, H, W] as stored, labels int64 [N])."""
+    """One ``.npz`` shard: (images [N, C, H, W] as stored, labels int64 [N]).
+
+    A shard whose bytes are damaged (a flipped bit fails the zip member's CRC-32; cut short; not
+    an ``.npz``; pickled objects, never loaded) is a :class:`StepError` naming it: the data's
+    failure, not retried. A read the connection cut short is botocore's error (transient)."""
     bucket, key = parse_s3_uri(uri)
-    with np.load(io.BytesIO(reader.get_object(Bucket=bucket, Key=key)["Body"].read())) as z:
-        return z["images"], z["labels"]
+    body = reader.get_object(Bucket=bucket, Key=key)["Body"].read()
+    try:
+        with np.load(io.BytesIO(body)) as z:
+            return z["images"], z["labels"]
+    except (zipfile.BadZipFile, ValueError, KeyError, EOFError, OSError) as e:
+        raise StepError(f"shard {uri} cannot be read: {type(e).__name__}: {str(e)[:200]}",
+                        "the shard is damaged: restore it, or preprocess the dataset again into new shards") from e
 
 
 def load_split(s3: Any, shards_uri: str, split: str) -> tuple[np.ndarray, np.ndarray, ShardIndex]:
