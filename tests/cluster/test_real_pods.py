@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -324,6 +325,11 @@ def test_training_pipeline_on_real_pods(services, project, core):
     versions = MlflowClient(tracking_uri=services["mlflow_url"]).search_model_versions("name='digits-cnn'")
     print("model versions:", [(v.version, v.run_id, v.tags) for v in versions])
     assert versions, "no model version registered"
+
+    # the training's step anatomy, from the evaluate step's outputs
+    status = _pipectl(c, "status", name, timeout_s=120)
+    assert status.returncode == 0, status.stderr
+    assert re.search(r"training step time \(last epoch\): data \d+%, compute \d+%, sync \d+%", status.stderr), status.stderr
 
     logs = _pipectl(c, "logs", name, timeout_s=120)
     assert logs.returncode == 0, logs.stderr

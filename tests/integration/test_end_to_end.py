@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +52,9 @@ def test_default_run_registers_a_champion_above_095_on_digits(tmp_path):
     assert summary["preprocess"]["device"] == "cpu"
     assert len(summary["mlflow_run_id"]) == 32
     assert "Succeeded" in r.stderr and "digits-cnn version 1" in r.stderr
+    # the training's step anatomy, carried by evaluate's outputs into the summary
+    assert re.fullmatch(r"data \d+%, compute \d+%, sync \d+%, optimizer \d+%, checkpoint \d+%; \d+ images/s", summary["step_time"]), summary
+    assert "step time" in r.stderr and "MLflow UI of this folder's runs: pipectl ui --state-dir" in r.stderr
     # the services were stopped: only their persistent state remains
     assert (tmp_path / "state" / "mlflow" / "mlflow.db").exists()
 

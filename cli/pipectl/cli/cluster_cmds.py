@@ -233,12 +233,26 @@ def status(name: str, namespace: str, context: str | None, output_format: str) -
     else:
         _rows(rows, output_format, narrow=("step", "type", "phase", "message"))
     phase = wf.get("status", {}).get("phase")
+    for line in _training_anatomy(nodes):
+        console().print(line, markup=False, soft_wrap=True)
     console().print(f"workflow {name}: {phase}", markup=False)
     if phase in ("Failed", "Error"):
         # a train step that timed out Pending: say why its gang never got nodes
         for pod, why in cluster.unscheduled_gang_pods(name).items():
             console().print(f"gang pod {pod} was never scheduled: {why}", markup=False)
         sys.exit(1)
+
+
+def _training_anatomy(nodes: list[dict]) -> list[str]:
+    """The training's step time and verdicts, as the evaluate step's outputs carry them."""
+    for node in nodes:
+        outputs = {p["name"]: p.get("value", "") for p in (node.get("outputs") or {}).get("parameters", [])}
+        if outputs.get("training-step-time"):
+            import json
+
+            verdicts = json.loads(outputs.get("training-verdicts") or "[]")
+            return [f"training step time (last epoch): {outputs['training-step-time']}", *(f"verdict: {v}" for v in verdicts)]
+    return []
 
 
 @click.command()

@@ -203,7 +203,8 @@ def _print_failure(summary: dict[str, Any], console: Any) -> None:
 
 
 def _print_summary(summary: dict[str, Any], console: Any) -> None:
-    """Model, alias, metrics and decision of a Succeeded run, as a table."""
+    """Model, alias, metrics, decision and the training's step time and verdicts of a Succeeded run, as a table."""
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"workflow {summary['workflow']} Succeeded", show_header=False)
@@ -215,6 +216,10 @@ def _print_summary(summary: dict[str, Any], console: Any) -> None:
         table.add_row(k, f"{v:.4f}")
     table.add_row("decision", str(summary.get("decision")))
     table.add_row("mlflow run", str(summary.get("mlflow_run_id")))
+    if summary.get("step_time"):
+        table.add_row("step time", escape(summary["step_time"]) + " (last epoch)")
+    for verdict in summary.get("verdicts", []):
+        table.add_row("verdict", escape(verdict))
     pre = summary.get("preprocess", {})
     table.add_row("preprocess", f"{pre.get('images-per-s')} images/s on {pre.get('device')}, {pre.get('corrupt')} corrupt")
     ran = [s for s in summary["steps"] if not s.get("reused")]

@@ -504,6 +504,7 @@ class TrainOutput(StrictModel):
     train_accuracy: float | None = None
     """None when the user's own torchrun code trained (it reports its metrics itself)."""
     verdicts: list[str] = Field(default_factory=list, description="What the step anatomy said (starved, fabric-bound, straggler...), each with its rule.")
+    step_time: str = Field("", description="The last epoch's step anatomy: shares of data, compute, sync, optimizer, checkpoint; images/s.")
 
 
 class EvaluateInput(StrictModel):
@@ -528,6 +529,10 @@ class EvaluateOutput(StrictModel):
     decision: Decision
     metric_name: str = ""
     """The metric that decided: ``promotion_metric``'s value, or the user's metric's name."""
+    training_step_time: str = ""
+    """The train step's last epoch's step anatomy (its output, shown here for the Argo UI and ``pipectl status``)."""
+    training_verdicts: list[str] = Field(default_factory=list)
+    """The train step's verdicts (starved, fabric-bound, straggler), each with its rule."""
 
 
 class RegisterInput(StrictModel):

@@ -158,6 +158,8 @@ def evaluate(inp: EvaluateInput, s3: Any, client: Any) -> EvaluateOutput:
         champion_metric=None if champ_metric is None else round(champ_metric, 6),
         decision=decision,
         metric_name=decider,
+        training_step_time=train.step_time,
+        training_verdicts=train.verdicts,
     )
     write_json(s3, layout.evaluate_output_uri, out.model_dump(mode="json"))
     return out

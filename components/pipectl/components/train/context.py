@@ -81,6 +81,8 @@ class TrainContext:
     """Where each step's time goes (:mod:`pipectl.components.train.telemetry`)."""
     verdicts: list[str] = field(default_factory=list)
     """What the step anatomy said over the run (rank 0; each verdict kind once, its latest wording)."""
+    step_time: str = ""
+    """The last epoch's step anatomy, as the log prints it (rank 0)."""
     step: int = 0
     """The global optimiser step: the number of batches done, over every attempt of the run."""
     resumed_from: int = 0
@@ -193,8 +195,9 @@ class TrainContext:
         shares = telemetry.gang_shares(ranks)
         for name, value in shares.items():
             self.log_metric(name, value, epoch)
-        log.info("epoch %d step time: %s; %.0f images/s", epoch + 1,
-                 ", ".join(f"{p} {shares['share_' + p]:.0%}" for p in telemetry.PARTS), shares["images_per_s"])
+        self.step_time = (", ".join(f"{p} {shares['share_' + p]:.0%}" for p in telemetry.PARTS)
+                          + f"; {shares['images_per_s']:.0f} images/s")
+        log.info("epoch %d step time: %s", epoch + 1, self.step_time)
         for verdict in telemetry.verdicts(ranks):
             log.warning("epoch %d: %s", epoch + 1, verdict)
             kind = verdict.split(":", 1)[0]

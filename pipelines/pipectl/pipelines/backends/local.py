@@ -166,6 +166,8 @@ def summarise(result: RunResult, parameters: TrainingParameters) -> dict[str, An
         summary["mlflow_run_id"] = ev.get("mlflow-run-id")
         summary["metrics"] = json.loads(ev.get("metrics") or "{}")
         summary["decision"] = ev.get("decision")
+        summary["step_time"] = ev.get("training-step-time") or ""
+        summary["verdicts"] = json.loads(ev.get("training-verdicts") or "[]")
     if "register" in outputs:
         reg = outputs["register"]
         summary["model"] = {
