@@ -115,7 +115,8 @@ def needs_steps_extra(what: str) -> Callable[[Callable], Callable]:
                 if (e.name or "").split(".")[0] not in STEPS_MODULES:
                     raise
                 fail(f"{what} needs the steps' dependencies: {e.name} is not installed (this is the light install)",
-                     f"pip install '{STEPS_EXTRA}'", code=2)
+                     f"install the steps extra from your pipectl checkout: pip install '<checkout>[steps]', e.g. "
+                     f"pip install './{STEPS_EXTRA}' (the pipectl on PyPI is another project)", code=2)
 
         return checked
 

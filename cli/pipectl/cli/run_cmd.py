@@ -40,7 +40,7 @@ _CAUSE = re.compile(r"^(error|hint): |^[A-Za-z_.]+(Error|Exception): ")
 def run(pipeline: str, params: tuple[str, ...], parameter_file: Path | None, output_format: str, launcher: str | None,
         resume: str | None, **opts: Any) -> None:
     """Run PIPELINE on this machine with the embedded local backend (same compiled workflow).
-    Needs the steps' dependencies: pip install 'pipectl[steps]'. PIPELINE: a built-in pipeline
+    Needs the steps' dependencies: the steps extra (pip install '.[steps]' in a pipectl checkout). PIPELINE: a built-in pipeline
     (training), or your own: path/to/file.py:NAME or package.module:NAME (its steps' commands run
     here, importing from the file's folder).
 
