@@ -55,6 +55,7 @@ def test_default_run_registers_a_champion_above_095_on_digits(tmp_path):
     # the training's step anatomy, carried by evaluate's outputs into the summary
     assert re.fullmatch(r"data \d+%, compute \d+%, sync \d+%, optimizer \d+%, checkpoint \d+%; \d+ images/s", summary["step_time"]), summary
     assert "step time" in r.stderr and "MLflow UI of this folder's runs: pipectl ui --state-dir" in r.stderr
+    assert not [v for v in summary["verdicts"] if v.startswith("memory growing")], summary["verdicts"]  # 15 epochs, no leak
     # the services were stopped: only their persistent state remains
     assert (tmp_path / "state" / "mlflow" / "mlflow.db").exists()
 

@@ -366,6 +366,48 @@ def test_the_step_anatomy_names_a_slow_rank_and_logs_the_shares(settings, s3, sh
     print("verdicts:", out.verdicts)
 
 
+LEAKY_TRAIN = """
+import torch
+from torch import nn
+from pipectl.components.models import build_model
+
+KEPT = []
+
+
+def train(ctx):
+    model = build_model("small-cnn", ctx.num_classes, ctx.channels).to(ctx.device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=ctx.params.learning_rate)
+    net = ctx.wrap(model)
+    for images, labels in ctx.batches(model, optimizer):
+        optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(net(images), labels)
+        loss.backward()
+        optimizer.step()
+        KEPT.append(torch.ones(1 << 20))  # 4 MiB kept at every step: the leak
+        ctx.record_loss(loss)
+    return model
+"""
+
+
+def test_memory_that_grows_every_epoch_is_named_as_a_likely_leak(settings, s3, shards_uri, step_env, tmp_path):
+    """Two processes whose train function keeps 4 MiB per step (~92 MiB an epoch): after 5 epochs
+    the run's verdicts name each rank's growing resident memory as a likely leak; the gang's
+    memory per epoch is in MLflow."""
+    import mlflow
+
+    (tmp_path / "leaky.py").write_text(LEAKY_TRAIN)
+    argv = _argv(settings, shards_uri, tmp_path / "out", epochs=6, workflow="wf-leak") + ["--function", "leaky:train"]
+    env = {**step_env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{step_env.get('PYTHONPATH', '')}"}
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = TrainOutput.model_validate(json.loads((tmp_path / "out" / "output.json").read_text()))
+    leak = [v for v in out.verdicts if v.startswith("memory growing: rank")]
+    assert leak and "resident memory grew at each of the last 4 epochs" in leak[0], out.verdicts
+    history = mlflow.tracking.MlflowClient(settings.mlflow_uri).get_metric_history(out.mlflow_run_id, "memory_mib_max")
+    assert len(history) == 6 and history[-1].value - history[1].value > 200, [m.value for m in history]
+    print("verdicts:", out.verdicts)
+
+
 PREFLIGHT = """
 import sys, torch.distributed as dist
 from pipectl.components.runtime import StepError

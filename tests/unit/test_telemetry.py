@@ -45,3 +45,19 @@ def test_a_straggler_is_named_with_its_node_over_enough_steps():
     assert len(found) == 1 and found[0].startswith("straggler: rank 2 on node node-2"), found
     assert verdicts([_rank(0), _rank(1), _rank(2, compute=0.65), _rank(3)]) == []  # 1.06x: within the rule
     assert verdicts([_rank(0, steps=10), _rank(1, compute=0.9, steps=10)]) == []  # fewer than 20 steps
+
+
+def _mem(values: list[float]) -> list[RankEpoch]:
+    return [RankEpoch(0, "node-0", 40, 1280, dict.fromkeys(("data", "compute", "sync", "optimizer", "checkpoint"), 1.0), True, m)
+            for m in values]
+
+
+def test_memory_that_grows_at_every_one_of_the_last_four_epochs_is_a_likely_leak():
+    from pipectl.components.train.telemetry import growing_memory
+
+    found = growing_memory(_mem([500, 520, 600, 680, 760, 840]))
+    assert found and found.startswith("memory growing: rank 0 on node node-0: resident memory grew at each of the last 4 epochs, 520 -> 840 MiB")
+    assert growing_memory(_mem([600, 680, 760, 840])) is None  # 4 epochs: too few to tell
+    assert growing_memory(_mem([500, 900, 905, 910, 915, 920])) is None  # settled after the first epoch (+20 MiB)
+    assert growing_memory(_mem([500, 520, 600, 680, 670, 840])) is None  # not at every epoch
+    assert growing_memory(_mem([5000, 5020, 5040, 5060, 5080])) is None  # +80 MiB is under 10% of 5 GB

@@ -83,6 +83,8 @@ class TrainContext:
     """What the step anatomy said over the run (rank 0; each verdict kind once, its latest wording)."""
     step_time: str = ""
     """The last epoch's step anatomy, as the log prints it (rank 0)."""
+    _epochs: dict[int, list[telemetry.RankEpoch]] = field(default_factory=dict, repr=False)
+    """Rank 0: every rank's epochs so far (the memory trend)."""
     step: int = 0
     """The global optimiser step: the number of batches done, over every attempt of the run."""
     resumed_from: int = 0
@@ -198,7 +200,10 @@ class TrainContext:
         self.step_time = (", ".join(f"{p} {shares['share_' + p]:.0%}" for p in telemetry.PARTS)
                           + f"; {shares['images_per_s']:.0f} images/s")
         log.info("epoch %d step time: %s", epoch + 1, self.step_time)
-        for verdict in telemetry.verdicts(ranks):
+        for r in ranks:
+            self._epochs.setdefault(r.rank, []).append(r)
+        leaks = [telemetry.growing_memory(history) for history in self._epochs.values()]
+        for verdict in telemetry.verdicts(ranks) + [v for v in leaks if v]:
             log.warning("epoch %d: %s", epoch + 1, verdict)
             kind = verdict.split(":", 1)[0]
             self.verdicts[:] = [v for v in self.verdicts if not v.startswith(kind + ":")] + [verdict]

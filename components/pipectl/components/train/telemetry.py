@@ -36,6 +36,10 @@ STARVED_SHARE = 0.20
 FABRIC_SHARE, NO_SCALE_SHARE = 0.15, 0.30
 """Exposed gradient sync above 15% of the step: the fabric is the bottleneck (the field's rule of
 thumb for data-parallel training); above 30%: more nodes will not make the run faster."""
+LEAK_EPOCHS, LEAK_MIN_MIB, LEAK_MIN_FRACTION = 4, 64.0, 0.10
+"""Memory (GPU memory allocated on a GPU, resident memory on a CPU) that grew at every one of the
+last 4 epoch ends, by at least 64 MiB and 10% in all, is a likely leak: a healthy loop's memory
+settles after its first epoch (its model, optimiser state, a window of shards)."""
 STRAGGLER_RATIO, STRAGGLER_STEPS = 1.2, 20
 """A rank whose own time (data + compute + optimizer) per step is 20% above the gang's median,
 over an epoch of at least 20 steps, holds every other rank back at each all-reduce."""
@@ -51,6 +55,9 @@ class RankEpoch:
     images: int
     seconds: dict[str, float]
     sync_measured: bool
+    memory_mib: float = 0.0
+    """At the epoch's end: GPU memory allocated (a GPU rank) or resident memory (a CPU rank)."""
+    memory_kind: str = "resident memory"
 
     @property
     def total(self) -> float:
@@ -107,9 +114,41 @@ class StepClock:
     def epoch(self, rank: int) -> RankEpoch:
         """This rank's totals since the last call; the clock starts again."""
         node = os.environ.get(NODE_NAME_ENV) or socket.gethostname()
-        out = RankEpoch(rank, node, self.steps, self.images, dict(self.seconds), self.hooked)
+        memory, kind = current_memory_mib()
+        out = RankEpoch(rank, node, self.steps, self.images, dict(self.seconds), self.hooked, memory, kind)
         self.seconds, self.steps, self.images = dict.fromkeys(PARTS, 0.0), 0, 0
         return out
+
+
+def current_memory_mib() -> tuple[float, str]:
+    """(MiB, what): GPU memory allocated by this process's tensors on its GPU, else its resident memory."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.memory_allocated() / 2**20, "GPU memory"
+    try:
+        pages = int(open("/proc/self/statm").read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20, "resident memory"
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, "resident memory"
+
+
+def growing_memory(history: list[RankEpoch]) -> str | None:
+    """The leak verdict for one rank's epochs so far (oldest first), or None (see :data:`LEAK_EPOCHS`)."""
+    last = history[-(LEAK_EPOCHS + 1):]
+    if len(last) < LEAK_EPOCHS + 1:
+        return None
+    values = [r.memory_mib for r in last]
+    grown = values[-1] - values[0]
+    if not all(b > a for a, b in zip(values, values[1:])) or grown < max(LEAK_MIN_MIB, LEAK_MIN_FRACTION * values[0]):
+        return None
+    r = last[-1]
+    return (f"memory growing: rank {r.rank} on node {r.node}: {r.memory_kind} grew at each of the last {LEAK_EPOCHS} epochs, "
+            f"{values[0]:.0f} -> {values[-1]:.0f} MiB (+{grown / LEAK_EPOCHS:.0f} MiB per epoch; rule: every epoch, "
+            f">= {LEAK_MIN_MIB:.0f} MiB and {LEAK_MIN_FRACTION:.0%} in all) — likely a leak: tensors kept across steps "
+            "(a loss appended without .item(), a list that grows, a graph kept alive); it ends in an out-of-memory kill")
 
 
 def attach(clock: StepClock, ddp: Any) -> None:
@@ -139,6 +178,7 @@ def gang_shares(ranks: list[RankEpoch]) -> dict[str, float]:
     out["images_per_s"] = sum(r.images for r in ranks) / wall
     own = [r.own_per_step for r in ranks]
     out["slowest_rank_ratio"] = max(own) / statistics.median(own) if own and statistics.median(own) > 0 else 1.0
+    out["memory_mib_max"] = max(r.memory_mib for r in ranks)
     return out
 
 
