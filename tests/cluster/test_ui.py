@@ -52,6 +52,23 @@ def _template_params(test_cluster) -> dict[str, dict]:
     return {p["name"]: p for p in tmpl["spec"]["arguments"]["parameters"]}
 
 
+def _hover_until_shown(page, icon, tip, attempts: int = 3) -> None:
+    """Hover ``icon`` until ``tip`` is visible: on a busy machine a tooltip once stayed hidden after
+    the hover for 5 s (seen in a full `make test`: attached to the page, not shown; the cause was not
+    found); the mouse leaves and comes back, up to ``attempts`` times, 5 s each."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(attempts):
+        icon.hover()
+        try:
+            tip.first.wait_for(state="visible", timeout=5000)
+            return
+        except PlaywrightTimeout:
+            if attempt == attempts - 1:
+                raise
+            page.mouse.move(0, 0)
+
+
 def test_ui_template_parameters_submit_urgent_dag_succeeds_and_mlflow_link(
         project_applied, training_outputs_supplied, test_cluster, k8s_api, ui):
     """WorkflowTemplates list -> training-v1 -> Submit: every parameter is shown with its
@@ -86,9 +103,8 @@ def test_ui_template_parameters_submit_urgent_dag_succeeds_and_mlflow_link(
     for name, p in params.items():
         field = panel.locator("div", has=page.locator(f"label:text-is('{name}')")).last
         if name in ("lane", "dataset-uri", "promotion-metric"):  # hover a few: the tooltip is the description
-            field.locator("i.fa-question-circle").hover()
-            tip = page.locator(".tippy-popper, [data-tippy-root]").filter(has_text=p["description"])
-            tip.first.wait_for(timeout=5000)
+            _hover_until_shown(page, field.locator("i.fa-question-circle"),
+                               page.locator(".tippy-popper, [data-tippy-root]").filter(has_text=p["description"]))
             if name == "lane":
                 ui.shot("lane-description")
             page.mouse.move(0, 0)
