@@ -101,6 +101,11 @@ def check_gang() -> list[RankTime]:
     median = statistics.median(t.seconds for t in times)
     slow = slow_ranks(times)
     if slow:
+        # every rank took the same decision from the same gathered times: end the group together,
+        # so that no rank's exit tears the gloo connections down under another's background threads
+        # (seen: one worker aborted with SIGABRT at exit, which reads as a code failure, not 75)
+        dist.barrier()
+        dist.destroy_process_group()
         named = ", ".join(f"rank {t.rank} on node {t.node} ({t.seconds * 1000:.0f} ms)" for t in slow)
         raise StepError(f"gang preflight: a slow link in the gang's ring: {named}, against "
                         f"{min(t.seconds for t in times) * 1000:.1f} ms on the fastest rank for {PAYLOAD_BYTES >> 20} MiB "
