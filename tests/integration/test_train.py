@@ -315,58 +315,8 @@ def test_a_containers_first_process_ends_on_sigterm_while_it_waits_for_its_peers
     assert code == 143, proc.stderr.read()[-2000:]
 
 
-SLOW_RANK_TRAIN = """
+TRAIN_FUNCTION = """
 import time
-import torch
-from torch import nn
-from pipectl.components.models import build_model
-from pipectl.components.train.builtin import train as builtin_train
-
-
-def train(ctx):
-    model = build_model("small-cnn", ctx.num_classes, ctx.channels).to(ctx.device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=ctx.params.learning_rate)
-    net = ctx.wrap(model)
-    for images, labels in ctx.batches(model, optimizer):
-        optimizer.zero_grad(set_to_none=True)
-        loss = nn.functional.cross_entropy(net(images), labels)
-        if ctx.rank == 1:
-            time.sleep(0.05)  # a slow device: this rank's own compute
-        loss.backward()
-        optimizer.step()
-        ctx.record_loss(loss)
-    return model
-"""
-
-
-def test_the_step_anatomy_names_a_slow_rank_and_logs_the_shares(settings, s3, shards_uri, step_env, tmp_path):
-    """Two processes, rank 1's compute 50 ms slower per step: every epoch's shares reach MLflow
-    (summing to 1, the exposed sync measured by the DDP hook), and the run's verdicts name rank 1
-    as the straggler (in the train output and the MLflow run's tags)."""
-    import mlflow
-
-    (tmp_path / "slowrank.py").write_text(SLOW_RANK_TRAIN)
-    argv = _argv(settings, shards_uri, tmp_path / "out", epochs=2, workflow="wf-anatomy")
-    argv += ["--function", "slowrank:train"]
-    env = {**step_env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{step_env.get('PYTHONPATH', '')}"}
-    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = TrainOutput.model_validate(json.loads((tmp_path / "out" / "output.json").read_text()))
-    straggler = [v for v in out.verdicts if v.startswith("straggler:")]
-    assert straggler and straggler[0].startswith("straggler: rank 1 on node"), out.verdicts
-    client = mlflow.tracking.MlflowClient(settings.mlflow_uri)
-    run = client.get_run(out.mlflow_run_id)
-    assert "straggler: rank 1" in run.data.tags["pipectl.verdicts"]
-    parts = ("data", "compute", "sync", "optimizer", "checkpoint")
-    for epoch in range(2):
-        shares = {p: next(m.value for m in client.get_metric_history(out.mlflow_run_id, f"share_{p}") if m.step == epoch)
-                  for p in parts}
-        assert abs(sum(shares.values()) - 1) < 1e-6, shares
-        assert shares["sync"] > 0.1, shares  # rank 0 waits for rank 1 at every all-reduce
-    print("verdicts:", out.verdicts)
-
-
-LEAKY_TRAIN = """
 import torch
 from torch import nn
 from pipectl.components.models import build_model
@@ -381,12 +331,45 @@ def train(ctx):
     for images, labels in ctx.batches(model, optimizer):
         optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.cross_entropy(net(images), labels)
+        {fault}
         loss.backward()
         optimizer.step()
-        KEPT.append(torch.ones(1 << 20))  # 4 MiB kept at every step: the leak
         ctx.record_loss(loss)
     return model
 """
+"""A small train function with one line of fault (``{fault}``) in its loop."""
+
+
+def _train_with_fault(settings, shards_uri, step_env, tmp_path, fault: str, epochs: int, workflow: str) -> TrainOutput:
+    """Two processes train with :data:`TRAIN_FUNCTION` holding ``fault``; the train output."""
+    (tmp_path / "faulty.py").write_text(TRAIN_FUNCTION.replace("{fault}", fault))
+    argv = _argv(settings, shards_uri, tmp_path / "out", epochs=epochs, workflow=workflow) + ["--function", "faulty:train"]
+    env = {**step_env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{step_env.get('PYTHONPATH', '')}"}
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return TrainOutput.model_validate(json.loads((tmp_path / "out" / "output.json").read_text()))
+
+
+def test_the_step_anatomy_names_a_slow_rank_and_logs_the_shares(settings, s3, shards_uri, step_env, tmp_path):
+    """Two processes, rank 1's compute 50 ms slower per step: every epoch's shares reach MLflow
+    (summing to 1, the exposed sync measured by the DDP hook), and the run's verdicts name rank 1
+    as the straggler (in the train output and the MLflow run's tags)."""
+    import mlflow
+
+    slow = "time.sleep(0.05) if ctx.rank == 1 else None  # a slow device: this rank's own compute"
+    out = _train_with_fault(settings, shards_uri, step_env, tmp_path, slow, epochs=2, workflow="wf-anatomy")
+    straggler = [v for v in out.verdicts if v.startswith("straggler:")]
+    assert straggler and straggler[0].startswith("straggler: rank 1 on node"), out.verdicts
+    client = mlflow.tracking.MlflowClient(settings.mlflow_uri)
+    run = client.get_run(out.mlflow_run_id)
+    assert "straggler: rank 1" in run.data.tags["pipectl.verdicts"]
+    parts = ("data", "compute", "sync", "optimizer", "checkpoint")
+    for epoch in range(2):
+        shares = {p: next(m.value for m in client.get_metric_history(out.mlflow_run_id, f"share_{p}") if m.step == epoch)
+                  for p in parts}
+        assert abs(sum(shares.values()) - 1) < 1e-6, shares
+        assert shares["sync"] > 0.1, shares  # rank 0 waits for rank 1 at every all-reduce
+    print("verdicts:", out.verdicts)
 
 
 def test_memory_that_grows_every_epoch_is_named_as_a_likely_leak(settings, s3, shards_uri, step_env, tmp_path):
@@ -395,12 +378,8 @@ def test_memory_that_grows_every_epoch_is_named_as_a_likely_leak(settings, s3, s
     memory per epoch is in MLflow."""
     import mlflow
 
-    (tmp_path / "leaky.py").write_text(LEAKY_TRAIN)
-    argv = _argv(settings, shards_uri, tmp_path / "out", epochs=6, workflow="wf-leak") + ["--function", "leaky:train"]
-    env = {**step_env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{step_env.get('PYTHONPATH', '')}"}
-    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = TrainOutput.model_validate(json.loads((tmp_path / "out" / "output.json").read_text()))
+    fault = "KEPT.append(torch.ones(1 << 20))  # 4 MiB kept at every step: the leak"
+    out = _train_with_fault(settings, shards_uri, step_env, tmp_path, fault, epochs=6, workflow="wf-leak")
     leak = [v for v in out.verdicts if v.startswith("memory growing: rank")]
     assert leak and "resident memory grew at each of the last 4 epochs" in leak[0], out.verdicts
     history = mlflow.tracking.MlflowClient(settings.mlflow_uri).get_metric_history(out.mlflow_run_id, "memory_mib_max")
