@@ -28,7 +28,7 @@ ARGO_DIR = REPO / "argo"
 # controller/ (namespace argo), monitoring/ (needs prometheus-operator CRDs) and volcano/ (namespace
 # volcano-system; the test cluster's vc-scheduler reads that file's configuration directly) are not applied,
 # nor autoscaling/ (Karpenter's NodePools: tests/cluster/test_autoscaler.py applies them for the KWOK provider).
-EXCLUDED_DIRS = {"controller", "monitoring", "volcano", "kube-apiserver", "autoscaling"}
+EXCLUDED_DIRS = {"controller", "monitoring", "volcano", "autoscaling"}
 PIPECTL = REPO / ".venv" / "bin" / "pipectl"
 TEST_NS = "cluster-test"
 NODE_GPUS = NODE_CAPACITY["nvidia.com/gpu"]
@@ -857,40 +857,6 @@ def _small_pod(name: str, priority_class: str, gpus: int = 0) -> dict:
                      "containers": [{"name": "c", "image": "busybox:1.36", "command": ["true"],
                                      "securityContext": restricted_container_security_context(),
                                      "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": limits}}]}}
-
-
-def test_only_namespaces_with_a_quota_may_use_the_preempting_lane(project_applied, test_cluster, k8s_api):
-    """The API server runs with argo/cluster/kube-apiserver/admission-configuration.yaml
-    (ResourceQuota limitedResources on the preempting lanes' PriorityClasses). A namespace without
-    a quota for pipectl-urgent cannot create urgent pods at all; pipectl's namespace can, within its
-    ResourceQuota (argo/cluster/namespace.yaml); other lanes need no quota."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    core = client.CoreV1Api(k8s_api)
-    other = "no-preempting-quota"
-    core.create_namespace({"metadata": {"name": other}})
-    test_cluster.wait_for("default ServiceAccount in " + other, lambda: core.read_namespaced_service_account("default", other))
-    try:
-        with pytest.raises(ApiException) as refused:
-            core.create_namespaced_pod(other, _small_pod("urgent", "pipectl-urgent"))
-        # the ResourceQuota admission plugin answers this refusal as a 500 (kube-apiserver v1.34.4, seen here)
-        assert refused.value.status == 500 and "insufficient quota to match these scopes" in refused.value.body, refused.value.body
-        core.create_namespaced_pod(other, _small_pod("standard", "pipectl-standard"))  # not a preempting lane
-
-        quota = core.read_namespaced_resource_quota("pipectl-preempting-lanes", "pipectl")
-        gpus = int(quota.spec.hard["requests.nvidia.com/gpu"])
-        core.create_namespaced_pod("pipectl", _small_pod("quota-urgent-ok", "pipectl-urgent"))
-        with pytest.raises(ApiException) as exceeded:
-            core.create_namespaced_pod("pipectl", _small_pod("quota-urgent-too-many-gpus", "pipectl-urgent", gpus=gpus + 1))
-        assert exceeded.value.status == 403 and "exceeded quota: pipectl-preempting-lanes" in exceeded.value.body, exceeded.value.body
-    finally:
-        core.delete_namespace(other)
-        try:
-            core.delete_namespaced_pod("quota-urgent-ok", "pipectl", grace_period_seconds=0)
-        except ApiException as e:
-            if e.status != 404:
-                raise
 
 
 def _argo_server(test_cluster, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:

@@ -62,7 +62,6 @@ from tests.harness.pki import write_kubeconfig, write_pki
 from pipectl.pipelines.backends.processes import ProcessError, free_ports, http_ok
 
 AUDIT_POLICY = Path(__file__).resolve().parents[1] / "cluster" / "audit-policy.yaml"
-ADMISSION_CONFIG = Path(__file__).resolve().parents[2] / "argo" / "cluster" / "kube-apiserver" / "admission-configuration.yaml"
 ARGOEXEC_STAND_IN = Path(__file__).resolve().parent / "argoexec.py"
 CONTROLLER_CONFIGMAP = kwok.MANIFESTS / "workflow-controller-configmap.yaml"
 STOP_ORDER = ["karpenter", "argoexec-stand-in", "argo-server", "workflow-controller", "vc-controller-manager", "vc-scheduler",
@@ -383,9 +382,6 @@ class TestCluster:
             # every write to a gang job, kept with the run (audit_events)
             "--audit-policy-file", str(AUDIT_POLICY), "--audit-log-path", str(r / "audit.log"),
             "--audit-log-mode", "blocking",
-            # what argo/ tells a cluster admin to configure: pods of a preempting lane's
-            # PriorityClass only in namespaces with a quota for it
-            "--admission-control-config-file", str(ADMISSION_CONFIG),
         ])
         self._wait("kube-apiserver /readyz", lambda: self._https_request("GET", "/readyz")[0] == 200)
         self._mark("kube-apiserver")

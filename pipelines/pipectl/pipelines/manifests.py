@@ -14,6 +14,7 @@ from hera.workflows import CronWorkflow
 from hera.workflows.models import Metadata, WorkflowTemplateRef
 
 from pipectl.components.names import PART_OF, SEMAPHORE_CONFIGMAP, STEP_LABEL, STORE_CONFIGMAP, STORE_SECRET, TEMPLATE_NAME
+from pipectl.pipelines.admission import SUBMISSION_LABEL, admission_policies, preempting_lane_labels, submitter_role
 from pipectl.pipelines.autoscaling import buffer_node_pool, node_pools
 from pipectl.pipelines.launchers import LAUNCHERS
 from pipectl.pipelines.policy import LANES, exported
@@ -34,9 +35,11 @@ def _meta(name: str, cfg: CompileConfig, **extra: Any) -> dict[str, Any]:
 
 
 def namespace(cfg: CompileConfig) -> list[dict]:
-    """The namespace, enforcing the restricted Pod Security Standard, and the quota of its preempting
-    lanes (cluster admin: a namespace owner must not relax either)."""
-    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cfg.namespace, "labels": {**PART_OF, **POD_SECURITY_LABELS}}},
+    """The namespace, enforcing the restricted Pod Security Standard and the submission policy,
+    granted the preempting lanes (:mod:`~pipectl.pipelines.admission`), and their quota (cluster
+    admin: a namespace owner must not relax any of them)."""
+    labels = {**PART_OF, **POD_SECURITY_LABELS, SUBMISSION_LABEL: "enforce", **preempting_lane_labels()}
+    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cfg.namespace, "labels": labels}},
             *preempting_lane_quota(cfg)]
 
 
@@ -48,30 +51,12 @@ def preempting_lanes() -> list[str]:
 def preempting_lane_quota(cfg: CompileConfig) -> list[dict]:
     """A ResourceQuota scoped to the preempting lanes' PriorityClasses: how many pods and GPUs this
     namespace may run in them (Kubernetes docs, "Resource Quotas" / "Limit Priority Class
-    consumption by default"). With :func:`admission_configuration` on the API server, a namespace
-    WITHOUT such a quota cannot create pods of those classes at all: who may preempt is decided by
-    the cluster admin, per namespace."""
+    consumption by default"). Who may use those classes at all is the admission policy's
+    (``pipectl-lanes``: a namespace label only the cluster admin sets)."""
     scope = {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In", "values": preempting_lanes()}]}
     return [{"apiVersion": "v1", "kind": "ResourceQuota", "metadata": _meta("pipectl-preempting-lanes", cfg),
              "spec": {"hard": {"pods": str(cfg.preempting_max_pods), "requests.nvidia.com/gpu": str(cfg.preempting_max_gpus)},
                       "scopeSelector": scope}}]
-
-
-def admission_configuration() -> list[dict]:
-    """The API server's ``--admission-control-config-file``: pods of a preempting lane's
-    PriorityClass are admitted only in namespaces with a quota covering them (ResourceQuota
-    plugin ``limitedResources``; Kubernetes docs, "Limit Priority Class consumption by default").
-    Not applied with kubectl: a cluster admin merges it into the API server's configuration."""
-    return [{
-        "apiVersion": "apiserver.config.k8s.io/v1",
-        "kind": "AdmissionConfiguration",
-        "plugins": [{"name": "ResourceQuota", "configuration": {
-            "apiVersion": "apiserver.config.k8s.io/v1",
-            "kind": "ResourceQuotaConfiguration",
-            "limitedResources": [{"resource": "pods", "matchScopes": [
-                {"scopeName": "PriorityClass", "operator": "In", "values": preempting_lanes()}]}],
-        }}],
-    }]
 
 
 def _task_results_rule() -> dict:
@@ -108,7 +93,9 @@ def rbac(cfg: CompileConfig) -> list[dict]:
       --server-side`` then polling the job with GET, and the ``gang-release`` exit handler): that
       plus create/get/patch/list/watch/delete on the ONE gang job kind of ``cfg.launcher``
       (server-side apply that creates needs create and patch) and list/watch of pods;
-    - ``training_service_account`` (the gang's pods): no Role, and its token is not mounted.
+    - ``training_service_account`` (the gang's pods): no Role, and its token is not mounted;
+    - ``pipectl-submitter`` (people and CI that submit runs; an admin binds it to their group): see
+      :func:`~pipectl.pipelines.admission.submitter_role`.
     """
     job_rule = LAUNCHERS[cfg.launcher].rbac_rule()
     return [
@@ -116,6 +103,7 @@ def rbac(cfg: CompileConfig) -> list[dict]:
         *_role_for(cfg.launcher_service_account, [_task_results_rule(), job_rule, GANG_PODS_RULE], cfg),
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(cfg.training_service_account, cfg),
          "automountServiceAccountToken": False},
+        submitter_role(cfg.namespace),
     ]
 
 
@@ -426,14 +414,12 @@ def retrain_cron(cfg: CompileConfig) -> CronWorkflow:
 
 CLUSTER_ADMIN_DIR = "cluster"
 NAMESPACE_OWNER_DIR = "namespace"
-APISERVER_CONFIG = f"{CLUSTER_ADMIN_DIR}/kube-apiserver/admission-configuration.yaml"
 TEMPLATE_FILE = f"{NAMESPACE_OWNER_DIR}/workflowtemplates/{TEMPLATE_NAME}.yaml"
 CRON_FILE = f"{NAMESPACE_OWNER_DIR}/cronworkflows/retrain.yaml"
 KARPENTER_DIR = "autoscaling/karpenter"
 KUSTOMIZATION_DIRS = (CLUSTER_ADMIN_DIR, NAMESPACE_OWNER_DIR, KARPENTER_DIR)
 """Each its own kustomization; the top-level one has only the first two (a cluster runs Karpenter,
 the Cluster Autoscaler or neither: ``autoscaling/`` is applied on purpose)."""
-"""Not a kustomization resource: a file for the API server's flags (see :func:`admission_configuration`)."""
 
 
 def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]:
@@ -455,7 +441,7 @@ def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]
         f"{admin}/volcano-queues.yaml": volcano_queues(),
         f"{admin}/volcano/volcano-scheduler-configmap.yaml": volcano_scheduler_config(),
         f"{admin}/controller/workflow-controller-configmap.yaml": controller_config(cfg),
-        APISERVER_CONFIG: admission_configuration(),
+        f"{admin}/admission/policies.yaml": admission_policies(),
         f"{owner}/rbac.yaml": rbac(cfg),
         f"{owner}/configmaps.yaml": config_maps(cfg),
         f"{owner}/monitoring/prometheus-rules.yaml": prometheus_rules(cfg),
@@ -480,7 +466,7 @@ def render_files(cfg: CompileConfig | None = None) -> dict[str, str]:
     header = "# Rendered by `pipectl render cluster --write argo` (make golden). Do not edit by hand.\n"
     files = {path: header + yaml.safe_dump_all(objs, sort_keys=False) for path, objs in manifests.items()}
     for folder in KUSTOMIZATION_DIRS:
-        members = [p[len(folder) + 1:] for p in manifests if p.startswith(folder + "/") and p != APISERVER_CONFIG]
+        members = [p[len(folder) + 1:] for p in manifests if p.startswith(folder + "/")]
         files[f"{folder}/kustomization.yaml"] = header + yaml.safe_dump(kustomization(members), sort_keys=False)
     files["kustomization.yaml"] = header + yaml.safe_dump(kustomization([CLUSTER_ADMIN_DIR, NAMESPACE_OWNER_DIR]), sort_keys=False)
     return files

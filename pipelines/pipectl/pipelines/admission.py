@@ -1,0 +1,262 @@
+"""The API server's admission rules for pipectl: who may submit what, and which namespaces may use
+which lane. Pure: dicts for ``argo/cluster/admission/`` (:func:`admission_policies`).
+
+Two ValidatingAdmissionPolicies (GA since Kubernetes 1.30; evaluated inside the API server, so
+they need no webhook and no API-server flag, and work on managed clusters):
+
+``pipectl-submission`` (Workflows and CronWorkflows in namespaces labelled ``SUBMISSION_LABEL``):
+a submission may only name a WorkflowTemplate of its namespace and set that template's declared
+arguments, each in the one spelling every reader of it agrees on (the same rules as the
+``validate`` step: :class:`~pipectl.components.contracts.TrainingParameters`). No templates of its
+own, no other ServiceAccount, no ``podSpecPatch``, volumes, security context or priority class —
+every other field of a Workflow's spec is refused by name. The rules apply on creation and on
+every change of the spec, so a retry with overridden parameters (``argo retry -p``, the UI's
+RETRY with "Override Parameters") is held to them too. A submitter cannot edit WorkflowTemplates
+(:func:`submitter_role`), so whatever a template runs was put there by the namespace's owner.
+Exempt: the break-glass group ``system:masters`` and the Argo workflow controller's
+ServiceAccount (it updates workflows it runs; the CronWorkflows it starts runs from were checked).
+
+``pipectl-lanes`` (pods, Volcano Jobs and PodGroups, every namespace): a pod of a preempting
+lane's PriorityClass, or anything in that lane's Volcano queue, is admitted only in a namespace
+the cluster admin labelled ``lanes.pipectl.io/<lane>: "true"`` (a namespace owner cannot label
+their own namespace). The namespace's ResourceQuota then caps how much it may take.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any
+
+import annotated_types as at
+
+from pipectl.components.contracts import _DECIMAL_TEXT, _INT_TEXT, _LINE_SEPARATORS, _MODEL_NAME, TrainingParameters
+from pipectl.components.names import PART_OF, kebab
+from pipectl.pipelines.policy import LANES
+
+SUBMISSION_LABEL = "pipectl.io/submission-policy"
+"""Namespace label (value ``enforce``) that puts a namespace's Workflows under ``pipectl-submission``."""
+LANE_LABEL_PREFIX = "lanes.pipectl.io/"
+"""``lanes.pipectl.io/<lane>: "true"`` on a namespace: its pods may use that preempting lane."""
+ARGO_CONTROLLER_SA = "system:serviceaccount:argo:argo"
+"""The Argo workflow controller's identity in Argo's own install manifests (namespace ``argo``)."""
+
+ALLOWED_SPEC_FIELDS = ("workflowTemplateRef", "arguments", "entrypoint", "priority", "shutdown", "suspend", "workflowMetadata")
+"""What a submission may set in a Workflow's spec: what ``pipectl submit``, the Argo UI's SUBMIT
+(Argo's ApplySubmitOpts), its stop/suspend/retry and a CronWorkflow's run labels write
+(``workflowMetadata``: labels and annotations, not ``labelsFrom`` expressions). Every other field is refused."""
+MAX_VALUE_CHARS = 2048
+
+
+def _spec_fields() -> list[str]:
+    """Every field of Argo's WorkflowSpec (the vendored schema of the CRD)."""
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).parent / "schemas" / "argoproj.io_v1alpha1_Workflow.json").read_text())
+    return sorted(doc["schema"]["properties"]["spec"]["properties"])
+
+
+def _cel(s: str) -> str:
+    """A CEL string literal."""
+    return json.dumps(s)
+
+
+def _bounds(field: Any, conv: str) -> list[str]:
+    """CEL comparisons of ``conv(p.value)`` with the field's bounds (its ge/gt/le/lt constraints)."""
+    ops = {at.Ge: (">=", "ge"), at.Gt: (">", "gt"), at.Le: ("<=", "le"), at.Lt: ("<", "lt")}
+    out = []
+    for m in field.metadata:
+        for kind, (op, attr) in ops.items():
+            if isinstance(m, kind):
+                bound = getattr(m, attr)
+                out.append(f"{conv}(p.value) {op} {float(bound) if conv == 'double' else int(bound)!r}")
+    return out
+
+
+def parameter_rule(name: str, field: Any) -> str:
+    """CEL over ``p`` (one argument) true when its value is one the contract accepts in its
+    canonical spelling: integers ``0|[1-9][0-9]*`` within bounds, plain decimals within bounds,
+    booleans ``true|false``, enum members, the model name's pattern."""
+    kind = field.annotation
+    if kind is bool:
+        return "p.value in ['true', 'false']"
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return f"p.value in {json.dumps([m.value for m in kind])}"
+    if kind is int:  # at most 18 digits: int() of longer text overflows (a CEL error, not a refusal)
+        return " && ".join([f"p.value.matches({_cel('^(' + _INT_TEXT.pattern + ')$')})", "size(p.value) <= 18",
+                            *_bounds(field, "int")])
+    if kind is float:
+        return " && ".join([f"p.value.matches({_cel('^' + _DECIMAL_TEXT.pattern + '$')})", "size(p.value) <= 40",
+                            *_bounds(field, "double")])
+    if name == "model_name":
+        return f"p.value.matches({_cel(_MODEL_NAME.pattern)})"
+    return "true"
+
+
+def _plain_text() -> str:
+    """CEL over ``p``: no control character or line separator, no surrounding whitespace, no Argo
+    tag, bounded length (what the contract requires of every value)."""
+    seps = "".join(f"\\x{{{ord(c):x}}}" for c in _LINE_SEPARATORS)
+    controls = _cel("[\\x00-\\x1f\\x7f" + seps + "]")
+    return (f"!p.value.matches({controls}) && p.value == p.value.trim() "
+            f"&& !p.value.contains('{{{{') && !p.value.contains('}}}}') && size(p.value) <= {MAX_VALUE_CHARS}")
+
+
+def _value_rules() -> str:
+    """CEL over ``p``: a chain choosing the rule of ``p.name`` (undeclared names: false)."""
+    chain = "false"
+    for name, field in reversed(TrainingParameters.model_fields.items()):
+        chain = f"p.name == {_cel(kebab(name))} ? ({parameter_rule(name, field)}) : {chain}"
+    return chain
+
+
+def submission_policy(namespace_label: str = SUBMISSION_LABEL, exempt_users: tuple[str, ...] = (ARGO_CONTROLLER_SA,)) -> list[dict]:
+    """``pipectl-submission`` and its binding (see the module doc). A pipeline's template is
+    ``<name>-v<N>`` and starts at its DAG ``<name>`` (:func:`~pipectl.pipelines.training.workflow_template`):
+    the only ``entrypoint`` a submission may name (the Argo UI always sends one)."""
+    denied = [f for f in _spec_fields() if f not in ALLOWED_SPEC_FIELDS]
+    spec = "variables.spec"
+    declared = json.dumps([kebab(n) for n in TrainingParameters.model_fields])
+    lanes = json.dumps({lane.value: s.argo_priority for lane, s in LANES.items()})
+    validations = [
+        {"expression": f"has({spec}.workflowTemplateRef) && has({spec}.workflowTemplateRef.name) "
+                       f"&& !(has({spec}.workflowTemplateRef.clusterScope) && {spec}.workflowTemplateRef.clusterScope)",
+         "message": "a submission must reference a WorkflowTemplate of its namespace (spec.workflowTemplateRef.name)",
+         "reason": "Forbidden"},
+        {"expression": " && ".join(f"!has({spec}.{f})" for f in denied),
+         "messageExpression": "'spec fields a submission may not set: ' + ["
+                              + ", ".join(f"has({spec}.{f}) ? {_cel(f)} : ''" for f in denied)
+                              + "].filter(f, f != '').join(', ') + ' (allowed: " + ", ".join(ALLOWED_SPEC_FIELDS) + ")'",
+         "reason": "Forbidden"},
+        {"expression": f"!has({spec}.entrypoint) || ({spec}.workflowTemplateRef.name.startsWith({spec}.entrypoint + '-v') "
+                       f"&& {spec}.workflowTemplateRef.name.substring(size({spec}.entrypoint) + 2).matches('^[0-9]+$'))",
+         "messageExpression": f"'entrypoint ' + {spec}.entrypoint + ' is not the template\\'s (a pipeline <name>-v<N> "
+                              "starts at <name>): leave it out'",
+         "reason": "Forbidden"},
+        {"expression": f"!has({spec}.workflowMetadata) || !has({spec}.workflowMetadata.labelsFrom)",
+         "message": "workflowMetadata.labelsFrom (expressions) may not be set: plain labels only", "reason": "Forbidden"},
+        {"expression": f"!has({spec}.arguments) || !has({spec}.arguments.artifacts) || size({spec}.arguments.artifacts) == 0",
+         "message": "a submission may not pass artifacts", "reason": "Forbidden"},
+        {"expression": "variables.params.all(p, !has(p.valueFrom) && !has(p.globalName) && !has(p.enum) && !has(p.description))",
+         "message": "an argument is a name and a value only (no valueFrom, globalName, enum or description)",
+         "reason": "Forbidden"},
+        {"expression": f"variables.params.all(p, p.name in {declared})",
+         "messageExpression": f"'undeclared arguments: ' + variables.params.filter(p, !(p.name in {declared})).map(p, p.name).join(', ')",
+         "reason": "Invalid"},
+        {"expression": "size(variables.refused) == 0",
+         "messageExpression": "'arguments refused: ' + variables.refused.join(', ') + ' (integers as digits with no sign or "
+                              "leading zero, decimals as digits with an optional fraction, booleans as true or false, "
+                              "within the bounds pipectl submit --help lists; no control characters, surrounding "
+                              "whitespace or {{ }})'",
+         "reason": "Invalid"},
+        {"expression": f"!has({spec}.priority) || (variables.lane in {lanes} && {spec}.priority == {lanes}[variables.lane])",
+         "messageExpression": f"'spec.priority must be the lane\\'s (' + variables.lane + ')'",
+         "reason": "Forbidden"},
+    ]
+    params = f"has({spec}.arguments) && has({spec}.arguments.parameters) ? {spec}.arguments.parameters : []"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "pipectl-submission", "labels": dict(PART_OF)},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["argoproj.io"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+                "resources": ["workflows", "cronworkflows"]}]},
+            "matchConditions": [
+                {"name": "not-break-glass", "expression": "!('system:masters' in request.userInfo.groups)"},
+                {"name": "not-the-controller", "expression": f"!(request.userInfo.username in {json.dumps(list(exempt_users))})"},
+                {"name": "spec-written", "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec"},
+            ],
+            "variables": [
+                {"name": "spec", "expression": "request.kind.kind == 'CronWorkflow' ? object.spec.workflowSpec : object.spec"},
+                {"name": "params", "expression": params},
+                {"name": "refused", "expression": "variables.params.filter(p, has(p.value) && !((" + _plain_text() + ") && ("
+                                                  + _value_rules() + "))).map(p, p.name)"},
+                {"name": "lane", "expression": "variables.params.exists(p, p.name == 'lane' && has(p.value)) ? "
+                                               "variables.params.filter(p, p.name == 'lane' && has(p.value))[0].value : "
+                                               f"{_cel(TrainingParameters.model_fields['lane'].default.value)}"},
+            ],
+            "validations": validations,
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": "pipectl-submission", "labels": dict(PART_OF)},
+        "spec": {"policyName": "pipectl-submission", "validationActions": ["Deny"],
+                 "matchResources": {"namespaceSelector": {"matchLabels": {namespace_label: "enforce"}}}},
+    }
+    return [policy, binding]
+
+
+def lanes_policy() -> list[dict]:
+    """``pipectl-lanes`` and its binding (see the module doc): the preempting lanes' PriorityClass
+    and Volcano queue only in namespaces labelled ``lanes.pipectl.io/<lane>: "true"``."""
+    bound = {s.lane.value: (s.priority_class, s.queue) for s in LANES.values() if s.preemption_policy == "PreemptLowerPriority"}
+    classes = json.dumps({pc: lane for lane, (pc, _) in bound.items()})
+    queues = json.dumps({q: lane for lane, (_, q) in bound.items()})
+    variables = [
+        {"name": "priorityClass", "expression": "request.resource.resource == 'pods' && has(object.spec.priorityClassName) "
+                                                "? object.spec.priorityClassName : ''"},
+        {"name": "queue", "expression": "request.resource.resource == 'pods' ? "
+                                        "(has(object.metadata.annotations) && 'scheduling.volcano.sh/queue-name' in object.metadata.annotations "
+                                        "? object.metadata.annotations['scheduling.volcano.sh/queue-name'] : '') "
+                                        ": (has(object.spec.queue) ? object.spec.queue : '')"},
+        {"name": "lane", "expression": f"variables.priorityClass in {classes} ? {classes}[variables.priorityClass] : "
+                                       f"(variables.queue in {queues} ? {queues}[variables.queue] : '')"},
+        {"name": "labels", "expression": "has(namespaceObject.metadata.labels) ? namespaceObject.metadata.labels : {}"},
+    ]
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "pipectl-lanes", "labels": dict(PART_OF)},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [
+                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]},
+                {"apiGroups": ["batch.volcano.sh"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["jobs"]},
+                {"apiGroups": ["scheduling.volcano.sh"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+                 "resources": ["podgroups"]}]},
+            "variables": variables,
+            "validations": [{
+                "expression": f"variables.lane == '' || ({_cel(LANE_LABEL_PREFIX)} + variables.lane in variables.labels "
+                              f"&& variables.labels[{_cel(LANE_LABEL_PREFIX)} + variables.lane] == 'true')",
+                "messageExpression": "'the ' + variables.lane + ' lane (it preempts other work) is not granted to namespace ' "
+                                     f"+ namespaceObject.metadata.name + ': a cluster admin labels the namespace {LANE_LABEL_PREFIX}' "
+                                     "+ variables.lane + '=true'",
+                "reason": "Forbidden"}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": "pipectl-lanes", "labels": dict(PART_OF)},
+        "spec": {"policyName": "pipectl-lanes", "validationActions": ["Deny"]},
+    }
+    return [policy, binding]
+
+
+def preempting_lane_labels() -> dict[str, str]:
+    """The namespace labels granting every preempting lane (what pipectl's own namespace gets)."""
+    return {LANE_LABEL_PREFIX + s.lane.value: "true" for s in LANES.values() if s.preemption_policy == "PreemptLowerPriority"}
+
+
+SUBMITTER_ROLE = "pipectl-submitter"
+
+
+def submitter_role(namespace: str) -> dict:
+    """``pipectl-submitter``: submit, watch, stop and retry runs, read their logs, and read the
+    templates and cron schedules; no WorkflowTemplates, pods, jobs, secrets or config of its own.
+    An admin binds it to a team's group (``kubectl create rolebinding ... --group``)."""
+    rules = [
+        {"apiGroups": ["argoproj.io"], "resources": ["workflows"],
+         "verbs": ["create", "get", "list", "watch", "update", "patch", "delete"]},
+        {"apiGroups": ["argoproj.io"], "resources": ["workflowtemplates", "cronworkflows", "workflowtaskresults"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    ]
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": SUBMITTER_ROLE, "namespace": namespace, "labels": dict(PART_OF)}, "rules": rules}
+
+
+def admission_policies() -> list[dict]:
+    """Both policies and their bindings (cluster-scoped: ``argo/cluster/``)."""
+    return [*submission_policy(), *lanes_policy()]
