@@ -260,3 +260,27 @@ def test_the_break_glass_group_is_not_held(k8s_api, submitter):
     wf = _legit()
     wf["spec"]["podSpecPatch"] = "{}"
     client.CustomObjectsApi(k8s_api).create_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", wf, dry_run="All")
+
+
+def test_a_namespace_with_a_model_prefix_trains_only_its_own_models(test_cluster, k8s_api, submitter):
+    """Teams sharing one MLflow registry: with ``pipectl.io/model-prefix=team-a`` on the namespace,
+    a run may only name (and so promote) ``team-a-...`` models."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(k8s_api)
+    def accepted(wf: dict) -> bool:
+        try:
+            _submit(submitter, wf)
+            return True
+        except client.ApiException:
+            return False
+
+    core.patch_namespace(NS, {"metadata": {"labels": {"pipectl.io/model-prefix": "team-a"}}})
+    try:  # the API server reads namespace labels from its cache: a moment after the patch
+        test_cluster.wait_for("the model prefix in force", lambda: not accepted(_legit(model_name="digits-cnn")) or None)
+        _submit(submitter, _legit(model_name="team-a-resnet"))
+        for other in ("digits-cnn", "team-b-resnet", "team-ab"):
+            assert f"model-name {other} is not this namespace's" in _refusal(submitter, _legit(model_name=other))
+    finally:
+        core.patch_namespace(NS, {"metadata": {"labels": {"pipectl.io/model-prefix": None}}})
+    test_cluster.wait_for("no model prefix", lambda: accepted(_legit(model_name="team-b-resnet")) or None)

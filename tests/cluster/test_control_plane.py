@@ -473,7 +473,8 @@ TRAINING_STEP_OUTPUTS = {
     "preprocess": {"shards-uri": "s3://pipectl/runs/x/shards/", "train-count": 1617, "validation-count": 180,
                    "corrupt": 0, "images-per-s": 20000.0, "device": "cpu"},
     "evaluate": {"mlflow-run-id": "r1", "model-uri": "runs:/r1/model", "metrics": "{}", "metric": 0.98,
-                 "champion-version": "", "champion-metric": "", "decision": "promote", "metric-name": "accuracy"},
+                 "champion-version": "", "champion-metric": "", "decision": "promote", "metric-name": "accuracy",
+                 "model-sha256": "0" * 64},
     "register": {"model-name": "digits-cnn", "version": "1", "alias": "champion", "created": "true",
                  "champion-version": "1"},
 }

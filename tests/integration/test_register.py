@@ -43,8 +43,8 @@ def _versions(client, name):
 
 
 def _inp(name, key):
-    return RegisterInput(run_uri="s3://unused/runs/wf", model_name=name, run_key=key,
-                         promotion_metric=PromotionMetric.accuracy)
+    return RegisterInput(model_name=name, run_key=key, promotion_metric=PromotionMetric.accuracy, mlflow_run_id="r",
+                         model_uri="runs:/r/model", model_sha256="0" * 64, decision="keep", metric=0.5)
 
 
 def test_C05d_a_retried_register_step_finds_its_own_version(client):
@@ -252,3 +252,37 @@ def test_a_champion_logged_before_onnx_is_scored_from_its_weights_and_a_pickle_p
     with pytest.raises(Exception, match="(?i)weights_only|unpickl|global"):
         load_scorer(*runs["bad"], tmp_path / "score-bad")
     assert not marker.exists(), "the model file ran code"
+
+
+def test_register_registers_only_the_model_evaluate_scored(client, settings, tmp_path):
+    """Register takes evaluate's decision and the digest of the model it scored as its inputs (the
+    evaluate step's output parameters, not an object in the store) and downloads the model again:
+    the same files register it, tagged with the digest; a file added to the logged model after
+    evaluation (anyone with the store's keys could) refuses the step and registers nothing."""
+    from pipectl.components.models import download_model, model_sha256
+    from pipectl.components.register.core import MODEL_DIGEST_TAG, run
+    from pipectl.components.runtime import StepError
+
+    ev = _candidate(0.97)
+    download_model(ev.model_uri, tmp_path / "evaluate")
+    scored = model_sha256(tmp_path / "evaluate" / "model")
+
+    def inp(name: str) -> RegisterInput:
+        return RegisterInput(model_name=name, run_key="wf-uid", promotion_metric=PromotionMetric.accuracy,
+                             mlflow_run_id=ev.mlflow_run_id, model_uri=ev.model_uri, model_sha256=scored,
+                             decision=Decision.promote, metric=ev.metric, metric_name="accuracy")
+
+    name = f"m-{uuid.uuid4().hex[:8]}"
+    out = run(inp(name), settings)
+    assert (out.version, out.alias) == ("1", "champion")
+    assert client.get_model_version(name, "1").tags[MODEL_DIGEST_TAG] == scored
+
+    extra = tmp_path / "extra.py"
+    extra.write_text("print('not what evaluate scored')\n")
+    model_id = ev.model_uri.removeprefix("models:/")
+    client.log_model_artifact(model_id, str(extra))
+    assert "extra.py" in {f.path for f in client.list_logged_model_artifacts(model_id)}
+    other = f"m-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(StepError, match="not the one evaluate scored"):
+        run(inp(other), settings)
+    assert client.search_model_versions(f"name = '{other}'") == []

@@ -518,7 +518,8 @@ class EvaluateInput(StrictModel):
 
 
 class EvaluateOutput(StrictModel):
-    """Written to ``RunLayout.evaluate_output_uri`` (beside the train output)."""
+    """The evaluate step's outputs (Argo output parameters, which register takes as its inputs), also
+    written to ``RunLayout.evaluate_output_uri`` for people and ``pipectl status``."""
 
     mlflow_run_id: str
     model_uri: str
@@ -533,13 +534,36 @@ class EvaluateOutput(StrictModel):
     """The train step's last epoch's step anatomy (its output, shown here for the Argo UI and ``pipectl status``)."""
     training_verdicts: list[str] = Field(default_factory=list)
     """The train step's verdicts (starved, fabric-bound, straggler), each with its rule."""
+    model_sha256: str = ""
+    """Digest of the logged model evaluate scored (:func:`~pipectl.components.models.model_sha256`):
+    register registers that model and no other."""
+
+
+_SHA256 = r"^[0-9a-f]{64}$"
 
 
 class RegisterInput(StrictModel):
-    run_uri: str = Field(description="s3://bucket/runs/<workflow>: reads the evaluate output (RunLayout).")
+    """What register acts on: evaluate's decision, handed over as the evaluate step's output
+    parameters (in the workflow's status, not in the store, where any holder of the store's keys
+    could rewrite it), and the digest of the model it scored."""
+
     model_name: str
     run_key: str = Field(description="Identity of the pipeline run (the workflow uid): one version per key.")
     promotion_metric: PromotionMetric
+    mlflow_run_id: str = Field(min_length=1, description="The candidate's MLflow run (evaluate's output).")
+    model_uri: str = Field(min_length=1, description="The candidate's logged model (evaluate's output).")
+    model_sha256: str = Field(pattern=_SHA256, description="Digest of the model evaluate scored: register refuses any other.")
+    decision: Decision = Field(description="promote or keep (evaluate's output).")
+    metric: float = Field(description="The deciding metric's value (evaluate's output).")
+    metric_name: str = Field("", description="The deciding metric's name (evaluate's output).")
+    champion_version: str = Field("", description="The champion evaluate compared against; empty: none.")
+
+    def evaluation(self) -> "EvaluateOutput":
+        """Evaluate's outputs as :class:`EvaluateOutput` (what register decides from)."""
+        return EvaluateOutput(mlflow_run_id=self.mlflow_run_id, model_uri=self.model_uri, metrics={self.metric_name or
+                              self.promotion_metric.value: self.metric}, metric=self.metric,
+                              champion_version=self.champion_version or None, champion_metric=None,
+                              decision=self.decision, metric_name=self.metric_name, model_sha256=self.model_sha256)
 
 
 class RegisterOutput(StrictModel):

@@ -16,6 +16,10 @@ RETRY with "Override Parameters") is held to them too. A submitter cannot edit W
 Exempt: the break-glass group ``system:masters`` and the Argo workflow controller's
 ServiceAccount (it updates workflows it runs; the CronWorkflows it starts runs from were checked).
 
+Models: where teams share one MLflow registry, a namespace labelled ``MODEL_PREFIX_LABEL`` may
+only train and promote models named ``<prefix>-...``, passed explicitly (a team cannot take
+another's champion; a template's own default name is not known here).
+
 ``pipectl-lanes`` (pods, Volcano Jobs and PodGroups, every namespace): a pod of a preempting
 lane's PriorityClass, or anything in that lane's Volcano queue, is admitted only in a namespace
 the cluster admin labelled ``lanes.pipectl.io/<lane>: "true"`` (a namespace owner cannot label
@@ -34,6 +38,9 @@ from pipectl.components.contracts import _DECIMAL_TEXT, _INT_TEXT, _LINE_SEPARAT
 from pipectl.components.names import PART_OF, kebab
 from pipectl.pipelines.policy import LANES
 
+MODEL_PREFIX_LABEL = "pipectl.io/model-prefix"
+"""Namespace label: every ``model-name`` submitted in the namespace must start with ``<value>-``
+(the models a team owns when teams share one MLflow registry)."""
 SUBMISSION_LABEL = "pipectl.io/submission-policy"
 """Namespace label (value ``enforce``) that puts a namespace's Workflows under ``pipectl-submission``."""
 LANE_LABEL_PREFIX = "lanes.pipectl.io/"
@@ -149,6 +156,11 @@ def submission_policy(namespace_label: str = SUBMISSION_LABEL, exempt_users: tup
                               "within the bounds pipectl submit --help lists; no control characters, surrounding "
                               "whitespace or {{ }})'",
          "reason": "Invalid"},
+        {"expression": f"!(variables.labels.exists(k, k == {_cel(MODEL_PREFIX_LABEL)})) "
+                       f"|| variables.modelName.startsWith(variables.labels[{_cel(MODEL_PREFIX_LABEL)}] + '-')",
+         "messageExpression": f"'model-name ' + variables.modelName + ' is not this namespace\\'s: its models are named ' "
+                              f"+ variables.labels[{_cel(MODEL_PREFIX_LABEL)}] + '-<name> (namespace label {MODEL_PREFIX_LABEL})'",
+         "reason": "Forbidden"},
         {"expression": f"!has({spec}.priority) || (variables.lane in {lanes} && {spec}.priority == {lanes}[variables.lane])",
          "messageExpression": f"'spec.priority must be the lane\\'s (' + variables.lane + ')'",
          "reason": "Forbidden"},
@@ -175,6 +187,9 @@ def submission_policy(namespace_label: str = SUBMISSION_LABEL, exempt_users: tup
                 {"name": "lane", "expression": "variables.params.exists(p, p.name == 'lane' && has(p.value)) ? "
                                                "variables.params.filter(p, p.name == 'lane' && has(p.value))[0].value : "
                                                f"{_cel(TrainingParameters.model_fields['lane'].default.value)}"},
+                {"name": "modelName", "expression": "variables.params.exists(p, p.name == 'model-name' && has(p.value)) ? "
+                                                    "variables.params.filter(p, p.name == 'model-name' && has(p.value))[0].value : ''"},
+                {"name": "labels", "expression": "has(namespaceObject.metadata.labels) ? namespaceObject.metadata.labels : {}"},
             ],
             "validations": validations,
         },

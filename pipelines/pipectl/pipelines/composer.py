@@ -291,8 +291,12 @@ def register() -> Step:
     """Register one MLflow model version per run (a retried step finds its own) and move the
     ``champion`` alias when evaluate promoted it. Needs: evaluate."""
     return Step("register", (DECISION,), (), t.register_templates, lambda ctx: {
-        "run_uri": ctx.run.run_uri, "model_name": _wf("model_name"), "run_key": "{{workflow.uid}}",
-        "promotion_metric": _wf("promotion_metric")})
+        "model_name": _wf("model_name"), "run_key": "{{workflow.uid}}", "promotion_metric": _wf("promotion_metric"),
+        **{n: _out(ctx.makers[DECISION], n) for n in EVALUATION_HANDED_OVER}})
+
+
+EVALUATION_HANDED_OVER = ("mlflow_run_id", "model_uri", "model_sha256", "decision", "metric", "metric_name", "champion_version")
+"""Evaluate's outputs register takes as its inputs (:class:`~pipectl.components.contracts.RegisterInput`)."""
 
 
 @dataclass(frozen=True)

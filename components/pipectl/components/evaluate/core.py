@@ -25,7 +25,7 @@ from pipectl.components.contracts import (
     StoreSettings,
     TrainOutput,
 )
-from pipectl.components.models import classification_metrics, load_scorer
+from pipectl.components.models import classification_metrics, load_scorer, model_sha256
 from pipectl.components.models.portable import Scorer, predict
 from pipectl.components.runtime import StepError, available_cpus, read_json, resolve_callable, s3_client, write_json
 from pipectl.components.shard_stream import ShardStream
@@ -128,6 +128,7 @@ def evaluate(inp: EvaluateInput, s3: Any, client: Any) -> EvaluateOutput:
     champ_version = champion_version(client, inp.model_name)
     with tempfile.TemporaryDirectory() as folder:
         scorers = {"candidate": load_scorer(train.model_uri, train.mlflow_run_id, Path(folder) / "candidate", threads=threads)}
+        digest = model_sha256(Path(folder) / "candidate" / "model")  # what was scored: register takes only this
         if champ_version is not None:
             try:  # the champion may be another architecture: both are ONNX graphs, scored alike
                 uri, run_id = champion_model(client, inp.model_name)
@@ -160,6 +161,7 @@ def evaluate(inp: EvaluateInput, s3: Any, client: Any) -> EvaluateOutput:
         metric_name=decider,
         training_step_time=train.step_time,
         training_verdicts=train.verdicts,
+        model_sha256=digest,
     )
     write_json(s3, layout.evaluate_output_uri, out.model_dump(mode="json"))
     return out

@@ -4,7 +4,7 @@ classification metrics. Kept outside any one step: ``train`` builds and logs a m
 
 from pipectl.components.models.architectures import ARCHITECTURES, SmallCNN, build_model
 from pipectl.components.models.metrics import classification_metrics, predict
-from pipectl.components.models.portable import ExportError, export_onnx, load_scorer, log_model
+from pipectl.components.models.portable import ExportError, download_model, export_onnx, load_scorer, log_model, model_sha256
 
-__all__ = ["ARCHITECTURES", "ExportError", "SmallCNN", "build_model", "classification_metrics", "export_onnx",
-           "load_scorer", "log_model", "predict"]
+__all__ = ["ARCHITECTURES", "ExportError", "SmallCNN", "build_model", "classification_metrics", "download_model",
+           "export_onnx", "load_scorer", "log_model", "model_sha256", "predict"]

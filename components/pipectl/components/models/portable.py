@@ -181,14 +181,40 @@ def _weights_scorer(folder: Path) -> Scorer:
     return score
 
 
+def download_model(model_uri: str, folder: Path, *, tracking_uri: str | None = None) -> Path:
+    """The logged model at ``model_uri``, downloaded under ``folder / "model"`` (what
+    :func:`model_sha256` digests); its local path."""
+    import mlflow.artifacts
+
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(folder / "model"),
+                                                    tracking_uri=tracking_uri))
+
+
+def model_sha256(local: Path) -> str:
+    """Digest of a downloaded logged model (a folder, or one file): sha256 over each file's path
+    relative to it and its own sha256, in path order. Evaluate records it for what it scored;
+    register compares it with what it is about to register."""
+    import hashlib
+
+    files = sorted(p for p in local.rglob("*") if p.is_file()) if local.is_dir() else [local]
+    outer = hashlib.sha256()
+    for p in files:
+        inner = hashlib.sha256()
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                inner.update(chunk)
+        rel = p.relative_to(local).as_posix() if local.is_dir() else p.name
+        outer.update(f"{rel}\t{inner.hexdigest()}\n".encode())
+    return outer.hexdigest()
+
+
 def load_scorer(model_uri: str, run_id: str, folder: Path, *, tracking_uri: str | None = None, threads: int = 1) -> Scorer:
     """The scorer of a logged model: its ONNX graph (ONNX Runtime, no code of the model's), or for
     a run logged before it, the run's small-cnn weights. ``folder``: where to download to (kept
-    while the scorer is used)."""
+    while the scorer is used; the model itself in :func:`download_model`'s place)."""
     import mlflow.artifacts
 
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(folder / "model"),
-                                                     tracking_uri=tracking_uri))
+    local = download_model(model_uri, folder, tracking_uri=tracking_uri)
     flavours = (local / "MLmodel").read_text() if (local / "MLmodel").exists() else ""
     onnx_files = sorted(local.glob("*.onnx"))
     if "onnx:" in flavours and onnx_files:

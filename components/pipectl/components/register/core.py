@@ -26,14 +26,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pipectl.components.contracts import Decision, EvaluateOutput, RegisterInput, RegisterOutput, RunLayout, StoreSettings
-from pipectl.components.runtime import read_json, s3_client
+from pipectl.components.contracts import Decision, EvaluateOutput, RegisterInput, RegisterOutput, StoreSettings
+from pipectl.components.runtime import StepError
 
 log = logging.getLogger("pipectl.register")
 
 CHAMPION_ALIAS = "champion"
 RUN_KEY_TAG = "pipectl.run_key"
 METRIC_TAG = "pipectl.metric.{}"
+MODEL_DIGEST_TAG = "pipectl.model_sha256"
+"""On every version: the digest of the model evaluate scored and register verified."""
 ROUND_TAG = "pipectl.promote_over"
 """On a promoting version: the champion version its evaluation compared against (``none``: no champion)."""
 ROUND_WINDOW_S = 3600.0
@@ -112,7 +114,8 @@ def register(inp: RegisterInput, evaluation: EvaluateOutput, client: Any) -> Reg
     _ensure_registered_model(client, name)
     promote = evaluation.decision is Decision.promote
     round_key = evaluation.champion_version or "none"
-    tags = {RUN_KEY_TAG: inp.run_key, metric_tag: str(evaluation.metric), **({ROUND_TAG: round_key} if promote else {})}
+    tags = {RUN_KEY_TAG: inp.run_key, metric_tag: str(evaluation.metric), **({ROUND_TAG: round_key} if promote else {}),
+            **({MODEL_DIGEST_TAG: evaluation.model_sha256} if evaluation.model_sha256 else {})}
     mv = find_version(client, name, evaluation.mlflow_run_id, inp.run_key)
     created = mv is None
     if mv is None:
@@ -149,5 +152,21 @@ def run(inp: RegisterInput, settings: StoreSettings) -> RegisterOutput:
     if settings.mlflow_uri:
         mlflow.set_tracking_uri(settings.mlflow_uri)
         mlflow.set_registry_uri(settings.mlflow_uri)
-    evaluation = EvaluateOutput.model_validate(read_json(s3_client(settings), RunLayout(run_uri=inp.run_uri).evaluate_output_uri))
-    return register(inp, evaluation, MlflowClient(tracking_uri=settings.mlflow_uri, registry_uri=settings.mlflow_uri))
+    verify_model(inp.model_uri, inp.model_sha256, settings.mlflow_uri)
+    return register(inp, inp.evaluation(), MlflowClient(tracking_uri=settings.mlflow_uri, registry_uri=settings.mlflow_uri))
+
+
+def verify_model(model_uri: str, sha256: str, tracking_uri: str | None = None) -> None:
+    """Raise StepError (not retried) unless the logged model at ``model_uri`` is, byte for byte, the
+    one evaluate scored (``sha256``: its :func:`~pipectl.components.models.model_sha256`)."""
+    import tempfile
+    from pathlib import Path
+
+    from pipectl.components.models import download_model, model_sha256
+
+    with tempfile.TemporaryDirectory(prefix="pipectl-register-") as folder:
+        download_model(model_uri, Path(folder), tracking_uri=tracking_uri)
+        got = model_sha256(Path(folder) / "model")  # the folder evaluate hashed, as evaluate laid it out
+    if got != sha256:
+        raise StepError(f"the model at {model_uri} is not the one evaluate scored (sha256 {got[:12]}…, evaluate scored {sha256[:12]}…)",
+                        "its files changed after evaluation; nothing was registered: run the pipeline again")
