@@ -5,6 +5,7 @@ here once; no command module imports this one (no import cycle).
 - :mod:`pipectl.cli.data_cmds`: data example, data push (datasets);
 - :mod:`pipectl.cli.run_cmd`: run (the local backend), ui (the MLflow UI of local runs);
 - :mod:`pipectl.cli.cluster_cmds`: submit, templates, cron, list, status, logs, retry, stop, terminate, delete;
+- :mod:`pipectl.cli.doctor_cmd`: doctor (is a cluster ready);
 - :mod:`pipectl.cli.completion_cmd`: completion (click's shell completion scripts).
 
 Exit codes (DESIGN.md): 0 ok; 1 the operation failed (a workflow that ends Failed); 2 usage or
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import click
 
-from pipectl.cli import cluster_cmds, compile_cmds, completion_cmd, data_cmds, run_cmd
+from pipectl.cli import cluster_cmds, compile_cmds, completion_cmd, data_cmds, doctor_cmd, run_cmd
 from pipectl.cli.common import Group
 
 
@@ -30,6 +31,6 @@ for _command in (
     run_cmd.run, run_cmd.ui,
     cluster_cmds.submit, cluster_cmds.templates, cluster_cmds.cron, cluster_cmds.list_, cluster_cmds.status,
     cluster_cmds.logs, cluster_cmds.retry, cluster_cmds.stop, cluster_cmds.terminate, cluster_cmds.delete,
-    completion_cmd.completion,
+    doctor_cmd.doctor, completion_cmd.completion,
 ):
     main.add_command(_command)

@@ -318,6 +318,11 @@ class Launcher(ABC):
         """The job ended failed: Argo's ``failure_condition`` holds on it (one rule, two readers)."""
         return failure_condition_holds(self.failure_condition, obj)
 
+    def required_crds(self) -> tuple[str, ...]:
+        """CRDs the cluster needs for this launcher (``pipectl doctor``): its job kind, and Volcano's
+        queues and PodGroups, which every launcher's gang scheduling uses."""
+        return (f"{self.resource}.{self.api_group}", "queues.scheduling.volcano.sh", "podgroups.scheduling.volcano.sh")
+
     def rbac_rule(self) -> dict:
         """What the train step's ServiceAccount may do on this one kind, nothing else:
         ``kubectl apply --server-side`` (create, patch) and argoexec's polling (get); the

@@ -1,0 +1,197 @@
+"""``pipectl doctor``: is this cluster and namespace ready to run pipectl's pipelines?
+
+Compares the cluster with what ``argo/`` installs (the same :func:`~pipectl.pipelines.manifests.cluster_manifests`
+that renders it) and checks what ``argo/`` cannot install: the API server's version, the Argo and
+gang-launcher CRDs, the store's Secret, GPU nodes, and whether the store and MLflow answer. Each
+check is one :class:`Row` with a fix; ``fail`` rows make the command exit 1, ``warn`` rows do not.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pipectl.components.names import STORE_CONFIGMAP, STORE_SECRET
+
+MIN_KUBERNETES = (1, 30)
+"""ValidatingAdmissionPolicy (``argo/cluster/admission/``) is GA from Kubernetes 1.30."""
+ARGO_CRDS = ("workflows.argoproj.io", "workflowtemplates.argoproj.io", "cronworkflows.argoproj.io",
+             "workflowtaskresults.argoproj.io")
+ADMIN_APPLY = "kubectl apply --server-side -k argo/cluster (cluster admin)"
+OWNER_APPLY = "kubectl apply --server-side -k argo/namespace (namespace owner)"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One check: ``status`` is ok, warn or fail; ``fix`` says what to run when it is not ok."""
+
+    check: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+def _rendered(cfg: Any) -> list[tuple[str, dict]]:
+    """(the kustomization that installs it, object) for what must exist: argo/cluster and
+    argo/namespace without the controller's and Volcano's shared settings, monitoring and cron."""
+    from pipectl.pipelines.manifests import CLUSTER_ADMIN_DIR, CRON_FILE, NAMESPACE_OWNER_DIR, cluster_manifests
+
+    out = []
+    for path, objects in cluster_manifests(cfg).items():
+        top = path.split("/", 1)[0]
+        if top not in (CLUSTER_ADMIN_DIR, NAMESPACE_OWNER_DIR) or path == CRON_FILE or "/monitoring/" in path:
+            continue
+        if "/controller/" in path or "/volcano/" in path:
+            continue
+        out += [(top, o) for o in objects]
+    return out
+
+
+class Doctor:
+    """The checks against one cluster (``api``: a kubernetes ApiClient) for a :class:`CompileConfig`."""
+
+    def __init__(self, api: Any, cfg: Any, *, network_timeout_s: float = 5.0) -> None:
+        from kubernetes import dynamic
+
+        self.api, self.cfg, self.timeout = api, cfg, network_timeout_s
+        self.dynamic = dynamic.DynamicClient(api)
+
+    def rows(self) -> list[Row]:
+        checks: list[Callable[[], list[Row]]] = [self._version, self._crds, self._objects, self._namespace_labels,
+                                                 self._secret, self._gpu_nodes, self._services]
+        out: list[Row] = []
+        for check in checks:
+            out += check()
+        return out
+
+    def _version(self) -> list[Row]:
+        from kubernetes import client
+
+        v = client.VersionApi(self.api).get_code()
+        major, minor = int(v.major), int("".join(c for c in v.minor if c.isdigit()) or 0)
+        ok = (major, minor) >= MIN_KUBERNETES
+        return [Row("Kubernetes", "ok" if ok else "fail", f"{v.git_version}",
+                    "" if ok else f"the admission policies need Kubernetes >= {MIN_KUBERNETES[0]}.{MIN_KUBERNETES[1]}")]
+
+    def _crds(self) -> list[Row]:
+        from kubernetes import client
+
+        from pipectl.pipelines.launchers import LAUNCHERS
+
+        launcher = LAUNCHERS[self.cfg.launcher]
+        have = {c.metadata.name for c in client.ApiextensionsV1Api(self.api).list_custom_resource_definition().items}
+        rows = []
+        for what, names, fix in (
+            ("Argo Workflows CRDs", ARGO_CRDS, "install Argo Workflows (>= 3.6; pipectl renders for v4)"),
+            (f"gang launcher CRDs ({self.cfg.launcher})", launcher.required_crds(),
+             f"install the {self.cfg.launcher} launcher's operator, or render with another --launcher"),
+        ):
+            missing = [n for n in names if n not in have]
+            rows.append(Row(what, "fail" if missing else "ok", f"missing: {', '.join(missing)}" if missing else ", ".join(names),
+                            fix if missing else ""))
+        return rows
+
+    def _get(self, obj: dict) -> bool:
+        from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
+
+        try:
+            res = self.dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+            res.get(name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace"))
+            return True
+        except (NotFoundError, ResourceNotFoundError):
+            return False
+
+    def _objects(self) -> list[Row]:
+        """One row per kind of object argo/ installs: which are missing, and the apply that adds them."""
+        by_kind: dict[str, tuple[str, list[str], list[str]]] = {}
+        for top, obj in _rendered(self.cfg):
+            where, present, missing = by_kind.setdefault(obj["kind"], (top, [], []))
+            (present if self._get(obj) else missing).append(obj["metadata"]["name"])
+        rows = []
+        for kind, (top, present, missing) in by_kind.items():
+            fix = ("pipectl templates apply" if kind == "WorkflowTemplate" else ADMIN_APPLY if top == "cluster" else OWNER_APPLY)
+            rows.append(Row(kind, "fail" if missing else "ok",
+                            f"missing: {', '.join(missing)}" if missing else ", ".join(present), fix if missing else ""))
+        return rows
+
+    def _namespace_labels(self) -> list[Row]:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        from pipectl.pipelines.manifests import namespace
+
+        wanted = namespace(self.cfg)[0]["metadata"]["labels"]
+        try:
+            labels = client.CoreV1Api(self.api).read_namespace(self.cfg.namespace).metadata.labels or {}
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            return []  # the Namespace row already says it is missing
+        wrong = sorted(k for k, v in wanted.items() if labels.get(k) != v)
+        return [Row(f"namespace {self.cfg.namespace} labels", "fail" if wrong else "ok",
+                    f"not as argo/ sets them: {', '.join(wrong)}" if wrong else "Pod Security restricted, submission policy, lanes",
+                    ADMIN_APPLY if wrong else "")]
+
+    def _secret(self) -> list[Row]:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        fix = (f"kubectl -n {self.cfg.namespace} create secret generic {STORE_SECRET} "
+               "--from-literal=PIPECTL_S3_ACCESS_KEY=... --from-literal=PIPECTL_S3_SECRET_KEY=...")
+        try:
+            data = client.CoreV1Api(self.api).read_namespaced_secret(STORE_SECRET, self.cfg.namespace).data or {}
+        except ApiException as e:
+            if e.status == 403:
+                return [Row("store credentials", "warn", f"not allowed to read Secret {STORE_SECRET}: not checked")]
+            if e.status == 404:
+                return [Row("store credentials", "fail", f"Secret {STORE_SECRET} missing", fix)]
+            raise
+        missing = [k for k in ("PIPECTL_S3_ACCESS_KEY", "PIPECTL_S3_SECRET_KEY") if k not in data]
+        return [Row("store credentials", "fail" if missing else "ok",
+                    f"Secret {STORE_SECRET} lacks {', '.join(missing)}" if missing else f"Secret {STORE_SECRET}", fix if missing else "")]
+
+    def _gpu_nodes(self) -> list[Row]:
+        from kubernetes import client
+
+        nodes = client.CoreV1Api(self.api).list_node().items
+        gpus = sum(int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) for n in nodes)
+        with_gpus = sum(1 for n in nodes if int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) > 0)
+        if gpus:
+            return [Row("GPU nodes", "ok", f"{with_gpus} of {len(nodes)} nodes, {gpus} GPUs allocatable")]
+        return [Row("GPU nodes", "warn", f"none of {len(nodes)} nodes has nvidia.com/gpu now",
+                    "fine with an autoscaler that adds GPU nodes (argo/autoscaling/); else install the NVIDIA device plugin")]
+
+    def _services(self) -> list[Row]:
+        """The store and MLflow named in the namespace's store ConfigMap, asked over HTTP from this
+        machine (a cluster-internal name may not resolve here: warn, not fail)."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            data = client.CoreV1Api(self.api).read_namespaced_config_map(STORE_CONFIGMAP, self.cfg.namespace).data or {}
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            return []  # the ConfigMap row already says it is missing
+        rows = []
+        for what, key, path in (("object store", "PIPECTL_S3_ENDPOINT", "/"), ("MLflow", "PIPECTL_MLFLOW_URI", "/health")):
+            url = data.get(key)
+            if not url:
+                rows.append(Row(what, "fail", f"{key} not set in ConfigMap {STORE_CONFIGMAP}", OWNER_APPLY))
+                continue
+            rows.append(self._answers(what, url.rstrip("/") + path))
+        return rows
+
+    def _answers(self, what: str, url: str) -> Row:
+        try:
+            with urllib.request.urlopen(url, timeout=self.timeout):
+                pass
+        except urllib.error.HTTPError:
+            pass  # it answered (an S3 endpoint answers 403 to an anonymous GET)
+        except (OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            return Row(what, "warn", f"{url} did not answer from this machine ({reason})",
+                       "a cluster-internal name does not resolve outside the cluster; check from a pod in the namespace")
+        return Row(what, "ok", f"{url} answers")
