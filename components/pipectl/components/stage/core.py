@@ -7,9 +7,10 @@ Layout written (``<digest>`` = first 20 hex of the dataset digest; ``<target>`` 
     <target>/datasets/<digest>/manifest.json         written last: marks completion
 
 Guarantees, the same for every target: validates the whole source before writing anything;
-copies in parallel (S3: one PUT below 8 MiB, boto3 managed multipart above); verifies each
-write (S3: a single PUT's ETag is the content md5, multipart writes and copies by HEAD of size
-and the ``sha256`` metadata; file system: sha256 read back before an atomic rename); resumable
+copies in parallel (S3: obstore, one unsigned PUT below 8 MiB, parts above: see transfer.py);
+verifies each write (S3: a single PUT's ETag is the content md5, else the PUT goes again with
+Content-MD5; multipart writes and copies by HEAD of size and the ``sha256`` metadata; file
+system: sha256 read back before an atomic rename); resumable
 (one listing finds what an interrupted run already put in place; verified ones are skipped)
 and idempotent (a complete prefix is detected by its manifest: nothing copied).
 """
@@ -39,19 +40,21 @@ from pipectl.components.stage.targets import MULTIPART_THRESHOLD_BYTES, S3Target
 log = logging.getLogger("pipectl.stage")
 
 def _digests(f: SourceFile) -> tuple[str, str]:
-    """(sha256, md5) hex of the file's bytes, in one pass. md5 only to compare the ETag of a single
-    PUT (below the multipart threshold); "" for larger files (verified by HEAD + sha256 metadata)."""
-    sha = hashlib.sha256()
-    md5 = hashlib.md5(usedforsecurity=False) if f.size < MULTIPART_THRESHOLD_BYTES else None
+    """(sha256, md5) hex of the file's bytes, from its one read before any write: sha256 for the
+    manifest and the content address, md5 to check a single PUT's ETag (below the multipart
+    threshold; "" for larger files, verified by HEAD + sha256 metadata). No request hashes the
+    body again (stage/transfer.py)."""
     stream = f.open()
     try:
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
+        if f.size < MULTIPART_THRESHOLD_BYTES:  # small: one read, two hashes (OpenSSL, GIL released)
+            body = stream.read()
+            return hashlib.sha256(body).hexdigest(), hashlib.md5(body, usedforsecurity=False).hexdigest()
+        sha = hashlib.sha256()
+        for chunk in iter(lambda: stream.read(4 << 20), b""):
             sha.update(chunk)
-            if md5 is not None:
-                md5.update(chunk)
+        return sha.hexdigest(), ""
     finally:
         stream.close()
-    return sha.hexdigest(), md5.hexdigest() if md5 is not None else ""
 
 
 def dataset_digest(entries: Iterable[ManifestEntry]) -> str:
@@ -82,31 +85,16 @@ def stage(inp: StageInput, s3: Any, *, example_dir: Path | None = None, target: 
 
 
 def _upload(inp: StageInput, target: Target, data_prefix: str, todo: list[tuple[SourceFile, ManifestEntry, str]]) -> list[int]:
-    """Write each ``(file, entry, md5)`` of ``todo`` at ``data_prefix + entry.key``; returns the
-    retried requests, one number per object written."""
-    written: list[int] = []  # retried requests, one number per object written
-    if isinstance(target, S3Target) and target.settings is not None:
-        # many small local files: single PUTs from several processes (see parallel.py)
-        from pipectl.components.stage import parallel
-
-        small = [t for t in todo if t[0].path is not None and t[0].s3_location is None and t[1].size < target.part_size]
-        processes = inp.upload_processes or parallel.default_processes()
-        if len(small) >= parallel.MIN_FILES and processes > 1:
-            retries = parallel.put_in_processes(
-                target.settings, target.bucket,
-                [(data_prefix + e.key, f.path, e.model_dump_json(), md5) for f, e, md5 in small],
-                processes, threads=max(1, inp.max_concurrency // processes))
-            written = [retries] + [0] * (len(small) - 1)
-            sent = {id(t) for t in small}
-            todo = [t for t in todo if id(t) not in sent]
+    """Write each ``(file, entry, md5)`` of ``todo`` at ``data_prefix + entry.key`` from
+    ``inp.max_concurrency`` threads (S3: obstore sends with the GIL released); returns the retried
+    requests, one number per object written."""
 
     def put(item: tuple[SourceFile, ManifestEntry, str]) -> int:
         f, entry, md5 = item
         return target.put(data_prefix + entry.key, f, entry, md5)
 
     with ThreadPoolExecutor(max_workers=inp.max_concurrency) as pool:
-        written += list(pool.map(put, todo))
-    return written
+        return list(pool.map(put, todo))
 
 
 def _stage_files(inp: StageInput, target: Target, files: list[SourceFile]) -> StageOutput:
@@ -163,8 +151,7 @@ def make_target(inp: StageInput, s3: Any, settings: StoreSettings | None = None,
     """The :class:`Target` for ``inp.target_uri`` (default ``s3://<inp.bucket>``); see targets.py.
     ``own_client``: ``s3`` belongs to this staging (its PutObject hooks may be tuned)."""
     if not inp.target_uri:
-        return S3Target(s3, inp.bucket, max_concurrency=min(inp.max_concurrency, 10), skip_100_continue=own_client,
-                        settings=settings if own_client else None)
+        return S3Target(s3, inp.bucket, max_concurrency=min(inp.max_concurrency, 10), skip_100_continue=own_client)
     return parse_target(
         inp.target_uri, s3=s3, cephfs_mount=settings.cephfs_mount if settings else None,
         max_concurrency=min(inp.max_concurrency, 10),
@@ -172,7 +159,8 @@ def make_target(inp: StageInput, s3: Any, settings: StoreSettings | None = None,
 
 
 def run(inp: StageInput, settings: StoreSettings) -> StageOutput:
-    """Step entry: builds the S3 client and the target from ``settings`` and calls :func:`stage`."""
-    # room for each concurrent multipart upload's own part threads (TransferConfig.max_concurrency)
+    """Step entry: builds the S3 client and the target from ``settings`` and calls :func:`stage`.
+    ``inp.upload_processes`` is no longer used: obstore's threads send past the GIL."""
+    # room for boto3's own writes (C14 stores, copies from an S3 source) from every thread
     s3 = s3_client(settings, max_pool=max(32, 2 * inp.max_concurrency))
     return stage(inp, s3, target=make_target(inp, s3, settings, own_client=True))

@@ -7,9 +7,10 @@ Both targets hold the same layout under a root::
 
 and give the same guarantees, through the :class:`Target` interface that ``core.py`` drives:
 
-- verification of every write: S3 sends a single PUT with ``Content-MD5`` (the store checks the
-  body) and compares the ETag with the content md5; where the ETag is no MD5 (multipart; SSE-KMS,
-  SSE-C and some gateways, field case C14) a HEAD of size + ``sha256`` metadata decides; the file system target re-reads the written
+- verification of every write: S3 compares a single PUT's ETag with the content md5 hashed before
+  the write; where it is no MD5 (SSE-KMS, SSE-C and some gateways, field case C14) the PUT goes
+  with ``Content-MD5`` (the store checks the body) and a HEAD of size + ``sha256`` metadata
+  decides, as for multipart uploads (stage/transfer.py); the file system target re-reads the written
   temporary file from the mount and compares its sha256 with the source's before it renames it.
 - nothing partial under the final prefix: one S3 PUT / CompleteMultipartUpload is atomic; on a
   file system each file is written to ``<root>/.pipectl-tmp/<run>/``, fsynced, verified, then
@@ -33,6 +34,7 @@ import hashlib
 import json
 import os
 import socket
+import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +108,14 @@ def _metadata(entry: ManifestEntry) -> dict[str, str]:
     return {"sha256": entry.sha256, "label": quote(entry.label, safe="")}
 
 
+def _changed(bucket: str, key: str) -> StepError:
+    return StepError(
+        f"verification failed for s3://{bucket}/{key}: the bytes differ from the content md5",
+        "the source changed during staging or the write was altered on the way; rerun",
+        transient=True,
+    )
+
+
 def _verified_head(head: dict | None, entry: ManifestEntry) -> bool:
     return (
         head is not None
@@ -115,27 +125,43 @@ def _verified_head(head: dict | None, entry: ManifestEntry) -> bool:
 
 
 class S3Target:
-    """``s3://<bucket>``: one PUT below 8 MiB (ETag = md5 verified), boto3 managed multipart above
-    (8 MiB parts; verified by HEAD of size and the ``sha256`` user metadata); server-side copy when
-    the source is in S3 too. ``s3`` is a boto3 client (see ``runtime.s3_client``)."""
+    """``s3://<bucket>``: local files through obstore (stage/transfer.py: one unsigned PUT below
+    8 MiB, its ETag compared with the content md5; parts above, verified by HEAD of size and the
+    ``sha256`` user metadata); boto3 for server-side copies from an S3 source, for streams that
+    are no local file, and for every single PUT of a store whose ETags are no MD5 (C14: sent with
+    Content-MD5, so the store checks the body). ``s3`` is a boto3 client (``runtime.s3_client``);
+    obstore writes to the same endpoint with the same credentials."""
 
     def __init__(self, s3: Any, bucket: str, *, part_size: int = MULTIPART_THRESHOLD_BYTES, max_concurrency: int = 10,
-                 skip_100_continue: bool = False, settings: Any = None) -> None:
+                 skip_100_continue: bool = False) -> None:
         """``skip_100_continue``: drop the ``Expect: 100-continue`` header botocore puts on every
         PutObject (an extra round trip before the body; it only pays off for large bodies a server
         might refuse, and our single PUTs are < 8 MiB). Changes ``s3``'s event hooks: only for a
-        client this target owns. ``settings`` (StoreSettings): lets stage spread many small
-        PUTs over worker processes with clients of their own (stage/parallel.py); None: threads only."""
+        client this target owns."""
         if skip_100_continue:
             from botocore.handlers import add_expect_header
 
             s3.meta.events.unregister("before-call.s3.PutObject", add_expect_header)
         self.s3 = s3
-        self.settings = settings
         self.bucket = bucket
         self.root_uri = f"s3://{bucket}"
         self.part_size = part_size
         self.max_concurrency = max_concurrency
+        self.md5_etags = True  # False once a PUT showed an ETag that is no MD5 (C14)
+        self._writer: Any = None
+        self._writer_lock = threading.Lock()
+        # multipart uploads in flight at once: each holds up to part size x parts in flight of
+        # buffers (transfer.part_plan: <= 8 x 64 MiB), so two bound the memory to ~1 GiB
+        self._large = threading.BoundedSemaphore(2)
+
+    def writer(self) -> Any:
+        """The obstore :class:`~pipectl.components.stage.transfer.ObjectWriter` (made on first use)."""
+        with self._writer_lock:
+            if self._writer is None:
+                from pipectl.components.stage.transfer import ObjectWriter
+
+                self._writer = ObjectWriter(self.s3, self.bucket)
+            return self._writer
 
     def prepare(self) -> None:
         ensure_bucket(self.s3, self.bucket)
@@ -162,59 +188,80 @@ class S3Target:
         return _verified_head(object_exists(self.s3, self.bucket, key), entry)
 
     def put(self, key: str, src: Any, entry: ManifestEntry, md5: str) -> int:
-        from boto3.s3.transfer import TransferConfig
-        from botocore.exceptions import ClientError
-
-        s3, bucket = self.s3, self.bucket
         if src.s3_location is None and entry.size < self.part_size:
-            stream = src.open()
-            try:
-                body = stream.read()
-            finally:
-                stream.close()
-            changed = StepError(
-                f"verification failed for s3://{bucket}/{key}: the bytes differ from the content md5",
-                "the source changed during staging or the write was altered on the way; rerun",
+            return self._put_small(key, src, entry, md5)
+        if src.s3_location is None and getattr(src, "path", None):
+            with self._large:
+                self.writer().put_file(key, src.path, entry.size, _metadata(entry))
+            retries = 0  # parts are retried inside object_store, uncounted
+        else:
+            retries = self._put_managed(key, src, entry)
+        if not _verified_head(object_exists(self.s3, self.bucket, key), entry):
+            raise StepError(
+                f"verification failed for s3://{self.bucket}/{key}: size or sha256 differs after upload",
+                "the store lost or altered the write; rerun (verified objects are skipped)",
                 transient=True,
             )
-            if len(body) != entry.size:
-                raise changed
-            # Content-MD5: the store itself checks the body (S3 API; RGW too) whatever its ETag is
-            try:
-                resp = s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata=_metadata(entry),
-                                     ContentMD5=base64.b64encode(bytes.fromhex(md5)).decode())
-            except ClientError as e:
-                if e.response.get("Error", {}).get("Code") in ("BadDigest", "InvalidDigest"):
-                    raise changed from e
-                raise
-            retries = resp.get("ResponseMetadata", {}).get("RetryAttempts", 0)
-            # An ETag that is no MD5 (SSE-KMS/SSE-C, some gateways: C14) verifies nothing; the store
-            # accepted the Content-MD5, and a HEAD confirms size and the recorded sha256.
-            if resp.get("ETag", "").strip('"') != md5 and not _verified_head(object_exists(s3, bucket, key), entry):
-                raise changed
+        return retries
+
+    def _put_small(self, key: str, src: Any, entry: ManifestEntry, md5: str) -> int:
+        """One PUT, verified: the ETag is the md5 of the read before the write, or (C14, or bytes
+        that changed since) the body is sent again with Content-MD5 for the store to check."""
+        stream = src.open()
+        try:
+            body = stream.read()
+        finally:
+            stream.close()
+        if len(body) != entry.size:
+            raise _changed(self.bucket, key)
+        if not self.md5_etags:
+            return self._put_with_md5(key, body, entry, md5, undo=False)
+        etag, retries = self.writer().put(key, body, _metadata(entry))
+        if etag == md5:
             return retries
+        return retries + self._put_with_md5(key, body, entry, md5, undo=True)
+
+    def _put_with_md5(self, key: str, body: bytes, entry: ManifestEntry, md5: str, *, undo: bool) -> int:
+        """boto3 PUT with Content-MD5: the store refuses a body that is not the one hashed.
+        ``undo``: an object already written at ``key`` is deleted when refused."""
+        from botocore.exceptions import ClientError
+
+        try:
+            resp = self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, Metadata=_metadata(entry),
+                                      ContentMD5=base64.b64encode(bytes.fromhex(md5)).decode())
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("BadDigest", "InvalidDigest"):
+                if undo:
+                    self.s3.delete_object(Bucket=self.bucket, Key=key)
+                raise _changed(self.bucket, key) from e
+            raise
+        retries = resp.get("ResponseMetadata", {}).get("RetryAttempts", 0)
+        if resp.get("ETag", "").strip('"') == md5:
+            return retries
+        # An ETag that is no MD5 (SSE-KMS/SSE-C, some gateways: C14) verifies nothing; the store
+        # accepted the Content-MD5, and a HEAD confirms size and the recorded sha256.
+        if not _verified_head(object_exists(self.s3, self.bucket, key), entry):
+            raise _changed(self.bucket, key)
+        self.md5_etags = False  # this store's ETags prove nothing: Content-MD5 from now on
+        return retries
+
+    def _put_managed(self, key: str, src: Any, entry: ManifestEntry) -> int:
+        """boto3 managed transfers: a server-side copy from an S3 source, or a stream's upload."""
+        from boto3.s3.transfer import TransferConfig
 
         config = TransferConfig(multipart_threshold=self.part_size, multipart_chunksize=self.part_size,
                                 max_concurrency=self.max_concurrency)
         extra = {"Metadata": _metadata(entry)}
         if src.s3_location is not None:
             src_bucket, src_key = src.s3_location
-            s3.copy({"Bucket": src_bucket, "Key": src_key}, bucket, key,
-                    ExtraArgs={**extra, "MetadataDirective": "REPLACE"}, Config=config)
-        elif getattr(src, "path", None):  # a local file: parts read from the file by the part threads
-            s3.upload_file(src.path, bucket, key, ExtraArgs=extra, Config=config)
+            self.s3.copy({"Bucket": src_bucket, "Key": src_key}, self.bucket, key,
+                         ExtraArgs={**extra, "MetadataDirective": "REPLACE"}, Config=config)
         else:
             stream = src.open()
             try:
-                s3.upload_fileobj(stream, bucket, key, ExtraArgs=extra, Config=config)
+                self.s3.upload_fileobj(stream, self.bucket, key, ExtraArgs=extra, Config=config)
             finally:
                 stream.close()
-        if not _verified_head(object_exists(s3, bucket, key), entry):
-            raise StepError(
-                f"verification failed for s3://{bucket}/{key}: size or sha256 differs after upload",
-                "the store lost or altered the write; rerun (verified objects are skipped)",
-                transient=True,
-            )
         return 0  # managed transfers do not report their retries
 
     def write_manifest(self, key: str, obj: Any) -> None:
