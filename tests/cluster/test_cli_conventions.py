@@ -234,3 +234,29 @@ def test_list_shows_the_runs_the_controller_starts_from_cron_workflows(training_
                 except ApiException as e:
                     if e.status != 404:
                         raise
+
+
+def test_wait_follows_a_workflow_to_its_end_and_exits_by_its_phase(ns_kubeconfig, k8s_api):
+    """`pipectl wait NAME`: a watch from the first read; every step's phase as it changes (three
+    3-second steps and the exit handler), the final phase on stdout, exit 0 when it Succeeded; a
+    workflow that fails exits 1; with --timeout shorter than the run, exit 1 naming its phase."""
+    custom = _custom(k8s_api)
+    create = lambda wf: custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", wf)["metadata"]["name"]
+    ok = create(_with_exit_handler("wait-ok-", "3s", steps=3))
+    t0 = time.monotonic()
+    r = _pipectl(ns_kubeconfig, "wait", ok, "-o", "json", timeout=180)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["phase"] == "Succeeded" and took >= 9, (r.stdout, took)
+    for step in ("s0", "s1", "s2"):
+        assert f"{step} Succeeded" in r.stderr, r.stderr
+
+    bad = _tiny_workflow(NS, "wait-fail-", {"pipectl.io/fail": "boom", "pipectl.io/exit-code": "1"})
+    r = _pipectl(ns_kubeconfig, "wait", create(bad), timeout=120)
+    assert r.returncode == 1 and r.stdout.split()[-1] in ("Failed", "Error"), (r.stdout, r.stderr)
+
+    slow = create(_with_exit_handler("wait-slow-", "60s"))
+    r = _pipectl(ns_kubeconfig, "wait", slow, "--timeout", "3", timeout=60)
+    assert r.returncode == 1 and "after 3 s" in r.stderr and f"pipectl stop {slow}" in r.stderr, r.stderr
+    for name in (ok, slow):
+        custom.delete_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)

@@ -412,10 +412,10 @@ def test_wait_and_status_follow_a_workflow_to_its_end(test_cluster, k8s_api, tes
         cluster = ArgoCluster(test_namespace)
         ok = cluster.create_workflow(_tiny_workflow(test_namespace, "wait-ok-"))
         changes: list[str] = []
-        final = cluster.wait(ok["metadata"]["name"], lambda wf: changes.append(wf.get("status", {}).get("phase", "")), poll_s=0.5, timeout_s=90)
+        final = cluster.wait(ok["metadata"]["name"], lambda wf: changes.append(wf.get("status", {}).get("phase", "")), timeout_s=90)
         assert final["status"]["phase"] == "Succeeded" and changes, changes
         bad = cluster.create_workflow(_tiny_workflow(test_namespace, "wait-bad-", {"pipectl.io/fail": "boom", "pipectl.io/exit-code": "1"}))
-        assert cluster.wait(bad["metadata"]["name"], lambda wf: None, poll_s=0.5, timeout_s=90)["status"]["phase"] == "Failed"
+        assert cluster.wait(bad["metadata"]["name"], lambda wf: None, timeout_s=90)["status"]["phase"] == "Failed"
     finally:
         del os.environ["KUBECONFIG"]
     r = _pipectl(test_cluster, "status", bad["metadata"]["name"], "-n", test_namespace, "--output", "json")

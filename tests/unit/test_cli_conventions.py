@@ -211,7 +211,7 @@ def test_remote_text_is_printed_as_it_is_never_as_markup(capsys):
     message = "parameter model-name: '[/]x[bold]y' is not valid"
 
     class Cluster:
-        def wait(self, name, on_change):
+        def wait(self, name, on_change, timeout_s=None):
             wf = {"status": {"nodes": {"a": {"type": "Pod", "displayName": "validate(0)", "phase": "Failed",
                                              "message": message, "startedAt": "t"}}}}
             on_change(wf)

@@ -1,4 +1,4 @@
-"""Cluster commands: submit, templates apply, cron, list, status, logs, retry, stop, terminate, delete.
+"""Cluster commands: submit, templates apply, cron, list, status, wait, logs, retry, stop, terminate, delete.
 
 Parse, call :mod:`pipectl.pipelines.backends.kube`, print. Objects come from the compile layer
 (:mod:`pipectl.pipelines.workflows`, :mod:`pipectl.pipelines.training`) and are validated (typed
@@ -406,8 +406,31 @@ def _rows(rows: list[dict] | dict, output_format: str, narrow: tuple[str, ...] =
         click.echo("   ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
 
 
-def _follow(cluster: Any, name: str) -> dict:
-    """Live per-step progress on stderr until the workflow ends."""
+@click.command()
+@click.argument("name")
+@click.option("--timeout", type=click.FloatRange(min=1), default=None,
+              help="Seconds to wait at most; exit 1 if it has not ended by then (it keeps running).")
+@cluster_options
+@listing_output_option
+def wait(name: str, timeout: float | None, namespace: str, context: str | None, output_format: str) -> None:
+    """Follow workflow NAME until it ends, each step's phase as it changes (a watch: no change is
+    missed); exit 0 if it Succeeded, 1 otherwise.
+
+    \b
+    Example:
+      pipectl wait training-x7k2p --timeout 3600 && echo trained
+    """
+    final = _follow(_cluster(namespace, context), name, timeout)
+    status = final.get("status", {})
+    _record({"name": name, "namespace": namespace, "phase": status.get("phase"), "message": status.get("message"),
+             "started": status.get("startedAt"), "finished": status.get("finishedAt")}, output_format,
+            text=f"{name} {status.get('phase')}")
+    if status.get("phase") != "Succeeded":
+        sys.exit(1)
+
+
+def _follow(cluster: Any, name: str, timeout_s: float | None = None) -> dict:
+    """Live per-step progress on stderr until the workflow ends (at most ``timeout_s`` seconds)."""
     from rich.text import Text
 
     out = console()
@@ -424,4 +447,4 @@ def _follow(cluster: Any, name: str) -> dict:
                 # names and messages are remote text (a parameter value can reach a message): no markup
                 out.print(Text.from_markup(mark) + Text(f" {key} {phase} {node.get('message', '')}"), soft_wrap=True)
 
-    return cluster.wait(name, on_change)
+    return cluster.wait(name, on_change, timeout_s)

@@ -257,21 +257,54 @@ class ArgoCluster:
             reason = f"{e.status} {e.reason}" if isinstance(e, ApiException) else str(e)
             emit(name, f"(log unavailable: {reason})")
 
-    def wait(self, name: str, on_change: Callable[[dict[str, Any]], None], poll_s: float = 2.0, timeout_s: float | None = None) -> dict[str, Any]:
-        """Poll the Workflow until it ends; ``on_change`` gets it whenever a node phase changes."""
-        seen: dict[str, str] = {}
+    def wait(self, name: str, on_change: Callable[[dict[str, Any]], None], timeout_s: float | None = None) -> dict[str, Any]:
+        """Follow the Workflow until it ends: a watch from the resourceVersion of a first GET, so
+        every change is seen and none is missed between reads; ``on_change`` gets the workflow
+        whenever a node's phase changes. A watch the API server ends (its timeout, a restart) is
+        resumed from the last version seen; one whose version has expired (410) starts again from
+        a new GET. PipectlError after ``timeout_s`` seconds, or when the workflow is deleted."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            wf = self.get("workflows", name)
+        seen: dict[str, str] = {}
+
+        def changed(wf: dict[str, Any]) -> bool:
+            nonlocal seen
             nodes = {n.get("displayName", k): n.get("phase", "") for k, n in (wf.get("status", {}).get("nodes") or {}).items()}
             if nodes != seen:
                 seen = nodes
                 on_change(wf)
-            if wf.get("status", {}).get("phase") in TERMINAL:
+            return wf.get("status", {}).get("phase") in TERMINAL
+
+        wf = self.get("workflows", name)
+        while True:
+            if changed(wf):
                 return wf
-            if deadline is not None and time.monotonic() > deadline:
-                raise PipectlError(f"workflow {name} still {wf.get('status', {}).get('phase')} after {timeout_s:.0f} s")
-            time.sleep(poll_s)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise PipectlError(f"workflow {name} still {wf.get('status', {}).get('phase') or 'Pending'} after {timeout_s:.0f} s",
+                                   f"it goes on running: pipectl wait {name}, or pipectl stop {name}")
+            wf = self._next_version(name, wf, 60 if left is None else max(1, min(60, int(left) + 1)))
+
+    def _next_version(self, name: str, wf: dict[str, Any], window_s: int) -> dict[str, Any]:
+        """The workflow's next version from a watch of at most ``window_s`` seconds (``wf`` itself when
+        nothing changed in that time; a fresh GET when its version has expired)."""
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        stream = watch.Watch().stream(
+            self.api.list_namespaced_custom_object, GROUP, VERSION, self.namespace, "workflows",
+            field_selector=f"metadata.name={name}", resource_version=wf["metadata"]["resourceVersion"],
+            timeout_seconds=window_s, _request_timeout=window_s + 30)
+        try:
+            for event in stream:
+                if event["type"] == "DELETED":
+                    raise PipectlError(f"workflow {name} was deleted before it ended")
+                if event["type"] in ("ADDED", "MODIFIED"):
+                    return event["object"]
+        except ApiException as e:
+            if e.status != 410:  # Gone: the version we watched from is too old; read it again
+                raise
+            return self.get("workflows", name)
+        return wf
 
 
 class ArgoServer:
