@@ -474,7 +474,8 @@ TRAINING_STEP_OUTPUTS = {
                    "corrupt": 0, "images-per-s": 20000.0, "device": "cpu"},
     "evaluate": {"mlflow-run-id": "r1", "model-uri": "runs:/r1/model", "metrics": "{}", "metric": 0.98,
                  "champion-version": "", "champion-metric": "", "decision": "promote", "metric-name": "accuracy",
-                 "model-sha256": "0" * 64},
+                 "model-sha256": "0" * 64, "training-images-per-s": 640.0, "training-data-share": 0.05,
+                 "training-sync-share": 0.12, "training-slowest-rank-ratio": 1.04},
     "register": {"model-name": "digits-cnn", "version": "1", "alias": "champion", "created": "true",
                  "champion-version": "1"},
 }

@@ -174,6 +174,11 @@ def test_C12_every_panel_and_alert_returns_series_from_a_real_controller_and_vol
         assert split, f"alert {rule['alert']}: expression does not end in a threshold: {rule['expr']!r}"
         must_return_series(f"alert {rule['alert']} (query without its threshold)", split[0])
     assert not empty, "queries that return no series from a real Prometheus:\n" + "\n".join(empty)
+    # how training went reaches Prometheus from evaluate's outputs (the gang itself is not Argo's pod)
+    supplied = TRAINING_STEP_OUTPUTS["evaluate"]
+    for metric, output in (("images_per_second", "training-images-per-s"), ("data_share", "training-data-share")):
+        got = prom.query(f'argo_workflows_pipectl_training_{metric}{{model="digits-cnn", lane="standard"}}')
+        assert [float(s["value"][1]) for s in got] == [supplied[output]], (metric, got)
 
     # Prometheus evaluated every rule without an error (a join that matches many-to-many, say, is
     # an error only at evaluation time)

@@ -54,6 +54,10 @@ def test_default_run_registers_a_champion_above_095_on_digits(tmp_path):
     assert "Succeeded" in r.stderr and "digits-cnn version 1" in r.stderr
     # the training's step anatomy, carried by evaluate's outputs into the summary
     assert re.fullmatch(r"data \d+%, compute \d+%, sync \d+%, optimizer \d+%, checkpoint \d+%; \d+ images/s", summary["step_time"]), summary
+    # the same as numbers (the evaluate step's gauges on a cluster)
+    training = summary["training"]
+    assert training["images-per-s"] > 0 and 0 <= training["data-share"] < 1 and 0 <= training["sync-share"] < 1, training
+    assert training["slowest-rank-ratio"] >= 1, training
     assert "step time" in r.stderr and "MLflow UI of this folder's runs: pipectl ui --state-dir" in r.stderr
     assert not [v for v in summary["verdicts"] if v.startswith("memory growing")], summary["verdicts"]  # 15 epochs, no leak
     # the services were stopped: only their persistent state remains

@@ -505,6 +505,8 @@ class TrainOutput(StrictModel):
     """None when the user's own torchrun code trained (it reports its metrics itself)."""
     verdicts: list[str] = Field(default_factory=list, description="What the step anatomy said (starved, fabric-bound, straggler...), each with its rule.")
     step_time: str = Field("", description="The last epoch's step anatomy: shares of data, compute, sync, optimizer, checkpoint; images/s.")
+    anatomy: dict[str, float] = Field(default_factory=dict, description="The same as numbers: share_<part>, images_per_s, "
+                                      "slowest_rank_ratio (empty when the user's own torchrun code trained).")
 
 
 class EvaluateInput(StrictModel):
@@ -534,6 +536,14 @@ class EvaluateOutput(StrictModel):
     """The train step's last epoch's step anatomy (its output, shown here for the Argo UI and ``pipectl status``)."""
     training_verdicts: list[str] = Field(default_factory=list)
     """The train step's verdicts (starved, fabric-bound, straggler), each with its rule."""
+    training_images_per_s: float = 0.0
+    """The gang's images per second over the last epoch (0: not measured, the user's own torchrun code trained)."""
+    training_data_share: float = 0.0
+    """Share of the last epoch's step time spent waiting for data (the starved verdict's measure)."""
+    training_sync_share: float = 0.0
+    """Share spent in gradient sync not hidden behind compute (the fabric-bound verdict's measure)."""
+    training_slowest_rank_ratio: float = 0.0
+    """The slowest rank's own step time over the gang's median (the straggler verdict's measure)."""
     model_sha256: str = ""
     """Digest of the logged model evaluate scored (:func:`~pipectl.components.models.model_sha256`):
     register registers that model and no other."""

@@ -13,6 +13,7 @@ from typing import Any
 from hera.workflows import CronWorkflow
 from hera.workflows.models import Metadata, WorkflowTemplateRef
 
+from pipectl.components.train.telemetry import STARVED_SHARE
 from pipectl.components.names import PART_OF, SEMAPHORE_CONFIGMAP, STEP_LABEL, STORE_CONFIGMAP, STORE_SECRET, TEMPLATE_NAME
 from pipectl.pipelines.admission import SUBMISSION_LABEL, admission_policies, preempting_lane_labels, submitter_role
 from pipectl.pipelines.autoscaling import buffer_node_pool, node_pools
@@ -284,6 +285,8 @@ def prometheus_rules(cfg: CompileConfig) -> list[dict]:
 
     - PipectlWorkflowFailed: a workflow in the namespace ended Failed or Error in the last 10 minutes
       (Argo's ``argo_workflows_total_count``; :func:`_counter_increase`).
+    - PipectlTrainingStarvedForData: the last run of a model waited for data more than
+      ``STARVED_SHARE`` of its step time (the train step's starved verdict, as a gauge of evaluate's).
     - PipectlTrainingPendingTooLong: a train pod Pending longer than the autoscaler's scale-up budget
       (``cfg.retry.scale_up_s``). kube-state-metrics; its ``kube_pod_labels`` carries the pod label
       ``pipectl.io/step`` only with ``--metric-labels-allowlist=pods=[pipectl.io/step]``.
@@ -314,6 +317,11 @@ def prometheus_rules(cfg: CompileConfig) -> list[dict]:
                  "expr": f"sum by (namespace, phase) ({failed}) > 0",
                  "labels": {"severity": "warning"},
                  "annotations": {"summary": "{{ $value }} pipectl workflow(s) ended {{ $labels.phase }} in the last 10 minutes"}},
+                {"alert": "PipectlTrainingStarvedForData",
+                 "expr": f"max by (model) ({exported('pipectl_training_data_share')}) > {STARVED_SHARE}",
+                 "labels": {"severity": "warning"},
+                 "annotations": {"summary": "training of {{ $labels.model }} waited for data {{ $value | humanizePercentage }} "
+                                            "of its step time in its last epoch: more loader workers, Alluxio warm-up, or a faster store"}},
                 {"alert": "PipectlTrainingPendingTooLong",
                  "expr": f'max by (namespace, pod) (kube_pod_status_phase{{phase="Pending", namespace="{ns}"}} '
                          f'* on (namespace, pod) group_left kube_pod_labels{{{step_label}="train"}}) > 0',
@@ -378,6 +386,14 @@ def grafana_dashboard(cfg: CompileConfig) -> list[dict]:
             panel(5, "Gangs waiting per lane (Volcano queue: PodGroups Pending or Inqueue)",
                   f'sum by (queue_name) (volcano_queue_pod_group_pending_count{{queue_name=~"{queues}"}} '
                   f'+ volcano_queue_pod_group_inqueue_count{{queue_name=~"{queues}"}})'),
+            panel(6, "Training throughput by model (images/s, last epoch of the last run)",
+                  f"max by (model) ({exported('pipectl_training_images_per_second')})"),
+            panel(7, "Training step time waiting for data, by model (share; above 0.2: starved)",
+                  f"max by (model) ({exported('pipectl_training_data_share')})"),
+            panel(8, "Training step time in exposed gradient sync, by model (share; above 0.15: fabric-bound)",
+                  f"max by (model) ({exported('pipectl_training_sync_share')})"),
+            panel(9, "Slowest training rank over the gang's median, by model (above 1.2: a straggler)",
+                  f"max by (model) ({exported('pipectl_training_slowest_rank_ratio')})"),
         ],
     }
     return [{"apiVersion": "v1", "kind": "ConfigMap",

@@ -230,6 +230,30 @@ def exported(metric: str) -> str:
     return ARGO_CUSTOM_METRIC_PREFIX + metric
 
 
+TRAINING_GAUGES = {
+    "training_images_per_s": ("pipectl_training_images_per_second", "Images per second of the training gang, last epoch"),
+    "training_data_share": ("pipectl_training_data_share", "Share of step time the training gang waited for data, last epoch"),
+    "training_sync_share": ("pipectl_training_sync_share", "Share of step time in gradient sync not hidden by compute, last epoch"),
+    "training_slowest_rank_ratio": ("pipectl_training_slowest_rank_ratio", "Slowest rank's step time over the gang median, last epoch"),
+}
+"""Evaluate output -> (metric, help): the train step's anatomy as gauges (the gang itself runs in a
+job Argo does not see; evaluate hands on its figures)."""
+
+
+def training_metrics() -> list:
+    """The evaluate step's Prometheus gauges of how training went (:data:`TRAINING_GAUGES`), by model
+    and lane, from its output parameters; only when the anatomy was measured (pipectl's train
+    function: images per second above 0)."""
+    from hera.workflows import Gauge, Label
+
+    from pipectl.components.names import kebab
+
+    labels = [Label(key="model", value="{{workflow.parameters.model-name}}"), Label(key="lane", value="{{workflow.parameters.lane}}")]
+    when = "{{status}} == Succeeded && {{outputs.parameters.training-images-per-s}} > 0"
+    return [Gauge(name=name, help=help_, labels=labels, realtime=False, value="{{outputs.parameters.%s}}" % kebab(field), when=when)
+            for field, (name, help_) in TRAINING_GAUGES.items()]
+
+
 def step_metrics(step: str, *, container: bool) -> list:
     """Argo template-level Prometheus metrics behind the Grafana dashboard (argo/namespace/monitoring/).
 

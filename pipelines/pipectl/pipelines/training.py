@@ -84,7 +84,7 @@ from pipectl.components.names import (
 from pipectl.pipelines.launchers import DEFAULT_LAUNCHER, LAUNCHERS, GangConfig
 from pipectl.pipelines.launchers.base import TRAIN_STEP_INPUTS
 from pipectl.pipelines.autoscaling import DO_NOT_DISRUPT, AutoscalingConfig
-from pipectl.pipelines.policy import RetryPolicy, lane_toleration_for, step_metrics
+from pipectl.pipelines.policy import RetryPolicy, lane_toleration_for, step_metrics, training_metrics
 from pipectl.pipelines.security import TMP_VOLUME, restricted_container_security_context, restricted_pod_security_context
 
 
@@ -466,8 +466,10 @@ def gang_release_templates(cfg: CompileConfig) -> list:
 
 def evaluate_templates(cfg: CompileConfig, metric: str = "", image: str | None = None) -> list:
     """``evaluate``; ``metric``/``image``: the user's metric function and the image that has it."""
-    return [_step(cfg, "evaluate", image or cfg.light_image, "evaluate", EvaluateInput, EvaluateOutput,
-                  fixed={"metric_function": metric} if metric else None)]
+    evaluate = _step(cfg, "evaluate", image or cfg.light_image, "evaluate", EvaluateInput, EvaluateOutput,
+                     fixed={"metric_function": metric} if metric else None)
+    evaluate.metrics = [*evaluate.metrics, *training_metrics()]  # how training went, for Prometheus
+    return [evaluate]
 
 
 def register_templates(cfg: CompileConfig) -> list:

@@ -161,6 +161,10 @@ def evaluate(inp: EvaluateInput, s3: Any, client: Any) -> EvaluateOutput:
         metric_name=decider,
         training_step_time=train.step_time,
         training_verdicts=train.verdicts,
+        training_images_per_s=round(train.anatomy.get("images_per_s", 0.0), 2),
+        training_data_share=train.anatomy.get("share_data", 0.0),
+        training_sync_share=train.anatomy.get("share_sync", 0.0),
+        training_slowest_rank_ratio=train.anatomy.get("slowest_rank_ratio", 0.0),
         model_sha256=digest,
     )
     write_json(s3, layout.evaluate_output_uri, out.model_dump(mode="json"))

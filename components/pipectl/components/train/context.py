@@ -83,6 +83,8 @@ class TrainContext:
     """What the step anatomy said over the run (rank 0; each verdict kind once, its latest wording)."""
     step_time: str = ""
     """The last epoch's step anatomy, as the log prints it (rank 0)."""
+    anatomy: dict[str, float] = field(default_factory=dict)
+    """Rank 0: the last epoch's gang shares (``share_<part>``), ``images_per_s``, ``slowest_rank_ratio``."""
     _epochs: dict[int, list[telemetry.RankEpoch]] = field(default_factory=dict, repr=False)
     """Rank 0: every rank's epochs so far (the memory trend)."""
     step: int = 0
@@ -195,6 +197,7 @@ class TrainContext:
     def _report_anatomy(self, ranks: list[telemetry.RankEpoch], epoch: int) -> None:
         """Rank 0: the gang's shares to MLflow and the log; verdicts to the log and ``self.verdicts``."""
         shares = telemetry.gang_shares(ranks)
+        self.anatomy = {k: round(v, 4) for k, v in shares.items()}
         for name, value in shares.items():
             self.log_metric(name, value, epoch)
         self.step_time = (", ".join(f"{p} {shares['share_' + p]:.0%}" for p in telemetry.PARTS)

@@ -249,7 +249,7 @@ def train(inp: TrainInput, settings: StoreSettings, s3: Any, *, reader: Any = No
     ctx.log_metric("peak_rss_mib", _peak_rss_mib(ctx), None)
     out = TrainOutput(mlflow_run_id="", model_uri="", steps=ctx.step, steps_this_attempt=steps_this_attempt,
                       resumed_from_step=ctx.resumed_from, world_size=proc.world_size, train_accuracy=round(accuracy, 6),
-                      verdicts=ctx.verdicts, step_time=ctx.step_time)
+                      verdicts=ctx.verdicts, step_time=ctx.step_time, anatomy=ctx.anatomy)
     if run is not None:
         example = torch.from_numpy(ctx.data.example(2)).float()
         _publish(inp, s3, out, model, ctx.optimizer, example, ctx.num_classes, accuracy, elapsed, run, output_uri)
