@@ -260,3 +260,51 @@ def test_wait_follows_a_workflow_to_its_end_and_exits_by_its_phase(ns_kubeconfig
     assert r.returncode == 1 and "after 3 s" in r.stderr and f"pipectl stop {slow}" in r.stderr, r.stderr
     for name in (ok, slow):
         custom.delete_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
+
+
+def test_list_filters_templates_and_cron_get_and_delete_and_submit_name_and_labels(training_template, ns_kubeconfig, test_cluster, k8s_api):
+    """kubectl/argo habits: `list -s/-l/--since/-A`, `templates list|get|delete`, `cron get|delete`,
+    `submit --name --labels` (bad ones exit 2, nothing sent)."""
+    kc = test_cluster.kubeconfig
+    custom = _custom(k8s_api)
+    r = _pipectl(kc, "submit", "training", "-n", "pipectl", "--name", "named-run", "--labels", "team=vision,ticket=ml-142",
+                 "-o", "json")
+    assert r.returncode == 0, r.stderr
+    wf = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", "named-run")
+    assert wf["metadata"]["labels"]["team"] == "vision" and wf["metadata"]["labels"]["ticket"] == "ml-142"
+    for bad in (["--name", "Not_A_Name"], ["--labels", "team"], ["--labels", "pipectl.io/lane=urgent"]):
+        r = _pipectl(kc, "submit", "training", "-n", "pipectl", *bad)
+        assert r.returncode == 2, (bad, r.stderr)
+    try:
+        r = _pipectl(kc, "list", "-n", "pipectl", "-l", "team=vision", "-o", "name")
+        assert r.returncode == 0 and r.stdout.split() == ["named-run"], (r.stdout, r.stderr)
+        assert _pipectl(kc, "list", "-n", "pipectl", "-l", "team=audio", "-o", "name").stdout.split() == []
+        assert "named-run" in _pipectl(kc, "list", "-n", "pipectl", "--since", "10m", "-o", "name").stdout.split()
+        r = _pipectl(kc, "list", "-n", "pipectl", "-s", "Succeeded", "-s", "Failed", "-o", "json")
+        assert all(w["phase"] in ("Succeeded", "Failed") for w in json.loads(r.stdout)), r.stdout
+        assert _pipectl(kc, "list", "--since", "soon").returncode == 2
+        r = _pipectl(kc, "list", "-A", "-l", "team=vision")
+        assert r.returncode == 0 and r.stdout.split()[:2] == ["NAMESPACE", "NAME"] and "pipectl" in r.stdout, r.stdout
+    finally:
+        custom.delete_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", "named-run")
+
+    r = _pipectl(kc, "templates", "list", "-n", "pipectl", "-o", "json")
+    listed = {t["name"]: t for t in json.loads(r.stdout)}
+    assert listed["training-v1"]["title"] == "Training pipeline" and listed["training-v1"]["parameters"] >= 20, listed
+    r = _pipectl(kc, "templates", "get", "training-v1", "-n", "pipectl", "-o", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)["spec"]["entrypoint"] == "training", r.stderr
+    assert _pipectl(kc, "templates", "get", "no-such", "-n", "pipectl").returncode == 1
+
+    assert _pipectl(kc, "cron", "apply", "-n", "pipectl").returncode == 0
+    r = _pipectl(kc, "cron", "get", "retrain", "-n", "pipectl", "-o", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)["spec"]["timezone"] == "Europe/Berlin", r.stderr
+    r = _pipectl(kc, "cron", "delete", "retrain", "-n", "pipectl")
+    assert r.returncode == 0 and r.stdout.split() == ["retrain"], r.stderr
+    assert _pipectl(kc, "cron", "get", "retrain", "-n", "pipectl").returncode == 1
+
+    copy = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflowtemplates", "training-v1")
+    r = _pipectl(kc, "templates", "delete", "training-v1", "-n", "pipectl")
+    assert r.returncode == 0 and r.stdout.split() == ["training-v1"], r.stderr
+    assert "training-v1" not in _pipectl(kc, "templates", "list", "-n", "pipectl", "-o", "name").stdout.split()
+    assert _pipectl(kc, "templates", "apply", "-n", "pipectl").returncode == 0  # as it was
+    assert copy["metadata"]["name"] in _pipectl(kc, "templates", "list", "-n", "pipectl", "-o", "name").stdout.split()

@@ -1,4 +1,5 @@
-"""Cluster commands: submit, templates apply, cron, list, status, wait, logs, retry, stop, terminate, delete.
+"""Cluster commands: submit, templates (apply, list, get, delete), cron, list, status, wait, logs, retry, stop,
+terminate, delete.
 
 Parse, call :mod:`pipectl.pipelines.backends.kube`, print. Objects come from the compile layer
 (:mod:`pipectl.pipelines.workflows`, :mod:`pipectl.pipelines.training`) and are validated (typed
@@ -55,10 +56,12 @@ def _print_objects(objects: list[dict]) -> None:
 @lane_option
 @click.option("--dry-run", is_flag=True, help="Print the Workflow that would be created; send nothing.")
 @click.option("--wait", is_flag=True, help="Follow the workflow; exit 1 unless it Succeeded.")
+@click.option("--name", "wf_name", default=None, help="The workflow's name (default: generated, <pipeline>-xxxxx).")
+@click.option("--labels", default="", help="Labels to add, k=v[,k=v...] (e.g. team=vision,ticket=ml-142).")
 @cluster_options
 @listing_output_option
 def submit(pipeline: str, params: tuple[str, ...], parameter_file: Any, lane: str | None, dry_run: bool, wait: bool,
-           namespace: str, context: str | None, output_format: str) -> None:
+           wf_name: str | None, labels: str, namespace: str, context: str | None, output_format: str) -> None:
     """Submit PIPELINE: a Workflow referencing its WorkflowTemplate (put there by `pipectl templates
     apply PIPELINE`), with validated parameters (--parameter-file, then -p, then --lane: the last wins).
 
@@ -70,7 +73,7 @@ def submit(pipeline: str, params: tuple[str, ...], parameter_file: Any, lane: st
     template_name = f"{chosen.name}-v1"
     parameters = training_parameters(params + ((f"lane={lane}",) if lane else ()), parameter_file, chosen)
     _refuse_local_dataset(pipeline, parameters.dataset_uri)
-    wf = workflow_for(template_name, namespace, parameters)
+    wf = _named_and_labelled(workflow_for(template_name, namespace, parameters), wf_name, labels)
     _check([wf])
     if dry_run:
         _print_objects([wf])
@@ -88,6 +91,33 @@ def submit(pipeline: str, params: tuple[str, ...], parameter_file: Any, lane: st
     _record({**record, "phase": phase, "message": final.get("status", {}).get("message")}, output_format, text=f"{name} {phase}")
     if phase != "Succeeded":
         sys.exit(1)
+
+
+_LABEL_KEY = r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_VALUE = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?"
+_DNS_NAME = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+
+
+def _named_and_labelled(wf: dict, name: str | None, labels: str) -> dict:
+    """``wf`` with ``--name`` (in place of its generated name) and ``--labels`` added; exit 2 for a
+    name or label Kubernetes would refuse, or a label pipectl sets itself."""
+    import re
+
+    if name is not None:
+        if not re.fullmatch(_DNS_NAME, name):
+            fail(f"--name {name!r} is not a valid workflow name", "lower-case letters, digits and '-', at most 63, "
+                 "starting and ending alphanumeric", code=2)
+        wf["metadata"].pop("generateName", None)
+        wf["metadata"]["name"] = name
+    for pair in filter(None, (p.strip() for p in labels.split(","))):
+        key, sep, value = pair.partition("=")
+        if not sep or not re.fullmatch(_LABEL_KEY, key) or len(key.rpartition("/")[2]) > 63 or not re.fullmatch(_LABEL_VALUE, value):
+            fail(f"--labels: {pair!r} is not a Kubernetes label", "write key=value, e.g. team=vision "
+                 "(value: at most 63 letters, digits, '-', '_', '.')", code=2)
+        if key in wf["metadata"]["labels"]:
+            fail(f"--labels: {key} is set by pipectl", "choose another key", code=2)
+        wf["metadata"]["labels"][key] = value
+    return wf
 
 
 REMOTE_DATASETS = ("s3://", "example:")
@@ -124,9 +154,72 @@ def templates_apply(pipelines: tuple[str, ...], dry_run: bool, registry: str | N
     _apply([p.build(cfg).to_dict() for p in chosen], dry_run, namespace, context)
 
 
+@templates.command("list")
+@cluster_options
+@listing_output_option
+def templates_list(namespace: str, context: str | None, output_format: str) -> None:
+    """The namespace's WorkflowTemplates: name, title, parameters, created."""
+    rows = [{"name": t["metadata"]["name"],
+             "title": t["metadata"].get("annotations", {}).get("workflows.argoproj.io/title", ""),
+             "parameters": len((t["spec"].get("arguments") or {}).get("parameters") or []),
+             "created": t["metadata"].get("creationTimestamp")}
+            for t in _cluster(namespace, context).list("workflowtemplates")]
+    _rows(rows, output_format, narrow=("name", "title", "parameters", "created"))
+
+
+@templates.command("get")
+@click.argument("name")
+@click.option("--output", "-o", "output_format", type=click.Choice(("yaml", "json")), default="yaml", show_default=True)
+@cluster_options
+def templates_get(name: str, output_format: str, namespace: str, context: str | None) -> None:
+    """The WorkflowTemplate NAME as the cluster holds it."""
+    _print_object(_cluster(namespace, context).get("workflowtemplates", name), output_format)
+
+
+@templates.command("delete")
+@click.argument("names", nargs=-1, required=True)
+@cluster_options
+def templates_delete(names: tuple[str, ...], namespace: str, context: str | None) -> None:
+    """Delete WorkflowTemplates NAMES; running workflows keep the copy they started with."""
+    _delete_each("workflowtemplates", "WorkflowTemplate", names, namespace, context)
+
+
+def _print_object(obj: dict, output_format: str) -> None:
+    obj = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "managedFields"}}
+    if output_format == "json":
+        click.echo(json.dumps(obj, indent=2))
+    else:
+        _print_objects([obj])
+
+
+def _delete_each(plural: str, kind: str, names: tuple[str, ...], namespace: str, context: str | None) -> None:
+    cluster = _cluster(namespace, context)
+    for name in names:
+        cluster.delete(plural, name)
+        console().print(f"deleted {kind} {name}")
+        click.echo(name)
+
+
 @click.group()
 def cron() -> None:
     """Scheduled retraining (CronWorkflows)."""
+
+
+@cron.command("get")
+@click.argument("name")
+@click.option("--output", "-o", "output_format", type=click.Choice(("yaml", "json")), default="yaml", show_default=True)
+@cluster_options
+def cron_get(name: str, output_format: str, namespace: str, context: str | None) -> None:
+    """The CronWorkflow NAME as the cluster holds it (schedule, status: last run, active runs)."""
+    _print_object(_cluster(namespace, context).get("cronworkflows", name), output_format)
+
+
+@cron.command("delete")
+@click.argument("names", nargs=-1, required=True)
+@cluster_options
+def cron_delete(names: tuple[str, ...], namespace: str, context: str | None) -> None:
+    """Delete CronWorkflows NAMES (their past runs stay)."""
+    _delete_each("cronworkflows", "CronWorkflow", names, namespace, context)
 
 
 @cron.command("apply")
@@ -184,35 +277,69 @@ def cron_trigger(name: str, namespace: str, context: str | None) -> None:
     click.echo(wf["metadata"]["name"])
 
 
+PHASES = ("Pending", "Running", "Succeeded", "Failed", "Error")
+
+
+def _duration_s(text: str) -> float:
+    """``90s``, ``30m``, ``2h``, ``7d`` (or plain seconds) in seconds; BadParameter otherwise."""
+    import re
+
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", text.strip())
+    if not m:
+        raise click.BadParameter(f"{text!r} is not a duration: write e.g. 90s, 30m, 2h or 7d")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
 @click.command("list")
+@click.option("--status", "-s", "statuses", multiple=True, type=click.Choice(PHASES, case_sensitive=False),
+              help="Only workflows in this phase (repeatable).")
+@click.option("--selector", "-l", default="", help="Label selector, as kubectl's -l (e.g. pipectl.io/lane=urgent).")
+@click.option("--since", default=None, help="Only workflows created within this long (90s, 30m, 2h, 7d).")
+@click.option("--all-namespaces", "-A", is_flag=True, help="Every namespace's (a NAMESPACE column).")
 @cluster_options
 @listing_output_option
-def list_(namespace: str, context: str | None, output_format: str) -> None:
+def list_(statuses: tuple[str, ...], selector: str, since: str | None, all_namespaces: bool, namespace: str,
+          context: str | None, output_format: str) -> None:
     """Workflows of pipectl in the namespace, newest first: submitted, resubmitted and
-    cron-triggered (the column `cron` names the CronWorkflow; -o wide)."""
+    cron-triggered (the column `cron` names the CronWorkflow; -o wide).
+
+    \b
+    Example:
+      pipectl list -s Failed --since 1d -l pipectl.io/lane=urgent
+    """
+    import datetime as dt
+
     from pipectl.components.names import PART_OF, TEMPLATE_NAME
     from pipectl.pipelines.workflows import CRON_LABEL, TEMPLATE_LABEL
 
     cluster = _cluster(namespace, context)
-    items = cluster.list("workflows", ",".join(f"{k}={v}" for k, v in PART_OF.items()))
+    extra = f",{selector}" if selector else ""
+    items = cluster.list("workflows", ",".join(f"{k}={v}" for k, v in PART_OF.items()) + extra, all_namespaces=all_namespaces)
     # Runs the Argo controller started from a CronWorkflow carry its label, and pipectl's label
     # only when the CronWorkflow's workflowMetadata sets it (retrain does): a cron
     # run of our template counts either way.
     ours = {w["metadata"]["uid"] for w in items}
-    items += [w for w in cluster.list("workflows", CRON_LABEL)
+    items += [w for w in cluster.list("workflows", CRON_LABEL + extra, all_namespaces=all_namespaces)
               if w["metadata"]["uid"] not in ours and (w["spec"].get("workflowTemplateRef") or {}).get("name") == TEMPLATE_NAME]
+    if statuses:
+        wanted = {s.lower() for s in statuses}
+        items = [w for w in items if w.get("status", {}).get("phase", "Pending").lower() in wanted]
+    if since is not None:
+        cutoff = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=_duration_s(since))).strftime("%Y-%m-%dT%H:%M:%SZ")
+        items = [w for w in items if w["metadata"].get("creationTimestamp", "") >= cutoff]
     items.sort(key=lambda w: w["metadata"].get("creationTimestamp", ""), reverse=True)
 
     def lane(w: dict) -> str | None:
         given = {p.get("name"): p.get("value") for p in (w["spec"].get("arguments") or {}).get("parameters") or []}
         return w["metadata"].get("labels", {}).get(LANE_LABEL) or given.get("lane")
 
-    _rows([{"name": w["metadata"]["name"], "phase": w.get("status", {}).get("phase", "Pending"), "lane": lane(w),
+    _rows([{**({"namespace": w["metadata"]["namespace"]} if all_namespaces else {}),
+            "name": w["metadata"]["name"], "phase": w.get("status", {}).get("phase", "Pending"), "lane": lane(w),
             "started": w.get("status", {}).get("startedAt"), "finished": w.get("status", {}).get("finishedAt"),
             "cron": w["metadata"].get("labels", {}).get(CRON_LABEL),
             "template": (w["spec"].get("workflowTemplateRef") or {}).get("name") or w["metadata"].get("labels", {}).get(TEMPLATE_LABEL),
             "priority": w["spec"].get("priority"), "message": w.get("status", {}).get("message")}
-           for w in items], output_format, narrow=("name", "phase", "lane", "started"))
+           for w in items], output_format, narrow=(("namespace",) if all_namespaces else ()) + ("name", "phase", "lane", "started"))
 
 
 @click.command()
@@ -390,7 +517,7 @@ def _rows(rows: list[dict] | dict, output_format: str, narrow: tuple[str, ...] =
         return
     if output_format == "name":
         for r in rows:
-            click.echo(next(iter(r.values())))
+            click.echo(r.get("name", next(iter(r.values()))))
         return
     if not rows:
         console().print("nothing found")

@@ -185,8 +185,13 @@ class ArgoCluster:
     def get(self, plural: str, name: str) -> dict[str, Any]:
         return self._call(f"get {plural} {name}", self.api.get_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, name)
 
-    def list(self, plural: str, label_selector: str = "") -> list[dict[str, Any]]:
-        out = self._call(f"list {plural}", self.api.list_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, label_selector=label_selector)
+    def list(self, plural: str, label_selector: str = "", *, all_namespaces: bool = False) -> list[dict[str, Any]]:
+        """``plural`` objects of this namespace (every namespace with ``all_namespaces``)."""
+        if all_namespaces:
+            out = self._call(f"list {plural}", self.api.list_cluster_custom_object, GROUP, VERSION, plural, label_selector=label_selector)
+        else:
+            out = self._call(f"list {plural}", self.api.list_namespaced_custom_object, GROUP, VERSION, self.namespace, plural,
+                             label_selector=label_selector)
         return out.get("items", [])
 
     def patch(self, plural: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
