@@ -91,3 +91,33 @@ def test_fs_prepare_sweeps_temporary_files_of_dead_runs_on_this_host(tmp_path):
     FsTarget(tmp_path).prepare()
     assert not stale.exists()
     assert alive.exists() and other_host.exists()
+
+
+@pytest.mark.parametrize("size", [8 << 20, 20 << 20, 256 << 20, 100 << 30, 1 << 40, 5 << 40])
+def test_multipart_plans_stay_within_the_s3_limits(size):
+    from pipectl.components.stage.transfer import MiB, part_plan
+
+    part, in_flight = part_plan(size)
+    assert part % MiB == 0 and part >= 8 * MiB  # S3: parts >= 5 MiB
+    assert -(-size // part) <= 10_000  # S3: at most 10,000 parts
+    assert 1 <= in_flight <= 8 and in_flight <= -(-size // part)
+    assert part <= 64 * MiB or size > 640 * 1024 * MiB  # larger parts only where 10,000 would not do
+
+
+@pytest.mark.parametrize(
+    ("message", "transient"),
+    [   # the first lines of obstore 0.12.1 errors seen against Ceph RGW and the fault proxy
+        ("Generic S3 error: Error performing PUT http://127.0.0.1:1/b/k in 3ms - Server returned non-2xx status code: "
+         "503 Service Unavailable: <Error><Code>SlowDown</Code></Error>", True),
+        ("Generic S3 error: Error performing PUT http://127.0.0.1:1/b/k in 419µs - HTTP error: error sending request", True),
+        ("The operation lacked the necessary privileges to complete for path k: Error performing PUT "
+         "http://127.0.0.1:1/b/k in 474µs - Server returned non-2xx status code: 403 Forbidden: "
+         "<Error><Code>SignatureDoesNotMatch</Code></Error>", False),
+        ("Object at location k not found: Error performing PUT http://127.0.0.1:1/b/k in 1ms - Server returned "
+         "non-2xx status code: 404 Not Found: <Error><Code>NoSuchBucket</Code></Error>", False),
+    ],
+)
+def test_obstore_errors_are_retried_only_when_transient(message, transient):
+    from pipectl.components.stage.transfer import is_transient
+
+    assert is_transient(RuntimeError(message)) is transient

@@ -38,6 +38,10 @@ CopyObject of 256 MiB with new metadata took 0.04 s: RGW copies by reference) co
 ~0.2 s of 1.5 s, at the price of temporary objects that a SIGKILL leaves outside the prefix and a
 second request per file. The pre-pass stays; verification stays a HEAD of size + ``sha256``.
 
+A multipart upload that fails is aborted (its unfinished uploads of that key, found by a listing:
+obstore does not abort them itself); one that a SIGKILL interrupts leaves its parts until the
+store's lifecycle rule or an operator removes them, as with any S3 client.
+
 Retries: single PUTs are retried here (up to :data:`ATTEMPTS` in all, exponential backoff with
 jitter, on 5xx, throttling, resets and timeouts), so stage can report how many it retried; a
 multipart upload's parts are retried inside ``object_store`` (5 retries, not counted). A failure
@@ -67,7 +71,8 @@ def part_plan(size: int) -> tuple[int, int]:
     """(part size, parts in flight) for a multipart upload of ``size`` bytes: about 16 parts of
     8-64 MiB (at most 10,000 parts: the S3 limit), up to 8 in flight (8 MiB x 8 and 32 MiB x 4
     both reached ~640 MB/s to RGW here; 16 in flight was slower)."""
-    part = min(64 * MiB, max(8 * MiB, -(-size // 16 // MiB) * MiB, -(-size // 10_000)))
+    part = min(64 * MiB, max(8 * MiB, -(-size // 16 // MiB) * MiB))
+    part = max(part, -(-size // 10_000 // MiB) * MiB)  # > 640 GiB: larger parts, never > 10,000
     return part, max(1, min(8, -(-size // part)))
 
 
@@ -92,6 +97,7 @@ class ObjectWriter:
 
     def __init__(self, s3: Any, bucket: str) -> None:
         self.bucket = bucket
+        self.s3 = s3
         self.endpoint = s3.meta.endpoint_url
         self._single = self._store(s3, retries=0, timeout="60s")  # retried (and counted) by put()
         self._parts = self._store(s3, retries=5, timeout="600s")
@@ -143,7 +149,19 @@ class ObjectWriter:
             obstore.put(self._parts, key, Path(path), attributes=metadata, use_multipart=True,
                         chunk_size=part, max_concurrency=in_flight)
         except Exception as exc:
+            self._abort_uploads(key)
             raise self._failed(key, exc, transient=is_transient(exc)) from exc
+
+    def _abort_uploads(self, key: str) -> None:
+        """Abort the unfinished multipart uploads of ``key`` (obstore leaves a failed one's parts
+        on the store and does not tell its upload id). Best effort: the write has failed anyway."""
+        try:
+            listed = self.s3.list_multipart_uploads(Bucket=self.bucket, Prefix=key)
+            for upload in listed.get("Uploads", []):
+                if upload["Key"] == key:
+                    self.s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload["UploadId"])
+        except Exception:  # the store is unreachable: the failure itself is what gets reported
+            pass
 
     def _failed(self, key: str, exc: BaseException, *, transient: bool) -> Exception:
         where = f"s3://{self.bucket}/{key} at {self.endpoint}"
