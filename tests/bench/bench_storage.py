@@ -25,9 +25,10 @@ per-round ratios); client CPU per file (user + system of the tool's process tree
 timed part, from /proc) and the rate a client costing no CPU could reach on this machine's cores.
 
 Idle-machine rule: before each timed run the 1-minute load average and, during it, the CPU time
-of processes that are neither the tool nor Ceph (``/proc/stat`` minus both) are recorded; a run
-whose load average exceeded the core count is flagged in the output and the results. The load
-average lags by a minute and includes this benchmark's previous run; the foreign CPU does not.
+of processes that are neither the tool nor Ceph (``/proc/stat`` user + system minus both) are
+recorded; a run whose load average exceeded the core count is flagged BUSY, one during which other
+processes used more than a quarter of a core SHARED (output and results). The load average lags
+by a minute and includes this benchmark's previous runs; the other processes' CPU does not.
 Not collected by pytest (file name), not a timed test: it prints a table and writes
 ``results/storage.{json,md}`` (tests/bench/table.py).
 """
@@ -112,7 +113,13 @@ class Run:
 
     @property
     def busy(self) -> bool:
+        """The idle-machine rule: the 1-minute load average above the core count before the run."""
         return self.load_before > CORES
+
+    @property
+    def shared(self) -> bool:
+        """Other processes used more than a quarter of a core during the run."""
+        return self.foreign_cpu_s / self.seconds > 0.25
 
 
 def _ceph_cpu(ceph: CephCluster) -> float:
@@ -129,9 +136,10 @@ def _ceph_cpu(ceph: CephCluster) -> float:
 
 
 def _machine_cpu() -> float:
-    """CPU seconds the whole machine has spent busy (not idle or iowait) since boot."""
+    """CPU seconds processes on the whole machine have used since boot (user + nice + system;
+    not interrupts: loopback traffic is softirq time, which belongs to no process)."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(values) - values[3] - values[4]) / TICK
+    return (values[0] + values[1] + values[2]) / TICK
 
 
 def _children_cpu() -> float:
@@ -246,7 +254,8 @@ def _measure(tools: Tools, names: list[str], src: Path, files: int, rounds: int,
             r = tools.run_once(t, src)
             assert r.objects >= files, f"{t} left {r.objects} objects, expected {files}"
             runs[t].append(r)
-            flag = f"  BUSY: load {r.load_before:.2f} > {CORES} cores" if r.busy else ""
+            flag = (f"  BUSY: load {r.load_before:.2f} > {CORES} cores" if r.busy else "") + (
+                f"  SHARED: other processes used {r.foreign_cpu_s / r.seconds:.2f} cores" if r.shared else "")
             print(f"# {label} round {i + 1} {t}: {r.seconds:.2f} s, client CPU {r.client_cpu_s:.2f} s, "
                   f"Ceph CPU {r.ceph_cpu_s:.2f} s, other CPU {r.foreign_cpu_s:.2f} s, load before {r.load_before:.2f}{flag}",
                   file=sys.stderr, flush=True)
@@ -277,16 +286,18 @@ def main(argv: list[str] | None = None) -> list[Row]:
                    runs=args.runs, warmup=1) as report:
         tools = Tools(Path(tmp))
         report.setup.update(commit=_commit(), tools=names, concurrency_stage=CONCURRENCY, cores=CORES)
-        busy = 0
+        busy = shared = 0
         for name, (src, files, nbytes) in make_datasets(Path(tmp) / "data", small, big).items():
             runs = _measure(tools, names, src, files, args.runs, name)
             report.rows.extend(_rows(name, files, nbytes, runs))
             report.setup[name] = {t: [vars(r) for r in rs] for t, rs in runs.items()}
             busy += sum(r.busy for rs in runs.values() for r in rs)
+            shared += sum(r.shared for rs in runs.values() for r in rs)
         report.notes.append(f"git commit {report.setup['commit']}; {CORES} cores; every run on a fresh Ceph; "
                             "ratios: stage ÷ peer per round (a round runs every tool once, in turn)")
-        report.notes.append(f"runs with a 1-minute load average above {CORES} before they started: {busy}"
-                            + (" (figures taken on a busy machine)" if busy else ""))
+        report.notes.append(f"idle-machine rule: runs with a 1-minute load average above {CORES} before they started: {busy} "
+                            f"(the average includes this benchmark's previous runs); runs during which other processes used "
+                            f"> 0.25 cores: {shared}" + (" (figures taken on a shared machine)" if shared else ""))
         report.notes.append("s5cmd, rclone: at their defaults unless named; s5cmd and rclone neither hash for a manifest "
                             "nor write one; stage hashes every file (sha256 + md5), verifies every write, writes a manifest")
     return report.rows
