@@ -36,6 +36,7 @@ K8S_KINDS = [
     ("api__v1_openapi.json", "v1", "Namespace", "io.k8s.api.core.v1.Namespace"),
     ("api__v1_openapi.json", "v1", "ServiceAccount", "io.k8s.api.core.v1.ServiceAccount"),
     ("api__v1_openapi.json", "v1", "ConfigMap", "io.k8s.api.core.v1.ConfigMap"),
+    ("api__v1_openapi.json", "v1", "Secret", "io.k8s.api.core.v1.Secret"),
     ("api__v1_openapi.json", "v1", "ResourceQuota", "io.k8s.api.core.v1.ResourceQuota"),
     ("api__v1_openapi.json", "v1", "Pod", "io.k8s.api.core.v1.Pod"),
     ("apis__rbac.authorization.k8s.io__v1_openapi.json", "rbac.authorization.k8s.io/v1", "Role", "io.k8s.api.rbac.v1.Role"),

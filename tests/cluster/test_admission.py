@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.cluster.test_control_plane import _small_pod, project_applied  # noqa: F401 - fixture
+from tests.cluster.test_control_plane import _small_pod, project_applied, training_outputs_supplied  # noqa: F401 - fixtures
 
 NS = "pipectl"
 SUBMITTER = ("alice", "team-a")
@@ -284,3 +284,32 @@ def test_a_namespace_with_a_model_prefix_trains_only_its_own_models(test_cluster
     finally:
         core.patch_namespace(NS, {"metadata": {"labels": {"pipectl.io/model-prefix": None}}})
     test_cluster.wait_for("no model prefix", lambda: accepted(_legit(model_name="team-b-resnet")) or None)
+
+
+def test_step_code_holds_no_kubernetes_token(test_cluster, k8s_api, training_outputs_supplied):
+    """Every pod of a run, as the real controller builds it: the steps' own containers mount no
+    service-account token (only Argo's executor containers do, the executor account's); the one
+    exception is the exit handler that deletes the gang jobs."""
+    from kubernetes import client
+
+    from tests.cluster.test_control_plane import _last_json, _pipectl
+
+    r = _pipectl(test_cluster, "submit", "training", "-p", "workers=1", "-p", "gpus-per-worker=1", "-p", "processes-per-worker=1",
+                 "--wait", "--output", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    name = _last_json(r.stdout)["name"]
+    token_path = "/var/run/secrets/kubernetes.io/serviceaccount"
+    pods = client.CoreV1Api(k8s_api).list_namespaced_pod(NS, label_selector=f"workflows.argoproj.io/workflow={name}").items
+    steps = {p.metadata.annotations.get("workflows.argoproj.io/node-name", p.metadata.name).split(".")[-1].split("(")[0]: p for p in pods}
+    assert {"validate", "stage", "preprocess", "train", "evaluate", "register"} <= set(steps), sorted(steps)
+    for step, pod in steps.items():
+        volumes = {v.name: v for v in pod.spec.volumes or []}
+        for c in pod.spec.containers + (pod.spec.init_containers or []):
+            mounts = [m for m in c.volume_mounts or [] if m.mount_path == token_path]
+            if c.name in ("init", "wait") or (step == "train" and c.name == "main"):  # argoexec
+                assert mounts and volumes[mounts[0].name].secret is not None, (step, c.name, mounts)
+                assert volumes[mounts[0].name].secret.secret_name.endswith(".service-account-token")
+            elif step == "onExit" or "gang-release" in step:
+                continue
+            else:
+                assert not mounts and pod.spec.automount_service_account_token is False, (step, c.name, mounts)

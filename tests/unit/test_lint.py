@@ -162,6 +162,12 @@ SECURITY_BREAKS = {
     "a gang pod mounts its token": (
         lambda wt: _manifest_edit(wt, "automountServiceAccountToken: false", "automountServiceAccountToken: true"),
         "must not mount a service-account token"),
+    "step containers mount a token": (
+        lambda wt: wt["spec"].pop("automountServiceAccountToken"), "step containers must not mount a service-account token"),
+    "no executor account for Argo's own containers": (
+        lambda wt: wt["spec"].pop("executor"), "executor.serviceAccountName"),
+    "a step that does not call the API mounts a token": (
+        lambda wt: _tmpl(wt, "preprocess").update(automountServiceAccountToken=True), "template 'preprocess' mounts a service-account token"),
     "a gang pod on the host network": (
         lambda wt: _manifest_edit(wt, "automountServiceAccountToken: false", "automountServiceAccountToken: false\nhostNetwork: true"),
         "hostNetwork: true shares the node's namespace"),

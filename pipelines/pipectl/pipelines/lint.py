@@ -166,6 +166,7 @@ def _workflow_findings(spec: dict, where: str, source: str) -> list[Finding]:
     findings += _validated_first(spec, where)
     if spec.get("templates"):  # a workflow that only references a WorkflowTemplate runs the template's pods
         findings += [Finding(f"{where} spec.securityContext", m) for m in security.pod_problems(spec.get("securityContext") or {})]
+        findings += _token_findings(spec, where)
     for i, tmpl in enumerate(spec.get("templates", [])):
         for kind, c in _containers(tmpl):
             at = f"{where} spec.templates[{i}].{kind}"
@@ -236,6 +237,25 @@ def _gang_findings(job: dict, at: str) -> list[Finding]:
         pc = pod.get("priorityClassName")
         if pc is not None and pc not in LANE_OBJECT_NAMES:
             findings.append(Finding(at, f"priorityClassName {pc!r} is not a lane's PriorityClass"))
+    return findings
+
+
+TOKEN_HOLDERS = ("gang-release",)
+"""The only step templates whose own code talks to the Kubernetes API (it deletes the gang jobs)."""
+
+
+def _token_findings(spec: dict, where: str) -> list[Finding]:
+    """Step code holds no Kubernetes token: ``automountServiceAccountToken: false`` with an
+    executor ServiceAccount (Argo mounts its token into its own containers only); a template may
+    turn it back on only when its own code needs the API (:data:`TOKEN_HOLDERS`)."""
+    findings = []
+    if spec.get("automountServiceAccountToken") is not False or not (spec.get("executor") or {}).get("serviceAccountName"):
+        findings.append(Finding(f"{where} spec", "step containers must not mount a service-account token: set "
+                                "automountServiceAccountToken: false and executor.serviceAccountName"))
+    for i, tmpl in enumerate(spec.get("templates", [])):
+        if tmpl.get("automountServiceAccountToken") is True and tmpl.get("name") not in TOKEN_HOLDERS:
+            findings.append(Finding(f"{where} spec.templates[{i}]", f"template {tmpl.get('name')!r} mounts a service-account "
+                                    "token into its own containers: only steps whose code calls the API may"))
     return findings
 
 

@@ -67,9 +67,14 @@ def _task_results_rule() -> dict:
 
 
 def _role_for(name: str, rules: list[dict], cfg: CompileConfig) -> list[dict]:
-    """A ServiceAccount, a Role with ``rules`` and the RoleBinding between them, all named ``name``."""
+    """A ServiceAccount, a Role with ``rules`` and the RoleBinding between them, all named ``name``,
+    and the ServiceAccount's token Secret (``<name>.service-account-token``: what Argo mounts into
+    its executor containers only, when a workflow sets ``automountServiceAccountToken: false``;
+    Kubernetes fills it in)."""
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(name, cfg)},
+        {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+         "metadata": _meta(f"{name}.service-account-token", cfg, annotations={"kubernetes.io/service-account.name": name})},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(name, cfg), "rules": rules},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

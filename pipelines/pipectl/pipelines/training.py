@@ -34,6 +34,7 @@ from hera.workflows import (
 )
 from hera.workflows.models import (
     ArtifactLocation,
+    ExecutorConfig,
     ContinueOn,
     RetryStrategy,
     ConfigMapEnvSource,
@@ -309,6 +310,7 @@ def _train_template(cfg: CompileConfig, entry: tuple[str, ...] = (), image: str 
         action="apply",
         flags=list(TRAIN_APPLY_FLAGS),
         service_account_name=cfg.launcher_service_account,
+        executor=ExecutorConfig(service_account_name=cfg.launcher_service_account),  # argoexec applies the job
         set_owner_reference=True,
         archive_location=ArtifactLocation(archive_logs=False),
         manifest=launcher.manifest(cfg.gang(entry, image, function, exports_onnx)),
@@ -456,6 +458,7 @@ def gang_release_templates(cfg: CompileConfig) -> list:
         "workflow_name": "{{workflow.name}}", "workflow_status": "{{workflow.status}}", "namespace": "{{workflow.namespace}}",
         "job_kind": f"{kind.api_group}/{kind.version}/{kind.resource}"})
     release.service_account_name = cfg.launcher_service_account
+    release.automount_service_account_token = True  # its own code deletes the gang jobs: the one step that needs a token
     release.env_from = None
     release.timeout = "300s"
     # no lane priority: it must start even when the run's lane value is what failed the run
@@ -515,6 +518,12 @@ def workflow_template(cfg: CompileConfig, name: str, title: str, description: st
         namespace=cfg.namespace,
         entrypoint=entry.name,
         service_account_name=cfg.service_account,
+        # No step's own code holds a Kubernetes token (a preprocess decoding hostile images could
+        # otherwise rewrite any step's outputs, the decision register acts on among them): only
+        # Argo's executor containers get one, the executor ServiceAccount's, from its token Secret
+        # (Argo docs, "Service Accounts": executor.serviceAccountName; rbac() renders the Secret).
+        automount_service_account_token=False,
+        executor=ExecutorConfig(service_account_name=cfg.service_account),
         # every pod of the workflow, resource pods and Argo's own containers included
         security_context=PodSecurityContext.model_validate(restricted_pod_security_context()),
         labels=dict(PART_OF),
