@@ -394,11 +394,6 @@ class StageInput(StrictModel):
     source_uri: str = Field(description="Local folder or s3://bucket/prefix in ImageFolder layout.")
     bucket: str
     max_concurrency: int = Field(16, ge=1, le=256)
-    upload_processes: int = Field(
-        1, ge=0, le=64,
-        description="Worker processes for single PUTs of >= 2,000 small local files (0: one per CPU); 1: threads only "
-        "(measured faster than 2 processes on 2 busy cores, README).",
-    )
     target_uri: str | None = Field(
         None,
         description="Where to stage: s3://<bucket> (default: s3://<bucket>), cephfs:///<path> (inside the CephFS "
@@ -413,7 +408,7 @@ class StageOutput(StrictModel):
     bytes: int
     copied: int = Field(description="Objects written by this run (0 when already staged).")
     skipped: int = Field(description="Objects already present and verified.")
-    retries: int = Field(0, description="Requests botocore retried (throttling, 5xx, resets) for the writes.")
+    retries: int = Field(0, description="Requests retried (throttling, 5xx, resets) for the writes.")
 
 
 class WarmInput(StrictModel):

@@ -159,8 +159,7 @@ def make_target(inp: StageInput, s3: Any, settings: StoreSettings | None = None,
 
 
 def run(inp: StageInput, settings: StoreSettings) -> StageOutput:
-    """Step entry: builds the S3 client and the target from ``settings`` and calls :func:`stage`.
-    ``inp.upload_processes`` is no longer used: obstore's threads send past the GIL."""
+    """Step entry: builds the S3 client and the target from ``settings`` and calls :func:`stage`."""
     # room for boto3's own writes (C14 stores, copies from an S3 source) from every thread
     s3 = s3_client(settings, max_pool=max(32, 2 * inp.max_concurrency))
     return stage(inp, s3, target=make_target(inp, s3, settings, own_client=True))
