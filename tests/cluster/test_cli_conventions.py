@@ -308,3 +308,22 @@ def test_list_filters_templates_and_cron_get_and_delete_and_submit_name_and_labe
     assert "training-v1" not in _pipectl(kc, "templates", "list", "-n", "pipectl", "-o", "name").stdout.split()
     assert _pipectl(kc, "templates", "apply", "-n", "pipectl").returncode == 0  # as it was
     assert copy["metadata"]["name"] in _pipectl(kc, "templates", "list", "-n", "pipectl", "-o", "name").stdout.split()
+
+
+def test_logs_of_one_step(ns_kubeconfig, k8s_api):
+    """`logs -f NAME --step s1` follows only that step's pod (KWOK pods serve no log text: each
+    followed pod shows one `(log unavailable ...)` line, which names the pods followed)."""
+    custom = _custom(k8s_api)
+    name = custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows",
+                                                  _with_exit_handler("step-logs-", "1s", steps=3))["metadata"]["name"]
+    r = _pipectl(ns_kubeconfig, "logs", "-f", name, "--step", "s1", "--tail", "20", timeout=180)
+    assert r.returncode == 0, r.stderr
+    pods = {line.split(":", 1)[0] for line in r.stdout.splitlines()}
+    wf = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
+    from kubernetes import client
+
+    s1 = [p.metadata.name for p in client.CoreV1Api(k8s_api).list_namespaced_pod(NS, label_selector=f"workflows.argoproj.io/workflow={name}").items
+          if p.metadata.annotations.get("workflows.argoproj.io/node-name", "").endswith(".s1")]
+    assert len(s1) == 1 and pods == set(s1), (pods, s1, r.stdout)
+    assert _pipectl(ns_kubeconfig, "logs", name, "--since", "soon").returncode == 2
+    custom.delete_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)

@@ -385,10 +385,19 @@ def _training_anatomy(nodes: list[dict]) -> list[str]:
 @click.command()
 @click.argument("name")
 @click.option("--follow", "-f", is_flag=True, help="Stream the logs while they are written, new pods included, until the workflow ends.")
+@click.option("--step", default="", help="Only this step's pods (validate, stage, preprocess, train, evaluate, register, or your own).")
+@click.option("--tail", type=click.IntRange(min=0), default=None, help="Only the last N lines of each pod's log.")
+@click.option("--since", default=None, help="Only lines written within this long (90s, 30m, 2h).")
 @cluster_options
-def logs(name: str, follow: bool, namespace: str, context: str | None) -> None:
+def logs(name: str, follow: bool, step: str, tail: int | None, since: str | None, namespace: str, context: str | None) -> None:
     """Logs of every pod of workflow NAME (steps and gang pods). With -f, lines are prefixed
-    with their pod's name (pods run side by side), as `argo logs -f` does."""
+    with their pod's name (pods run side by side), as `argo logs -f` does.
+
+    \b
+    Example:
+      pipectl logs training-x7k2p --step train --tail 50
+    """
+    window = {k: v for k, v in (("tail_lines", tail), ("since_seconds", since and max(1, int(_duration_s(since))))) if v is not None}
     cluster = _cluster(namespace, context)
     if follow:
         import threading
@@ -399,10 +408,10 @@ def logs(name: str, follow: bool, namespace: str, context: str | None) -> None:
             with lock:
                 click.echo(f"{pod}: {line}")
 
-        final = cluster.follow_logs(name, emit)
+        final = cluster.follow_logs(name, emit, step=step, **window)
         console().print(f"workflow {name}: {final.get('status', {}).get('phase')}", markup=False)
         return
-    for pod, text in cluster.logs(name):
+    for pod, text in cluster.logs(name, step, **window):
         click.echo(f"==> {pod} <==")
         click.echo(text, nl=not text.endswith("\n"))
 

@@ -73,6 +73,16 @@ def _log_container(pod: Any) -> str:
     return "main" if "main" in names else names[0]
 
 
+def pod_step(pod: Any) -> str:
+    """The step a pod of a workflow belongs to: its ``pipectl.io/step`` label (gang pods), else the
+    last part of Argo's node name without its attempt (``wf.train.train(1)`` -> ``train``)."""
+    labels, annotations = pod.metadata.labels or {}, pod.metadata.annotations or {}
+    if labels.get(STEP_LABEL):
+        return labels[STEP_LABEL]
+    node = annotations.get("workflows.argoproj.io/node-name", "")
+    return node.rsplit(".", 1)[-1].split("(", 1)[0] if node else ""
+
+
 class ArgoCluster:
     """Kubernetes API access for Argo objects in one namespace."""
 
@@ -216,14 +226,18 @@ class ArgoCluster:
                                    f"`pipectl delete {name}` removes it")
         return self.patch("workflows", name, {"spec": {"shutdown": strategy}})
 
-    def logs(self, workflow: str) -> Iterator[tuple[str, str]]:
-        """(pod name, log text) for every pod of ``workflow`` (steps and gang pods), oldest first."""
+    def logs(self, workflow: str, step: str = "", **window: Any) -> Iterator[tuple[str, str]]:
+        """(pod name, log text) for every pod of ``workflow`` (steps and gang pods; only ``step``'s
+        when given), oldest first. ``window``: ``tail_lines``/``since_seconds`` of the log API."""
         pods = self._call("list pods", self.core.list_namespaced_pod, self.namespace, label_selector=f"{WORKFLOW_LABEL}={workflow}")
         for pod in sorted(pods.items, key=lambda p: p.metadata.creation_timestamp):
+            if step and pod_step(pod) != step:
+                continue
             yield pod.metadata.name, self._call(f"logs of {pod.metadata.name}", self.core.read_namespaced_pod_log, pod.metadata.name,
-                                                self.namespace, container=_log_container(pod))
+                                                self.namespace, container=_log_container(pod), **window)
 
-    def follow_logs(self, workflow: str, emit: Callable[[str, str], None], poll_s: float = 1.0) -> dict[str, Any]:
+    def follow_logs(self, workflow: str, emit: Callable[[str, str], None], poll_s: float = 1.0, step: str = "",
+                    **window: Any) -> dict[str, Any]:
         """Stream the log of every pod of ``workflow`` while it is written (``logs -f``), pods that
         start later included (the next step, a retry, gang pods), until the workflow has ended and
         every stream has closed. ``emit(pod, line)`` gets each line without its newline, from one
@@ -234,22 +248,25 @@ class ArgoCluster:
             wf = self.get("workflows", workflow)
             pods = self._call("list pods", self.core.list_namespaced_pod, self.namespace, label_selector=f"{WORKFLOW_LABEL}={workflow}")
             for pod in sorted(pods.items, key=lambda p: p.metadata.creation_timestamp):
+                if step and pod_step(pod) != step:
+                    continue
                 if pod.metadata.name not in streams and pod.status.phase in ("Running", "Succeeded", "Failed"):
-                    t = threading.Thread(target=self._stream_log, args=(pod, emit), daemon=True, name=f"log-{pod.metadata.name}")
+                    t = threading.Thread(target=self._stream_log, args=(pod, emit), kwargs=window, daemon=True,
+                                         name=f"log-{pod.metadata.name}")
                     t.start()
                     streams[pod.metadata.name] = t
             if wf.get("status", {}).get("phase") in TERMINAL and not any(t.is_alive() for t in streams.values()):
                 return wf
             time.sleep(poll_s)
 
-    def _stream_log(self, pod: Any, emit: Callable[[str, str], None]) -> None:
+    def _stream_log(self, pod: Any, emit: Callable[[str, str], None], **window: Any) -> None:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         name = pod.metadata.name
         try:
             resp = self.core.read_namespaced_pod_log(name, self.namespace, container=_log_container(pod),
-                                                     follow=True, _preload_content=False)
+                                                     follow=True, _preload_content=False, **window)
             rest = b""
             for chunk in resp.stream(4096):
                 *lines, rest = (rest + chunk).split(b"\n")
