@@ -21,7 +21,7 @@ def doctor(namespace: str, context: str | None, launcher: str | None, output_for
     """Check the cluster and namespace against what pipectl needs: Kubernetes version, Argo and
     gang-launcher CRDs, what argo/ installs (PriorityClasses, queues, admission policies, RBAC,
     config, the WorkflowTemplate), the store's Secret, GPU nodes, the store and MLflow answering.
-    Prints a fix for each failing row; exit 1 when one fails.
+    Prints a fix for each failing row; exit 1 when one fails, 3 when the cluster cannot be reached.
 
     \b
     Example:

@@ -62,7 +62,7 @@ def run(pipeline: str, params: tuple[str, ...], parameter_file: Path | None, out
         click.echo(json.dumps(result, indent=2, sort_keys=True))
     if not opts.get("mlflow_uri"):  # the embedded server is gone with the run: say how to see its runs
         where = "" if opts.get("state_dir") in (None, Path(".pipectl")) else f" --state-dir {opts['state_dir']}"
-        console().print(f"MLflow UI of this folder's runs: pipectl ui{where}", markup=False, style="dim", soft_wrap=True)
+        console().print(f"MLflow UI of this folder's runs: {_this_command()} ui{where}", markup=False, style="dim", soft_wrap=True)
     if result["phase"] != "Succeeded":
         sys.exit(1)
 
@@ -227,3 +227,20 @@ def _print_summary(summary: dict[str, Any], console: Any) -> None:
     table.add_row("wall time", f"{sum(s['duration_s'] for s in ran):.1f} s in steps"
                   + (f" (resumed: {', '.join(reused)} not run again)" if reused else ""))
     console.print(table)
+
+
+def _this_command() -> str:
+    """How to call pipectl again from here: ``pipectl`` when that is what PATH finds, else the path
+    this one was started by (``.venv/bin/pipectl`` after ``make demo``)."""
+    import shutil
+    import sys
+
+    me = Path(sys.argv[0])
+    found = shutil.which("pipectl")
+    if me.name != "pipectl" or (found and Path(found).resolve() == me.resolve()):
+        return "pipectl"
+    try:
+        return str(me.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(me)
+
