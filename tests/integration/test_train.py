@@ -426,39 +426,6 @@ def test_gang_preflight_fails_a_gang_with_a_slow_link_as_the_infrastructures(tmp
     assert socket.gethostname() in line
 
 
-USER_SCRIPT = """
-import os, pathlib, sys, torch.distributed as dist
-dist.init_process_group("gloo")
-pathlib.Path(sys.argv[1], f"ran-{dist.get_rank()}").write_text("trained")
-dist.barrier()
-dist.destroy_process_group()
-"""
-
-
-@pytest.mark.parametrize("case", ["healthy", "slow-link", "slow-link-preflight-off"])
-def test_the_users_own_torchrun_script_runs_after_the_gang_preflight(tmp_path, case):
-    """A torchrun script with no pipectl import (``train(script=...)``): the launcher times the
-    gang's ring first, in a torchrun of its own; a healthy ring lets the script run; a slow link
-    ends the attempt with 75 before the script ever started; ``gang-preflight=false`` skips it."""
-    script = tmp_path / "train.py"
-    script.write_text(USER_SCRIPT)
-    out = tmp_path / "out"
-    out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PIPECTL_TRAIN_GANG_PREFLIGHT": "false" if case.endswith("off") else "true"}
-    if case.startswith("slow-link"):
-        env.update({"PIPECTL_PREFLIGHT_DELAY_RANK": "1", "PIPECTL_PREFLIGHT_DELAY_S": "0.5"})
-    r = subprocess.run([sys.executable, "-m", "pipectl.components.train.launch", "--standalone", "--nproc-per-node=4",
-                        str(script), str(out)], capture_output=True, text=True, timeout=300, env=env)
-    ran = sorted(p.name for p in out.iterdir())
-    if case == "slow-link":
-        assert r.returncode == 75 and ran == [], (r.returncode, ran, r.stderr[-3000:])
-        line = next(x for x in r.stderr.splitlines() if "gang preflight: a slow link" in x)
-        assert {int(n) for n in re.findall(r"rank (\d+) on node", line)} == {1, 2}, line
-        return
-    assert r.returncode == 0 and ran == [f"ran-{i}" for i in range(4)], (r.returncode, ran, r.stderr[-3000:])
-    assert ("gang preflight: 4 ranks" in r.stdout + r.stderr) == (case == "healthy"), r.stdout[-2000:] + r.stderr[-2000:]
-
-
 LISTENING_PROBE = """
 import os, torch.distributed as dist, psutil
 dist.init_process_group("gloo")

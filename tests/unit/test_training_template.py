@@ -417,23 +417,3 @@ def test_only_steps_that_use_the_store_get_its_credentials(wt):
     assert with_secret == {"stage", "warm", "preprocess", "evaluate", "register"}, with_secret
     containers = {t["name"] for t in wt["spec"]["templates"] if "container" in t}
     assert {"validate", "gang-release"} <= containers - with_secret
-
-
-def test_the_preflight_before_the_users_own_code_keeps_the_gang_options_on_a_port_of_its_own(monkeypatch):
-    """What the launcher runs before a user's torchrun target: the same gang, the preflight module,
-    the master port one above (both spellings of the option); nothing for pipectl's own train
-    function (it times the gang itself), for fewer than 3 processes, or with gang-preflight off."""
-    from pipectl.components.train.launch import preflight_argv
-
-    monkeypatch.setenv("PIPECTL_TRAIN_GANG_PREFLIGHT", "true")
-    gang = ["--nnodes=2", "--node-rank=1", "--nproc-per-node=2", "--master-addr=10.0.0.5"]
-    assert preflight_argv([*gang, "--master-port=29500", "-m", "mypkg.train", "--lr", "0.1"]) == [
-        *gang, "--master-port=29501", "-m", "pipectl.components.train.preflight"]
-    assert preflight_argv([*gang, "--master-port", "29500", "train.py", "--lr", "0.1"]) == [
-        *gang, "--master-port=29501", "-m", "pipectl.components.train.preflight"]
-    assert preflight_argv(["--standalone", "--nproc-per-node=4", "train.py"]) == [
-        "--standalone", "--nproc-per-node=4", "-m", "pipectl.components.train.preflight"]
-    assert preflight_argv([*gang, "--master-port=29500", "-m", "pipectl.components.train", "--epochs", "1"]) is None
-    assert preflight_argv(["--nnodes=1", "--nproc-per-node=2", "train.py"]) is None
-    monkeypatch.setenv("PIPECTL_TRAIN_GANG_PREFLIGHT", "false")
-    assert preflight_argv([*gang, "--master-port=29500", "train.py"]) is None

@@ -94,72 +94,17 @@ def _loopback_store(argv: list[str]) -> tuple[Any, socket.socket] | None:
     return store, sock
 
 
-OWN_TARGET = "pipectl.components.train"
-"""torchrun's target when pipectl's train function runs (it times the gang itself: preflight.check_gang)."""
-PREFLIGHT_ENV = "PIPECTL_TRAIN_GANG_PREFLIGHT"
-"""The run's ``gang-preflight`` parameter, in the gang's environment (``true``/``false``)."""
-
-
-def _target_at(argv: list[str]) -> int:
-    """Index in ``argv`` of torchrun's target: the argument after ``-m``, else the first that is no
-    option (the script); len(argv) when there is none."""
-    i = 0
-    while i < len(argv):
-        if argv[i] in ("-m", "--module"):
-            return i + 1
-        if not argv[i].startswith("-"):
-            return i
-        i += 1
-    return len(argv)
-
-
-def preflight_argv(argv: list[str]) -> list[str] | None:
-    """torchrun's arguments for a run of the gang preflight alone before the user's own training
-    code (``train(module=...)``/``script``, which pipectl does not run in-process), or None: the run
-    turned it off, fewer than 3 processes, or pipectl's own train function (it checks the gang
-    itself). Same gang options; the user's target replaced by ``-m pipectl.components.train.preflight``;
-    a master port one above the training's (a rendezvous of its own, no store shared with it)."""
-    at = _target_at(argv)
-    if os.environ.get(PREFLIGHT_ENV, "true") != "true" or at >= len(argv) or argv[at] == OWN_TARGET:
-        return None
-    known = _torchrun_args(argv)
-    nnodes, nproc = str(known.nnodes).split(":")[-1], str(known.nproc_per_node)
-    if not (nnodes.isdigit() and nproc.isdigit()) or int(nnodes) * int(nproc) < 3:
-        return None
-    options, skip = [], False
-    for a in argv[:at]:
-        if skip:
-            skip = False
-        elif a in ("--master-port", "--master_port"):
-            skip = True  # its value is the next argument
-        elif a not in ("-m", "--module") and not a.startswith(("--master-port=", "--master_port=")):
-            options.append(a)
-    if known.standalone:
-        return [*options, "-m", "pipectl.components.train.preflight"]
-    return [*options, f"--master-port={known.master_port + 1}", "-m", "pipectl.components.train.preflight"]
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    first = preflight_argv(argv)
-    if first is not None:
-        code = _torchrun(first, publishes=False)
-        if code != 0:
-            return code
-    publishes = os.environ.get(PUBLISH_ONNX_ENV) == "1" and _torchrun_args(argv).node_rank == 0
-    if publishes:  # an earlier attempt's file is not this attempt's model
-        publish.model_path().unlink(missing_ok=True)
-    return _torchrun(argv, publishes=publishes)
-
-
-def _torchrun(argv: list[str], *, publishes: bool) -> int:
-    """torchrun's ``main`` on ``argv``, its outcome mapped to the container's exit code (module doc)."""
     from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import main as torchrun_main
 
+    argv = sys.argv[1:] if argv is None else argv
+    publishes = os.environ.get(PUBLISH_ONNX_ENV) == "1" and _torchrun_args(argv).node_rank == 0
+    if publishes:  # an earlier attempt's file is not this attempt's model
+        publish.model_path().unlink(missing_ok=True)
     try:
         store = _loopback_store(argv)  # noqa: F841 - kept alive until torchrun returns
         torchrun_main(argv)

@@ -116,28 +116,3 @@ def check_gang() -> list[RankTime]:
         log.info("gang preflight: %d ranks, ring %.1f ms median, %.1f ms slowest", len(times), median * 1000,
                  max(t.seconds for t in times) * 1000)
     return times
-
-
-def main() -> int:
-    """``python -m pipectl.components.train.preflight`` under torchrun: the gang's ring timed on
-    its own, before the user's own training code (the launcher runs it first: launch.preflight_argv).
-    0: every link healthy; 75: a slow link (the infrastructure's: the gang restarts)."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    gpu = torch.cuda.is_available()
-    if gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if gpu else "gloo")
-    try:
-        check_gang()
-    except StepError as e:
-        import sys
-
-        print(f"error: {e.headline}\nhint: {e.hint}", file=sys.stderr, flush=True)
-        return 75
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
