@@ -167,21 +167,22 @@ def templates_list(namespace: str, context: str | None, output_format: str) -> N
     _rows(rows, output_format, narrow=("name", "title", "parameters", "created"))
 
 
-@templates.command("get")
-@click.argument("name")
-@click.option("--output", "-o", "output_format", type=click.Choice(("yaml", "json")), default="yaml", show_default=True)
-@cluster_options
-def templates_get(name: str, output_format: str, namespace: str, context: str | None) -> None:
-    """The WorkflowTemplate NAME as the cluster holds it."""
-    _print_object(_cluster(namespace, context).get("workflowtemplates", name), output_format)
+def _get_and_delete(group: click.Group, plural: str, kind: str, get_doc: str, delete_doc: str) -> None:
+    """``get NAME`` (the object as the cluster holds it, yaml or json) and ``delete NAMES...`` of
+    ``plural`` in ``group`` (as ``argo template get|delete``, ``argo cron get|delete``)."""
 
+    @group.command("get", help=get_doc)
+    @click.argument("name")
+    @click.option("--output", "-o", "output_format", type=click.Choice(("yaml", "json")), default="yaml", show_default=True)
+    @cluster_options
+    def get(name: str, output_format: str, namespace: str, context: str | None) -> None:
+        _print_object(_cluster(namespace, context).get(plural, name), output_format)
 
-@templates.command("delete")
-@click.argument("names", nargs=-1, required=True)
-@cluster_options
-def templates_delete(names: tuple[str, ...], namespace: str, context: str | None) -> None:
-    """Delete WorkflowTemplates NAMES; running workflows keep the copy they started with."""
-    _delete_each("workflowtemplates", "WorkflowTemplate", names, namespace, context)
+    @group.command("delete", help=delete_doc)
+    @click.argument("names", nargs=-1, required=True)
+    @cluster_options
+    def delete(names: tuple[str, ...], namespace: str, context: str | None) -> None:
+        _delete_each(plural, kind, names, namespace, context)
 
 
 def _print_object(obj: dict, output_format: str) -> None:
@@ -205,21 +206,11 @@ def cron() -> None:
     """Scheduled retraining (CronWorkflows)."""
 
 
-@cron.command("get")
-@click.argument("name")
-@click.option("--output", "-o", "output_format", type=click.Choice(("yaml", "json")), default="yaml", show_default=True)
-@cluster_options
-def cron_get(name: str, output_format: str, namespace: str, context: str | None) -> None:
-    """The CronWorkflow NAME as the cluster holds it (schedule, status: last run, active runs)."""
-    _print_object(_cluster(namespace, context).get("cronworkflows", name), output_format)
-
-
-@cron.command("delete")
-@click.argument("names", nargs=-1, required=True)
-@cluster_options
-def cron_delete(names: tuple[str, ...], namespace: str, context: str | None) -> None:
-    """Delete CronWorkflows NAMES (their past runs stay)."""
-    _delete_each("cronworkflows", "CronWorkflow", names, namespace, context)
+_get_and_delete(templates, "workflowtemplates", "WorkflowTemplate", "The WorkflowTemplate NAME as the cluster holds it.",
+                "Delete WorkflowTemplates NAMES; running workflows keep the copy they started with.")
+_get_and_delete(cron, "cronworkflows", "CronWorkflow",
+                "The CronWorkflow NAME as the cluster holds it (schedule, status: last run, active runs).",
+                "Delete CronWorkflows NAMES (their past runs stay).")
 
 
 @cron.command("apply")
@@ -447,11 +438,7 @@ terminate = _shutdown_command("Terminate", """Terminate workflows NAMES as `argo
 def delete(names: tuple[str, ...], namespace: str, context: str | None) -> None:
     """Delete workflows NAMES (as `argo delete`): the Workflow and what it owns (pods, gang jobs).
     A running workflow is deleted too; stop it first to run its exit handlers."""
-    cluster = _cluster(namespace, context)
-    for name in names:
-        cluster.delete("workflows", name)
-        console().print(f"deleted workflow {name}")
-        click.echo(name)
+    _delete_each("workflows", "workflow", names, namespace, context)
 
 
 @click.command()
