@@ -109,9 +109,12 @@ def test_a_pipeline_that_cannot_work_is_refused_naming_the_step(steps, message):
     assert message in str(e.value)
 
 
-def test_unknown_parameter_is_refused_when_the_pipeline_is_defined():
-    with pytest.raises(PipelineError, match="parameter\\('model'\\): no such workflow parameter"):
-        parameter("model")
+def test_a_parameter_the_pipeline_does_not_declare_is_refused_when_it_is_built():
+    step = ContainerStep("notify", image="i", command=["x"], args=[parameter("model")])
+    with pytest.raises(PipelineError, match="reads parameter\\('model'\\), which the pipeline does not declare"):
+        Pipeline("p", [step]).build()
+    with pytest.raises(PipelineError, match="kebab-case name"):
+        parameter("Model Name")
 
 
 def _pipectl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

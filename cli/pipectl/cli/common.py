@@ -213,15 +213,17 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, str]:
 
 def training_parameters(pairs: Sequence[str], parameter_file: Path | None = None, pipeline: Any = None) -> Any:
     """Validate the pipeline's own defaults, then ``--parameter-file``, then ``-p`` overrides (the
-    last wins) against :class:`TrainingParameters`; exit 2 with every problem named."""
+    last wins) against :class:`TrainingParameters` and the pipeline's own parameters; exit 2 with
+    every problem named."""
     from pydantic import ValidationError
 
     from pipectl.components.contracts import TrainingParameters
 
+    model = pipeline.parameter_model() if pipeline is not None else TrainingParameters
     overrides = {**(pipeline.default_arguments() if pipeline is not None else {}),
                  **parse_overrides(parameter_file_pairs(parameter_file)), **parse_overrides(pairs)}
     try:
-        return TrainingParameters.from_overrides(overrides)
+        return model.from_overrides(overrides)
     except ValueError as e:
         if isinstance(e, ValidationError):
             problems = "; ".join(

@@ -44,10 +44,10 @@ def pipeline_parameters(ref: str) -> list[ParameterHelp]:
     """The parameters of the pipeline ``ref`` names (exit 2 for a bad reference, as everywhere)."""
     from pipectl.cli.common import compile_config
     from pipectl.cli.pipeline_ref import load_pipeline
-    from pipectl.components.contracts import TrainingParameters
 
-    template = load_pipeline(ref).build(compile_config()).to_dict()
-    fields = TrainingParameters.model_fields
+    pipeline = load_pipeline(ref)
+    template = pipeline.build(compile_config()).to_dict()
+    fields = pipeline.parameter_model().model_fields
     rows = []
     for p in template["spec"]["arguments"]["parameters"]:
         field = fields.get(p["name"].replace("-", "_"))

@@ -24,12 +24,14 @@ from hera.workflows import DAG, Parameter, Task, WorkflowTemplate
 from pydantic import ValidationError
 
 from pipectl.components.contracts import RunLayout, TrainingParameters
+from pipectl.components.pipeline_parameters import ParameterSpec, parameter_model, specs_from_class
 from pipectl.components.names import kebab
 from pipectl.pipelines import training as t
 from pipectl.pipelines.launchers.base import TRAIN_STEP_INPUTS
 from pipectl.pipelines.training import CompileConfig
 
 _NAME = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
+_PARAMETER = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 RESERVED_TEMPLATES = frozenset({"validate", "stage", "warm", "preprocess", "shards", "train", "train-retry", "train-backoff",
                                 "train-wait", "evaluate", "register", "gang-release"})
 """Template names of pipectl's steps: a user step or a pipeline may not take one of them."""
@@ -76,10 +78,10 @@ WORKFLOW_NAME = Value("workflow-name", None, ("workflow", "name"))
 
 
 def parameter(name: str) -> Value:
-    """A workflow parameter by its kebab name, e.g. ``parameter("model-name")``."""
-    fields = {kebab(f) for f in TrainingParameters.model_fields}
-    if name not in fields:
-        raise PipelineError(f"parameter({name!r}): no such workflow parameter; one of {', '.join(sorted(fields))}")
+    """A workflow parameter by its kebab name: pipectl's (``parameter("model-name")``) or one the
+    pipeline declares in its ``parameters`` class (``parameter("weight-decay")``)."""
+    if not isinstance(name, str) or not _PARAMETER.match(name):
+        raise PipelineError(f"parameter({name!r}): a parameter's kebab-case name, e.g. parameter('model-name')")
     return Value(name, None, ("parameter", name))
 
 
@@ -107,6 +109,11 @@ class _Context:
         if kind == "workflow":
             return "{{workflow.name}}"
         if kind == "parameter":
+            declared = {kebab(f) for f in parameter_model(self.cfg.pipeline_parameters).model_fields}
+            if v.source[1] not in declared:
+                raise PipelineError(f"{where}: reads parameter({v.source[1]!r}), which the pipeline does not declare",
+                                    "declare it in the pipeline's parameters class (Pipeline(..., parameters=MyParameters)); "
+                                    f"pipectl's own: {', '.join(sorted(kebab(f) for f in TrainingParameters.model_fields))}")
             return _wf(v.source[1])
         if kind == "data":
             return _out(self.makers[v.source[1]], DATA_OUTPUT[v.source[1]])
@@ -142,7 +149,8 @@ class Step:
 
 
 def _validate() -> Step:
-    return Step("validate", (), (), t.validate_templates, lambda ctx: {n: _wf(n) for n in TrainingParameters.model_fields})
+    return Step("validate", (), (), t.validate_templates,
+                lambda ctx: {n: _wf(n) for n in parameter_model(ctx.cfg.pipeline_parameters).model_fields})
 
 
 def stage() -> Step:
@@ -370,22 +378,46 @@ class Pipeline:
         from pipectl.sdk import Pipeline, stage, preprocess, train, evaluate, register
         pipeline = Pipeline("my-training", [stage(), preprocess(), train(), evaluate(), register()])
 
-    Every pipeline takes the same typed parameters (``pipectl render training`` lists them);
-    ``defaults`` sets this pipeline's own default values (what the Argo UI, ``pipectl run`` and
-    ``pipectl submit`` start from; ``-p`` still overrides them)::
+    Every pipeline takes pipectl's typed parameters (``pipectl render training --help`` lists
+    them); ``defaults`` sets this pipeline's own default values (what the Argo UI, ``pipectl run``
+    and ``pipectl submit`` start from; ``-p`` still overrides them)::
 
-        Pipeline("shapes", [...], defaults={"architecture": "resnet18", "image-size": 64})"""
+        Pipeline("shapes", [...], defaults={"architecture": "resnet18", "image-size": 64})
+
+    ``parameters`` adds parameters of the pipeline's own (a :class:`~pipectl.sdk.Parameters`
+    class): arguments of the WorkflowTemplate like pipectl's, checked by ``validate``, read in the
+    gang with ``MyParameters.from_env()`` and by a ContainerStep with ``parameter(name)``::
+
+        class ShapesParameters(Parameters):
+            weight_decay: float = Field(0.0001, ge=0, le=1, description="L2 penalty of the optimiser.")
+
+        Pipeline("shapes", [...], parameters=ShapesParameters)"""
 
     name: str
     steps: Sequence[Step | ContainerStep]
     title: str = ""
     description: str = ""
     defaults: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+    parameters: type | None = None
 
-    def parameters(self, overrides: Mapping[str, str] | None = None) -> TrainingParameters:
+    def parameter_specs(self) -> tuple[ParameterSpec, ...]:
+        """The pipeline's own parameters as data (:class:`ParameterSpec`); PipelineError naming a
+        field that cannot be one."""
+        if self.parameters is None:
+            return ()
+        try:
+            return specs_from_class(self.parameters)
+        except ValueError as e:
+            raise PipelineError(f"pipeline {self.name!r}: parameters: {e}") from None
+
+    def parameter_model(self) -> type[TrainingParameters]:
+        """pipectl's parameters and the pipeline's own, as one model."""
+        return parameter_model(self.parameter_specs())
+
+    def run_parameters(self, overrides: Mapping[str, str] | None = None) -> TrainingParameters:
         """The run's parameters: this pipeline's ``defaults``, then ``overrides`` (``-p``). Raises
         ValueError (an unknown name) or pydantic's ValidationError (a bad value)."""
-        return TrainingParameters.from_overrides({**self.default_arguments(), **(overrides or {})})
+        return self.parameter_model().from_overrides({**self.default_arguments(), **(overrides or {})})
 
     def default_arguments(self) -> dict[str, str]:
         """``defaults`` as argument text by kebab-case name (booleans ``true``/``false``)."""
@@ -400,8 +432,9 @@ class Pipeline:
         if not isinstance(self.name, str) or not _NAME.match(self.name) or self.name in RESERVED_TEMPLATES:
             raise PipelineError(f"pipeline name {self.name!r} must be lower-case letters, digits and '-' (at most 40), "
                                 f"not one of pipectl's step names")
+        self.parameter_specs()
         try:
-            self.parameters()
+            self.run_parameters()
         except ValueError as e:
             problem = _first_error(e) if isinstance(e, ValidationError) else str(e).splitlines()[0]
             raise PipelineError(f"pipeline {self.name!r}: defaults: {problem}",
@@ -438,8 +471,8 @@ class Pipeline:
 
     def build(self, cfg: CompileConfig | None = None) -> WorkflowTemplate:
         """The compiled WorkflowTemplate ``<name>-v1`` for ``cfg`` (defaults when None)."""
-        cfg = cfg or CompileConfig()
         self.check()
+        cfg = (cfg or CompileConfig()).model_copy(update={"pipeline_parameters": self.parameter_specs()})
         ctx = _Context(cfg, RunLayout.for_workflow(cfg.bucket, "{{workflow.name}}"), {}, {})
         tasks: list[Task] = []
         templates: list = []
@@ -461,7 +494,7 @@ class Pipeline:
         title = self.title or f"{self.name} pipeline"
         description = self.description or " → ".join(["validate", *(s.name for s in self.steps)])
         return t.workflow_template(cfg, self.name, title, description, DAG(name=self.name, tasks=tasks), templates,
-                                   self.parameters().as_arguments() if self.defaults else None)
+                                   self.run_parameters().as_arguments() if self.defaults else None)
 
 
 def _first_error(e: ValidationError) -> str:

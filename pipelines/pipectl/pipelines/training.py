@@ -82,6 +82,7 @@ from pipectl.components.names import (
     kebab,
     lane_object_name,
 )
+from pipectl.components.pipeline_parameters import SPECS_INPUT, ParameterSpec, parameter_model, specs_json
 from pipectl.pipelines.launchers import DEFAULT_LAUNCHER, LAUNCHERS, GangConfig
 from pipectl.pipelines.launchers.base import TRAIN_STEP_INPUTS
 from pipectl.pipelines.autoscaling import DO_NOT_DISRUPT, AutoscalingConfig
@@ -126,6 +127,8 @@ class CompileConfig(BaseModel):
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Retries by failure class; backoff from scale_up_s.")
     autoscaling: AutoscalingConfig = Field(default_factory=AutoscalingConfig,
                                            description="Karpenter NodePools and the urgent lane's buffer (argo/autoscaling/).")
+    pipeline_parameters: tuple[ParameterSpec, ...] = Field(
+        (), exclude=True, description="The pipeline's own parameters (set by Pipeline.build from its parameters class).")
 
     @field_validator("images")
     @classmethod
@@ -165,7 +168,8 @@ class CompileConfig(BaseModel):
         """The gang's pods; ``entry``/``function``/``image``: the user's training code and image (:class:`GangConfig`)."""
         return GangConfig(image=image or self.train_image, service_account=self.training_service_account, shm_gib=self.shm_gib,
                           max_restarts=self.retry.infra_limit, retry_oom=self.retry.retry_oom, entry=entry,
-                          function=function, exports_onnx=exports_onnx)
+                          function=function, exports_onnx=exports_onnx,
+                          parameters=tuple(p.name for p in self.pipeline_parameters))
 
 
 def _input_params(names: list[str]) -> list[Parameter]:
@@ -380,14 +384,15 @@ def _train_retry_templates(train: Resource, cfg: CompileConfig) -> list[DAG | Su
     return [step, backoff, wait]
 
 
-def workflow_parameters(defaults: dict[str, str] | None = None) -> list[Parameter]:
-    """The WorkflowTemplate's arguments: one per :class:`TrainingParameters` field, with its
-    default (or the pipeline's, ``defaults`` by kebab-case name, as text), description, and enum
-    for Enum fields (the Argo UI shows them as a drop-down)."""
+def workflow_parameters(defaults: dict[str, str] | None = None, specs: tuple[ParameterSpec, ...] = ()) -> list[Parameter]:
+    """The WorkflowTemplate's arguments: one per :class:`TrainingParameters` field, then one per
+    pipeline parameter of ``specs``, with its default (or the pipeline's, ``defaults`` by
+    kebab-case name, as text), description, and enum for Enum fields (the Argo UI shows them as a
+    drop-down)."""
     import enum as _enum
 
     params = []
-    for name, field in TrainingParameters.model_fields.items():
+    for name, field in parameter_model(specs).model_fields.items():
         default = field.default
         choices = None
         if isinstance(field.annotation, type) and issubclass(field.annotation, _enum.Enum):
@@ -405,8 +410,9 @@ def workflow_parameters(defaults: dict[str, str] | None = None) -> list[Paramete
 def validate_templates(cfg: CompileConfig) -> list:
     """C15: every workflow parameter parsed by the CLI's own contract inside the cluster, first;
     its log tail (the parameter named) becomes the step's message in Argo and the UI."""
-    validate = _step(cfg, "validate", cfg.light_image, "validate", TrainingParameters, ValidateOutput, every_field=True,
-                     store=False)
+    specs = cfg.pipeline_parameters
+    validate = _step(cfg, "validate", cfg.light_image, "validate", parameter_model(specs), ValidateOutput, every_field=True,
+                     store=False, fixed={SPECS_INPUT: specs_json(specs)} if specs else None)
     validate.termination_message_policy = "FallbackToLogsOnError"
     return [validate]
 
@@ -535,7 +541,7 @@ def workflow_template(cfg: CompileConfig, name: str, title: str, description: st
             },
             labels={LANE_LABEL: "{{workflow.parameters.lane}}"},
         ),
-        arguments=workflow_parameters(defaults),
+        arguments=workflow_parameters(defaults, cfg.pipeline_parameters),
         on_exit=GANG_RELEASE_TEMPLATE if any(getattr(t, "name", "") == "train" for t in templates) else None,
         templates=[entry, *templates],
     )

@@ -304,7 +304,7 @@ def _resume_parameters(record: RunRecord, given: TrainingParameters) -> Training
             "resume with the run's own parameters (omit -p), or start a new run with `pipectl run training`",
         )
     try:
-        return TrainingParameters.from_overrides(dict(record.parameters))
+        return type(given).from_overrides(dict(record.parameters))
     except ValueError as e:
         raise ValidationFailed(f"run {record.name}'s recorded parameters are not valid for this pipectl: {e}",
                                "start a new run with `pipectl run training`") from e

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import yaml
 
 from pipectl.components.contracts import GangShape, TrainInput
+from pipectl.components.pipeline_parameters import env_name
 from pipectl.components.train.preemption import GRACE_PERIOD_S
 from pipectl.components.names import (
     LANE_TAINT_KEY,
@@ -112,6 +113,9 @@ class GangConfig:
     function: str = ""
     """The user's train function (``mypkg.train:train``) that pipectl's train step runs with its
     TrainContext; empty: pipectl's own. Ignored with ``entry``."""
+    parameters: tuple[str, ...] = ()
+    """The pipeline's own parameters (kebab-case names): each pod gets each as
+    ``PIPECTL_PARAM_<NAME>`` (:meth:`pipectl.sdk.Parameters.from_env` reads them)."""
 
 
 TRAIN_ENV_PREFIX = "PIPECTL_TRAIN_"
@@ -156,6 +160,7 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
     ``node_rank``: what the launcher gives each pod as its index (``$(VC_TASK_INDEX)``, ``$(RANK)``).
     """
     command = _train_command(cfg, node_rank)
+    env = env + [{"name": env_name(n), "value": "{{workflow.parameters.%s}}" % n} for n in cfg.parameters]
     if cfg.entry:
         env = env + train_env() + ([{"name": PUBLISH_ONNX_ENV, "value": "1"}] if cfg.exports_onnx else [])
     cpu, memory = param("cpu_per_worker"), param("memory_gib_per_worker") + "Gi"
