@@ -1,7 +1,8 @@
 """A team's image classifier: its own train function (a torchvision ResNet-18, shapes/train.py)
 on its own 64x64 images, evaluated against the current champion whatever architecture that is
 (both are registered as ONNX) by its own metric (balanced accuracy, shapes/metrics.py), and
-registered.
+registered. Its own hyper-parameters (weight decay, label smoothing, flips) are arguments of the
+template beside pipectl's (shapes/parameters.py).
 
     pip install -e .                                               # this project, beside pipectl
     python -m shapes.generate ./shapes-data --per-class 60         # the team's data
@@ -12,6 +13,7 @@ registered.
 """
 
 from pipectl.sdk import Pipeline, evaluate, preprocess, register, stage, train
+from shapes.parameters import ShapesParameters
 
 IMAGE = "registry.example.com/ml/shapes:0.1.0"  # FROM pipectl's step-train image, with this project (Dockerfile)
 
@@ -29,4 +31,5 @@ pipeline = Pipeline(
         "model-name": "shapes-classifier",
         "promotion-threshold": 0.8,
     },
+    parameters=ShapesParameters,  # the team's own: -p weight-decay=0.001, in the Argo UI too
 )

@@ -129,7 +129,8 @@ def test_the_image_classifier_example_trains_its_own_resnet_function_and_evaluat
     assert gen.returncode == 0, gen.stderr
     runs = []
     for ref, extra in (("training", ["-p", "image-size=64", "-p", "model-name=shapes-classifier", "-p", "epochs=2"]),
-                       (f"{example / 'pipeline.py'}:pipeline", ["-p", "epochs=3"])):
+                       (f"{example / 'pipeline.py'}:pipeline",
+                        ["-p", "epochs=3", "-p", "weight-decay=0.001", "-p", "random-flips=false"])):
         r = subprocess.run([PIPECTL, "run", ref, "--output", "json", "--state-dir", str(tmp_path / "state"),
                             "-p", f"dataset-uri={data}", "-p", "promotion-threshold=0", *extra],
                            capture_output=True, text=True, timeout=900, cwd=tmp_path)
@@ -143,6 +144,8 @@ def test_the_image_classifier_example_trains_its_own_resnet_function_and_evaluat
     def log_of(summary, task):
         return Path(next(s["log"] for s in summary["steps"] if s["task"] == task)).read_text()
     assert "train function shapes.train:train, its own model" in log_of(resnet, "train")
+    # the pipeline's own parameters reached every process of the gang: given (-p), and defaults
+    assert "shapes: weight decay 0.001, label smoothing 0.1, random flips False" in log_of(resnet, "train")
     assert "train function pipectl, architecture small-cnn" in log_of(cnn, "train")
     scored = re.search(r"candidate balanced_accuracy=([0-9.]+), champion \(v1\) ([0-9.]+)", log_of(resnet, "evaluate"))
     assert scored, log_of(resnet, "evaluate")[-2000:]  # the CNN champion was scored beside the ResNet, by the team's metric

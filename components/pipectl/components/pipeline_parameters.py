@@ -25,7 +25,7 @@ import os
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic.fields import FieldInfo
 
 from pipectl.components.contracts import TrainingParameters, kebab, snake
@@ -57,12 +57,27 @@ class ParameterSpec(BaseModel):
     default: str
     description: str = Field(min_length=1, max_length=1000)
     choices: tuple[str, ...] = ()
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    lt: float | None = None
+    ge: int | float | None = None
+    gt: int | float | None = None
+    le: int | float | None = None
+    lt: int | float | None = None
     pattern: str | None = Field(None, description="text: a regular expression the whole value must match")
     max_length: int = Field(MAX_TEXT, ge=1, le=2048, description="text: at most this many characters")
+
+    @field_validator("default", "description", "pattern", "choices")
+    @classmethod
+    def _no_argo_tags(cls, v: Any) -> Any:
+        for text in (v if isinstance(v, tuple) else (v,)):
+            if text is not None and ("{{" in text or "}}" in text):
+                raise ValueError("may not contain '{{' or '}}': Argo would read an expression in it")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _kebab(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"{v!r}: a kebab-case name (a-z, 0-9, '-')")
+        return v
 
     def field(self) -> tuple[Any, FieldInfo]:
         """The pydantic annotation and field of this parameter."""
@@ -151,12 +166,13 @@ def specs_from_class(cls: Any) -> tuple[ParameterSpec, ...]:
     bounds refuse."""
     where = getattr(cls, "__name__", repr(cls))
     if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
-        raise ValueError(f"parameters={where}: not a class; write class MyParameters(pipectl.sdk.Parameters) with typed fields")
+        what = "a class, not a pydantic model" if isinstance(cls, type) else f"a {type(cls).__name__}, not a class"
+        raise ValueError(f"parameters={where} is {what}; write class MyParameters(pipectl.sdk.Parameters) with typed fields")
     if len(cls.model_fields) > MAX_PARAMETERS:
         raise ValueError(f"{where}: {len(cls.model_fields)} fields; at most {MAX_PARAMETERS}")
     specs = tuple(_spec(where, n, f) for n, f in cls.model_fields.items())
     try:
-        parameter_model(specs)()
+        parameter_model(specs).model_validate({snake(s.name): s.default for s in specs})
     except ValidationError as e:
         raise ValueError(f"{where}: a default its own rules refuse: {e}") from e
     except Exception as e:  # pydantic's SchemaError: a pattern its regular expressions cannot compile

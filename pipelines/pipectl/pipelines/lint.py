@@ -131,11 +131,12 @@ def _gang_objects(wt: dict) -> Iterator[tuple[int, str, dict, str]]:
         if not res or not res.get("manifest"):
             continue
         for lane in lanes:
-            values = {"workflow.name": "lint-abcde", "workflow.uid": "0", "retries": "0"}
+            values = {"workflow.name": "lint-abcde", "workflow.uid": "0", "retries": "0",
+                      **{f"workflow.parameters.{n}": str(p.get("value", "lint")) for n, p in params.items()}}
             for p in tmpl.get("inputs", {}).get("parameters", []):
                 default = params.get(p["name"], {}).get("value", p.get("value", "lint"))
                 values[f"inputs.parameters.{p['name']}"] = str(default)
-            values["inputs.parameters.lane"] = lane
+            values["inputs.parameters.lane"] = values["workflow.parameters.lane"] = lane
             try:
                 yield i, lane, yaml.safe_load(substitute(res["manifest"], values, where=f"templates[{i}]")), ""
             except (TemplateError, yaml.YAMLError) as e:

@@ -48,6 +48,10 @@ pipectl registers the model (ONNX) so ``evaluate()`` and ``register()`` work as 
             ctx.record_loss(loss)
         return model
 
+A pipeline's own parameters (beside pipectl's, in the Argo UI and ``-p``) are a
+:class:`Parameters` class: ``Pipeline(..., parameters=MyParameters)``; the gang reads them with
+``MyParameters.from_env()``, a ContainerStep with ``parameter("my-name")``.
+
 Inside your own torchrun code (``train(module=...)``): :class:`PreemptionWatch` tells every rank
 at once that the gang was told to stop (SIGTERM: preemption, eviction, drain), so rank 0 can write
 a checkpoint of the current step before the pods go.
@@ -75,6 +79,7 @@ from pipectl.pipelines.composer import (
     train,
     warm,
 )
+from pipectl.components.pipeline_parameters import Parameters
 from pipectl.components.train.preemption import PreemptionWatch
 from pipectl.pipelines.training import CompileConfig
 
@@ -91,7 +96,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "CompileConfig", "ContainerStep", "MANIFEST_URI", "Pipeline", "PipelineError", "PreemptionWatch", "RUN_URI", "SHARDS_URI", "Step",
+    "CompileConfig", "ContainerStep", "MANIFEST_URI", "Parameters", "Pipeline", "PipelineError", "PreemptionWatch", "RUN_URI", "SHARDS_URI", "Step",
     "TrainContext",
     "Value", "WORKFLOW_NAME", "evaluate", "output", "parameter", "preprocess", "register", "shards", "stage", "train", "warm",
 ]
