@@ -578,13 +578,15 @@ def test_a_user_pipeline_with_its_own_step_reaches_succeeded_on_the_cluster(proj
 def test_a_user_train_function_pipeline_with_its_own_defaults_reaches_succeeded_on_the_cluster(
         project_applied, training_outputs_supplied, test_cluster, k8s_api):
     """examples/image-classifier by reference: its defaults are the template's arguments and what
-    submit sends; the gang runs pipectl's train step with the team's function in the team's image."""
+    submit sends; the gang runs pipectl's train step with the team's function in the team's image,
+    and its own parameters reach the gang's pods."""
     if not test_cluster.volcano_ok:
         pytest.skip(f"Volcano did not start: {test_cluster.errors}")
     ref = f"{REPO / 'examples' / 'image-classifier' / 'pipeline.py'}:pipeline"
     r = _pipectl(test_cluster, "templates", "apply", ref)
     assert r.returncode == 0 and "applied WorkflowTemplate shapes-training-v1" in r.stderr, r.stdout + r.stderr
-    r = _pipectl(test_cluster, "submit", ref, "-p", "gpus-per-worker=1", "-p", "processes-per-worker=1", "--wait", "--output", "json")
+    r = _pipectl(test_cluster, "submit", ref, "-p", "gpus-per-worker=1", "-p", "processes-per-worker=1",
+                 "-p", "weight-decay=0.001", "--wait", "--output", "json")
     assert r.returncode == 0, r.stdout + r.stderr
     name = json.loads(r.stdout)["name"]
     custom = _custom(k8s_api)
@@ -596,6 +598,9 @@ def test_a_user_train_function_pipeline_with_its_own_defaults_reaches_succeeded_
     container = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]
     assert container["image"] == "registry.example.com/ml/shapes:0.1.0"
     assert container["command"][container["command"].index("--function") + 1] == "shapes.train:train"
+    # the pipeline's own parameters, substituted by Argo into every gang pod: given and default
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (env["PIPECTL_PARAM_WEIGHT_DECAY"], env["PIPECTL_PARAM_RANDOM_FLIPS"]) == ("0.001", "true")
 
 
 def _lane_gang(name: str, lane: str, workers: int, gpus: int, run_duration: str) -> dict:
