@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -20,8 +21,9 @@ PIPECTL = str(Path(sys.executable).parent / "pipectl")
 STEPS = ["validate", "stage", "warm", "preprocess", "train", "evaluate", "register"]
 
 
-def _run(args, timeout=600):
-    return subprocess.run([PIPECTL, "run", "training", "--output", "json", *args], capture_output=True, text=True, timeout=timeout)
+def _run(args, timeout=600, env=None):
+    return subprocess.run([PIPECTL, "run", "training", "--output", "json", *args], capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def _launcher_with_a_worker(processes) -> bool:
@@ -39,8 +41,9 @@ def _launcher_with_a_worker(processes) -> bool:
 
 
 def test_default_run_registers_a_champion_above_095_on_digits(tmp_path):
-    """The README's demo: no configuration, embedded S3 and MLflow, the bundled digits."""
-    r = _run(["--state-dir", str(tmp_path / "state")])
+    """The README's demo: no configuration, embedded S3 and MLflow, the bundled digits; on a
+    terminal (rich's TTY_COMPATIBLE), the train row shows each epoch as it ends."""
+    r = _run(["--state-dir", str(tmp_path / "state")], env={"TTY_COMPATIBLE": "1"})
     assert r.returncode == 0, r.stderr[-4000:]
     summary = json.loads(r.stdout)
     assert summary["phase"] == "Succeeded"
@@ -59,6 +62,10 @@ def test_default_run_registers_a_champion_above_095_on_digits(tmp_path):
     assert training["images-per-s"] > 0 and 0 <= training["data-share"] < 1 and 0 <= training["sync-share"] < 1, training
     assert training["slowest-rank-ratio"] >= 1, training
     assert "step time" in r.stderr
+    epochs = re.findall(r"train … \S*epoch (\d+)/15 · step (\d+)/(\d+) · loss ([0-9.]+) · \d+ images/s", r.stderr)
+    assert {int(e) for e, *_ in epochs} >= {15}, r.stderr[-3000:]  # live, not only in the log (the last at least)
+    assert all(int(step) == int(e) * int(total) // 15 for e, step, total, _ in epochs), epochs
+    assert not list((tmp_path / "state").glob(".progress-*"))  # the progress file goes with the run
     ui = re.search(r"MLflow UI of this folder's runs: (\S*pipectl) ui --state-dir", r.stderr)
     assert ui and shutil.which(ui.group(1)), r.stderr[-2000:]  # a command that runs from here (PATH or its path)
     assert not [v for v in summary["verdicts"] if v.startswith("memory growing")], summary["verdicts"]  # 15 epochs, no leak

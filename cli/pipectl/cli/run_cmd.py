@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -100,11 +101,18 @@ def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str |
     settings = RunSettings(**options)
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=False)
     ids: dict[str, Any] = {}
+    Path(settings.state_dir).mkdir(parents=True, exist_ok=True)
+    progress_file = Path(settings.state_dir) / f".progress-{os.getpid()}.jsonl"
+    progress_file.unlink(missing_ok=True)
+    live = LiveTraining(progress, progress_file)
 
     def on_event(kind: str, task: str, node: Any) -> None:
-        if kind == "start":
-            ids[task] = progress.add_task(f"{task} …", total=1)
-        else:
+        with live.lock:
+            if kind == "start":
+                ids[task] = progress.add_task(f"{task} …", total=1)
+                live.running(task, ids[task])
+                return
+            live.running(None, None)
             if task not in ids:  # skipped (`when` false): never started
                 ids[task] = progress.add_task(task, total=1)
             progress.update(ids[task], description=step_row(task, node.phase, node.reused, node.message), completed=1)
@@ -116,18 +124,59 @@ def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str |
 
     started = time.time()
     try:
-        with stop_on_signals():
+        with stop_on_signals(), live:
             summary = run_training_locally(parameters, settings, on_event, on_services, launcher=launcher, resume=resume,
-                                           pipeline=pipeline)
+                                           pipeline=pipeline, progress_file=progress_file)
     except (KeyboardInterrupt, SystemExit):
         progress.stop()
         _print_resume_hint(settings, started, console)
         raise
     finally:
         progress.stop()
+        progress_file.unlink(missing_ok=True)
 
     (_print_failure if summary["phase"] != "Succeeded" else _print_summary)(summary, console)
     return summary
+
+
+class LiveTraining:
+    """While a step runs, its row shows the training's last progress line (epoch, step, loss,
+    images/s: :mod:`pipectl.components.progress`), re-read twice a second by a thread of its own."""
+
+    def __init__(self, progress: Any, path: Path) -> None:
+        self.progress, self.path = progress, path
+        self.lock = threading.Lock()
+        self._task: str | None = None
+        self._row: Any = None
+        self._seen = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="pipectl-progress", daemon=True)
+
+    def running(self, task: str | None, row: Any) -> None:
+        """The step now running and its row (None, None: none); call with :attr:`lock` held."""
+        self._task, self._row = task, row
+
+    def __enter__(self) -> "LiveTraining":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def _loop(self) -> None:
+        from pipectl.components.progress import describe, last
+
+        while not self._stop.wait(0.5):
+            try:
+                mtime = self.path.stat().st_mtime
+            except OSError:
+                continue
+            line = last(self.path) if mtime != self._seen else None
+            with self.lock:
+                if line and self._task is not None:
+                    self._seen = mtime
+                    self.progress.update(self._row, description=f"{self._task} … [dim]{describe(line)}[/]")
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)

@@ -90,6 +90,8 @@ PUBLISH_ONNX_ENV = "PIPECTL_TRAIN_PUBLISH_ONNX"
 """``1`` in the gang pods of ``train(module=..., exports_onnx=True)``: the user's code writes the
 trained model to ``$PIPECTL_TRAIN_OUTPUTS_DIR/model.onnx`` (rank 0) and the launcher of node rank 0
 registers it after a successful run (:mod:`pipectl.components.train.publish`)."""
+PROGRESS_FILE_ENV = "PIPECTL_PROGRESS_FILE"
+"""A local run's progress file: rank 0 appends a JSON line per epoch (:mod:`pipectl.components.progress`)."""
 RETRY_OOM_ENV = "PIPECTL_RETRY_OOM"
 """``1`` in the gang's pods when the retry policy retries OOM kills (``RetryPolicy.retry_oom``): the
 launcher (components/pipectl/components/train/launch.py) then exits 137, not 1, for a worker the

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from pipectl.components import progress
 from pipectl.components.contracts import TrainInput
 from pipectl.components.runtime import StepError
 from pipectl.components.shard_stream import ShardStream
@@ -184,6 +185,7 @@ class TrainContext:
                  self.total_steps, mean)
         if self._epoch_loss:
             self.log_metric("train_loss", mean, epoch)
+        progress.report(epoch + 1, self.params.epochs, self.step, self.total_steps, mean, self.anatomy.get("images_per_s"))
 
     def _gather_anatomy(self) -> list[telemetry.RankEpoch]:
         """Every rank's step anatomy of the epoch (a collective: every rank calls it)."""

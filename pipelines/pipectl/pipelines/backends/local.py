@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from pipectl.components.contracts import RunSettings, TrainingParameters
 from pipectl.components.errors import PipectlError, Unreachable, ValidationFailed
+from pipectl.components.names import PROGRESS_FILE_ENV
 from pipectl.pipelines.backends.runner import RECORD_FILE, LocalRunner, NodeResult, RunRecord, RunResult
 from pipectl.pipelines.launchers import DEFAULT_LAUNCHER
 from pipectl.pipelines.substitution import TemplateError
@@ -331,11 +332,13 @@ def run_training_locally(
     launcher: str | None = None,
     resume: str | bool = False,
     pipeline: Pipeline | None = None,
+    progress_file: Path | None = None,
 ) -> dict[str, Any]:
     """Run the compiled workflow of ``pipeline`` (default: the built-in ``training``) on this
     machine; returns :func:`summarise`'s dict.
 
     ``launcher``: the gang launcher (None: the default, or the resumed run's).
+    ``progress_file``: where the training appends its per-epoch progress (:mod:`pipectl.components.progress`).
     ``resume``: False for a new run; True to resume the state folder's last run; a workflow name to
     resume that run (see :func:`resumable_run`). Parameters explicitly set in ``parameters`` must
     equal the resumed run's.
@@ -396,7 +399,8 @@ def run_training_locally(
             if on_services:
                 on_services({k: v for k, v in (("s3", effective.s3_endpoint), ("mlflow", effective.mlflow_uri)) if v})
             # Steps inherit this environment (as a pod inherits its image's), plus the store settings.
-            runner = LocalRunner(template, parameters.as_arguments(), {**os.environ, **effective.step_env()}, state_dir / "runs", on_event,
+            env = {**os.environ, **effective.step_env(), **({PROGRESS_FILE_ENV: str(progress_file)} if progress_file else {})}
+            runner = LocalRunner(template, parameters.as_arguments(), env, state_dir / "runs", on_event,
                                  resume=record, extra={"launcher": launcher, "store": _store(settings)})
             snapshot = runner.workdir / S3_SNAPSHOT
             try:
