@@ -66,6 +66,18 @@ def test_default_run_registers_a_champion_above_095_on_digits(tmp_path):
     assert {int(e) for e, *_ in epochs} >= {15}, r.stderr[-3000:]  # live, not only in the log (the last at least)
     assert all(int(step) == int(e) * int(total) // 15 for e, step, total, _ in epochs), epochs
     assert not list((tmp_path / "state").glob(".progress-*"))  # the progress file goes with the run
+    # pictures in the candidate's MLflow run: the confusion matrix (counts of the held-out split) and the learning curve
+    assert summary["pictures"] == ["evaluation/confusion_matrix.json", "evaluation/confusion_matrix.png",
+                                   "evaluation/learning_curve.png"]
+    artifacts = next((tmp_path / "state" / "mlflow").rglob("evaluation/confusion_matrix.json")).parent
+    cm = json.loads((artifacts / "confusion_matrix.json").read_text())
+    assert cm["classes"] == [str(d) for d in range(10)] and len(cm["matrix"]) == 10
+    assert sum(map(sum, cm["matrix"])) == summary["preprocess"]["validation-count"]
+    diagonal = sum(cm["matrix"][i][i] for i in range(10)) / sum(map(sum, cm["matrix"]))
+    assert diagonal == pytest.approx(summary["metrics"]["accuracy"], abs=1e-6)
+    for png in ("confusion_matrix.png", "learning_curve.png"):
+        assert (artifacts / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "pictures" in r.stderr
     ui = re.search(r"MLflow UI of this folder's runs: (\S*pipectl) ui --state-dir", r.stderr)
     assert ui and shutil.which(ui.group(1)), r.stderr[-2000:]  # a command that runs from here (PATH or its path)
     assert not [v for v in summary["verdicts"] if v.startswith("memory growing")], summary["verdicts"]  # 15 epochs, no leak

@@ -265,6 +265,8 @@ def _print_summary(summary: dict[str, Any], console: Any) -> None:
         table.add_row(k, f"{v:.4f}")
     table.add_row("decision", str(summary.get("decision")))
     table.add_row("mlflow run", str(summary.get("mlflow_run_id")))
+    if summary.get("pictures"):
+        table.add_row("pictures", escape(", ".join(summary["pictures"])) + " (the run's artifacts in the MLflow UI)")
     if summary.get("step_time"):
         table.add_row("step time", escape(summary["step_time"]) + " (last epoch)")
     for verdict in summary.get("verdicts", []):

@@ -542,6 +542,8 @@ class EvaluateOutput(StrictModel):
     model_sha256: str = ""
     """Digest of the logged model evaluate scored (:func:`~pipectl.components.models.model_sha256`):
     register registers that model and no other."""
+    pictures: list[str] = Field(default_factory=list, description="Artifacts of the MLflow run with the confusion matrix "
+                                "and the learning curve (evaluation/...png).")
 
 
 _SHA256 = r"^[0-9a-f]{64}$"

@@ -25,6 +25,7 @@ from pipectl.components.contracts import (
     StoreSettings,
     TrainOutput,
 )
+from pipectl.components.evaluate.pictures import log_pictures
 from pipectl.components.models import classification_metrics, load_scorer, model_sha256
 from pipectl.components.models.portable import Scorer, predict
 from pipectl.components.runtime import StepError, available_cpus, read_json, resolve_callable, s3_client, write_json
@@ -146,6 +147,7 @@ def evaluate(inp: EvaluateInput, s3: Any, client: Any) -> EvaluateOutput:
     if champ_metric is not None:
         client.log_metric(train.mlflow_run_id, f"champion_{decider}", champ_metric)
     client.set_tag(train.mlflow_run_id, "pipectl.decision", decision.value)
+    pictures = log_pictures(client, train.mlflow_run_id, logits["candidate"], labels, data.index.labels)
     log.info(
         "candidate %s=%.4f, champion (v%s) %s, threshold %.3f -> %s",
         decider, metric, champ_version, champ_metric, inp.promotion_threshold, decision.value,
@@ -166,6 +168,7 @@ def evaluate(inp: EvaluateInput, s3: Any, client: Any) -> EvaluateOutput:
         training_sync_share=train.anatomy.get("share_sync", 0.0),
         training_slowest_rank_ratio=train.anatomy.get("slowest_rank_ratio", 0.0),
         model_sha256=digest,
+        pictures=pictures,
     )
     write_json(s3, layout.evaluate_output_uri, out.model_dump(mode="json"))
     return out

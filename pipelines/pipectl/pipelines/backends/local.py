@@ -169,6 +169,7 @@ def summarise(result: RunResult, parameters: TrainingParameters) -> dict[str, An
         summary["decision"] = ev.get("decision")
         summary["step_time"] = ev.get("training-step-time") or ""
         summary["verdicts"] = json.loads(ev.get("training-verdicts") or "[]")
+        summary["pictures"] = json.loads(ev.get("pictures") or "[]")
         summary["training"] = {k: _number(ev.get(f"training-{k}")) for k in
                                ("images-per-s", "data-share", "sync-share", "slowest-rank-ratio")}
     if "register" in outputs:
