@@ -145,13 +145,24 @@ def templates_apply(pipelines: tuple[str, ...], dry_run: bool, registry: str | N
                     namespace: str, context: str | None) -> None:
     """Create or update the WorkflowTemplate of each PIPELINE (default: the built-in ones), linted
     first. PIPELINE: a built-in name, path/to/file.py:NAME or package.module:NAME. Deploy a build with
-    the references scripts/images.sh printed: --image step-light=c-<hash> --image step-train=c-<hash>."""
+    the references scripts/images.sh printed: --image step-light=c-<hash> --image step-train=c-<hash>.
+
+    Each template's own parameters (Pipeline(parameters=...)) are written to the namespace's
+    ConfigMap pipectl-parameter-rules too, under a field manager of the template's own: the
+    cluster's submission policy admits those arguments by them (a parameter the template no
+    longer has loses its keys)."""
     from pipectl.cli.pipeline_ref import load_pipeline
+    from pipectl.pipelines.admission import parameter_rules_data
     from pipectl.pipelines.builtin import PIPELINES
 
     cfg = compile_config(namespace=namespace, **image_config(registry, images))
     chosen = [load_pipeline(ref) for ref in pipelines] or list(PIPELINES.values())
-    _apply([p.build(cfg).to_dict() for p in chosen], dry_run, namespace, context)
+    built = [(p, p.build(cfg).to_dict()) for p in chosen]
+    try:
+        rules = {t["metadata"]["name"]: parameter_rules_data(t["metadata"]["name"], p.parameter_specs()) for p, t in built}
+    except ValueError as e:
+        fail(str(e), "shorten the pipeline's or the parameter's name", code=2)
+    _apply([t for _, t in built], dry_run, namespace, context, parameter_rules=rules)
 
 
 @templates.command("list")
@@ -197,6 +208,8 @@ def _delete_each(plural: str, kind: str, names: tuple[str, ...], namespace: str,
     cluster = _cluster(namespace, context)
     for name in names:
         cluster.delete(plural, name)
+        if plural == "workflowtemplates":  # its own parameters' rules go with it
+            cluster.remove_parameter_rules(name)
         console().print(f"deleted {kind} {name}")
         click.echo(name)
 
@@ -207,7 +220,8 @@ def cron() -> None:
 
 
 _get_and_delete(templates, "workflowtemplates", "WorkflowTemplate", "The WorkflowTemplate NAME as the cluster holds it.",
-                "Delete WorkflowTemplates NAMES; running workflows keep the copy they started with.")
+                "Delete WorkflowTemplates NAMES and their parameters' keys in ConfigMap pipectl-parameter-rules; "
+                "running workflows keep the copy they started with.")
 _get_and_delete(cron, "cronworkflows", "CronWorkflow",
                 "The CronWorkflow NAME as the cluster holds it (schedule, status: last run, active runs).",
                 "Delete CronWorkflows NAMES (their past runs stay).")
@@ -477,16 +491,27 @@ def retry(name: str, resubmit: bool, namespace: str, context: str | None) -> Non
     click.echo(new_name)
 
 
-def _apply(objs: list[dict], dry_run: bool, namespace: str, context: str | None) -> None:
-    """Lint ``objs``, then print them (dry run) or create/replace each on the cluster."""
+def _apply(objs: list[dict], dry_run: bool, namespace: str, context: str | None,
+           parameter_rules: dict[str, dict[str, str]] | None = None) -> None:
+    """Lint ``objs``, then print them (dry run) or create/replace each on the cluster; for a
+    template named in ``parameter_rules``, its keys of the parameter-rules ConfigMap first."""
+    from pipectl.pipelines.admission import PARAMETER_RULES_CONFIGMAP
+
     _check(objs)
+    rules = parameter_rules or {}
     if dry_run:
         _print_objects(objs)
+        for name, data in rules.items():
+            console().print(f"would write {len(data)} keys of {name} to ConfigMap {PARAMETER_RULES_CONFIGMAP}")
         return
     cluster = _cluster(namespace, context)
     for o in objs:
+        name = o["metadata"]["name"]
+        if name in rules:
+            cluster.apply_parameter_rules(name, rules[name])
+            console().print(f"applied {len(rules[name])} parameter rules of {name} to ConfigMap {PARAMETER_RULES_CONFIGMAP}")
         cluster.apply(o)
-        console().print(f"applied {o['kind']} {o['metadata']['name']}")
+        console().print(f"applied {o['kind']} {name}")
 
 
 def _record(record: dict, output_format: str, text: str) -> None:

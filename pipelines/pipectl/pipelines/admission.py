@@ -13,6 +13,21 @@ every other field of a Workflow's spec is refused by name. The rules apply on cr
 every change of the spec, so a retry with overridden parameters (``argo retry -p``, the UI's
 RETRY with "Override Parameters") is held to them too. A submitter cannot edit WorkflowTemplates
 (:func:`submitter_role`), so whatever a template runs was put there by the namespace's owner.
+
+A pipeline's own parameters (``Pipeline(parameters=...)``) are not in the policy: their rules are
+keys of the ConfigMap ``PARAMETER_RULES_CONFIGMAP`` in the submitting namespace, the policy's
+param (``paramKind`` ConfigMap; the binding names it without a namespace, so each namespace's own
+is read). ``<template>.<parameter>.kind`` and, as the kind has them, bounds, ``max_length`` and an
+anchored RE2 ``pattern`` (:func:`parameter_rules_data`); an argument is admitted when it is
+pipectl's or the referenced template (``workflowTemplateRef.name``) has keys for it, and its value
+is held to the same one-spelling rules (text also without quotes or backslashes). ``pipectl
+templates apply`` writes a template's keys with server-side apply under a field manager of that
+template's own (``pipectl-parameters-<template>``), so templates never overwrite each other's keys
+and a parameter a template dropped loses its keys; ``pipectl templates delete`` removes them. A
+namespace without the ConfigMap refuses every Workflow and CronWorkflow write (the binding's
+``parameterNotFoundAction: Deny``; the lookup comes before the policy's match conditions, so the
+exempt identities below too): ``argo/namespace`` creates it empty, ``pipectl templates apply``
+creates it when missing. Submitters cannot write ConfigMaps.
 Exempt: the break-glass group ``system:masters`` and the Argo workflow controller's
 ServiceAccount (it updates workflows it runs; the CronWorkflows it starts runs from were checked).
 
@@ -30,6 +45,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from typing import Any
 
 import annotated_types as at
@@ -53,6 +69,17 @@ ALLOWED_SPEC_FIELDS = ("workflowTemplateRef", "arguments", "entrypoint", "priori
 (Argo's ApplySubmitOpts), its stop/suspend/retry and a CronWorkflow's run labels write
 (``workflowMetadata``: labels and annotations, not ``labelsFrom`` expressions). Every other field is refused."""
 MAX_VALUE_CHARS = 2048
+PARAMETER_RULES_CONFIGMAP = "pipectl-parameter-rules"
+"""The ConfigMap in each submitting namespace holding the rules of its templates' own parameters
+(:func:`parameter_rules_data`), read by ``pipectl-submission`` as its param."""
+RULES_MANAGER_PREFIX = "pipectl-parameters-"
+"""Server-side apply field manager of one template's keys: ``pipectl-parameters-<template>``."""
+_INT_RULE = f"p.value.matches({json.dumps('^(' + _INT_TEXT.pattern + ')$')}) && size(p.value) <= 18"
+"""Integers: digits, no sign or leading zero; at most 18 digits (int() of longer text overflows,
+a CEL error rather than a refusal)."""
+_DECIMAL_RULE = f"p.value.matches({json.dumps('^' + _DECIMAL_TEXT.pattern + '$')}) && size(p.value) <= 40"
+_OWN_NAME = r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$"
+_INT_BOUND = 10**18
 
 
 def _spec_fields() -> list[str]:
@@ -89,12 +116,10 @@ def parameter_rule(name: str, field: Any) -> str:
         return "p.value in ['true', 'false']"
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return f"p.value in {json.dumps([m.value for m in kind])}"
-    if kind is int:  # at most 18 digits: int() of longer text overflows (a CEL error, not a refusal)
-        return " && ".join([f"p.value.matches({_cel('^(' + _INT_TEXT.pattern + ')$')})", "size(p.value) <= 18",
-                            *_bounds(field, "int")])
+    if kind is int:
+        return " && ".join([_INT_RULE, *_bounds(field, "int")])
     if kind is float:
-        return " && ".join([f"p.value.matches({_cel('^' + _DECIMAL_TEXT.pattern + '$')})", "size(p.value) <= 40",
-                            *_bounds(field, "double")])
+        return " && ".join([_DECIMAL_RULE, *_bounds(field, "double")])
     if name == "model_name":
         return f"p.value.matches({_cel(_MODEL_NAME.pattern)})"
     return "true"
@@ -109,9 +134,115 @@ def _plain_text() -> str:
             f"&& !p.value.contains('{{{{') && !p.value.contains('}}}}') && size(p.value) <= {MAX_VALUE_CHARS}")
 
 
-def _value_rules() -> str:
-    """CEL over ``p``: a chain choosing the rule of ``p.name`` (undeclared names: false)."""
+def _re2_literal(text: str) -> str:
+    """``text`` as an RE2 pattern matching exactly it (letters and digits as they are, ASCII
+    punctuation escaped, anything else as ``\\x{hex}``)."""
+    out = []
+    for c in text:
+        if c.isascii() and (c.isalnum() or c in "-_"):
+            out.append(c)
+        elif c.isascii() and 0x21 <= ord(c) <= 0x7e:
+            out.append("\\" + c)
+        else:
+            out.append(f"\\x{{{ord(c):x}}}")
+    return "".join(out)
+
+
+def _bound_text(kind: str, bound: float) -> str:
+    """A bound as the text CEL's ``int()``/``double()`` read. Integer bounds as the validate step
+    holds them (``int()`` of the spec's), clamped to +-10^18: values have at most 18 digits, so
+    that refuses and admits exactly the same values while never overflowing CEL's int."""
+    if kind == "integer":
+        return str(max(-_INT_BOUND, min(_INT_BOUND, int(bound))))
+    return repr(float(bound))
+
+
+def parameter_rules_data(template: str, specs: Any) -> dict[str, str]:
+    """The keys of ``template``'s own parameters (``specs``: :class:`~pipectl.components.pipeline_parameters.ParameterSpec`)
+    in :data:`PARAMETER_RULES_CONFIGMAP`: ``<template>.<parameter>.kind`` (integer, decimal, boolean,
+    text, choice) and, as the kind has them, ``.ge``/``.gt``/``.le``/``.lt`` (numbers), ``.max_length``
+    and ``.pattern`` (text; choices as a pattern of the choices). A pattern is the RE2 expression
+    CEL's ``matches`` is given, anchored as ``^(?:...)$`` (the whole value, as the validate step
+    reads it). Empty for no specs. ValueError for a key Kubernetes would refuse."""
+    data: dict[str, str] = {}
+    for spec in specs:
+        key = f"{template}.{spec.name}."
+        data[key + "kind"] = spec.kind
+        if spec.kind in ("integer", "decimal"):
+            for attr in ("ge", "gt", "le", "lt"):
+                if (bound := getattr(spec, attr)) is not None:
+                    data[key + attr] = _bound_text(spec.kind, bound)
+        elif spec.kind == "text":
+            data[key + "max_length"] = str(spec.max_length)
+            if spec.pattern is not None:
+                data[key + "pattern"] = f"^(?:{spec.pattern})$"
+        elif spec.kind == "choice":
+            data[key + "pattern"] = "^(?:" + "|".join(_re2_literal(c) for c in spec.choices) + ")$"
+    for k in data:
+        if len(k) > 253 or not re.fullmatch(r"[-._a-zA-Z0-9]+", k):
+            raise ValueError(f"ConfigMap key {k!r}: template and parameter names make keys of at most 253 "
+                             "characters of -._a-zA-Z0-9")
+    return data
+
+
+def parameter_rules_configmap(namespace: str, data: dict[str, str] | None = None, *, labels: bool = True) -> dict:
+    """:data:`PARAMETER_RULES_CONFIGMAP` in ``namespace`` with ``data`` (no ``data`` field when None:
+    what pipectl's namespace starts with, and what one template's server-side apply of no keys sends)."""
+    meta: dict[str, Any] = {"name": PARAMETER_RULES_CONFIGMAP, "namespace": namespace}
+    if labels:
+        meta["labels"] = dict(PART_OF)
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, **({"data": data} if data is not None else {})}
+
+
+def rules_field_manager(template: str) -> str:
+    """The server-side apply field manager owning ``template``'s keys (at most 128 characters)."""
+    return (RULES_MANAGER_PREFIX + template)[:128]
+
+
+def _rule_key(attr: str) -> str:
+    return f"(variables.rulePrefix + p.name + {_cel('.' + attr)})"
+
+
+def _own_rule() -> str:
+    """CEL over ``p``: true when ``p`` is a parameter the referenced template declares in the
+    namespace's :data:`PARAMETER_RULES_CONFIGMAP` and its value is one that rule accepts. Numbers as
+    pipectl's own (one spelling, bounds); text without quotes or backslashes, within its length,
+    matching its pattern; choices by their pattern."""
+    def has(attr: str) -> str:
+        return f"{_rule_key(attr)} in variables.rules"
+
+    def get(attr: str) -> str:
+        return f"variables.rules[{_rule_key(attr)}]"
+
+    ops = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+
+    def bounds(conv: str) -> str:
+        return " && ".join(f"(!({has(a)}) || {conv}(p.value) {op} {conv}({get(a)}))" for a, op in ops.items())
+
+    unsafe = _cel(r"[\x27\x22\x5c]")  # RE2 escapes of ' " and backslash
+    kinds = [
+        ("integer", f"{_INT_RULE} && {bounds('int')}"),
+        ("decimal", f"{_DECIMAL_RULE} && {bounds('double')}"),
+        ("boolean", "p.value in ['true', 'false']"),
+        ("choice", f"{has('pattern')} && p.value.matches({get('pattern')})"),
+        ("text", f"!p.value.matches({unsafe}) && (!({has('max_length')}) || size(p.value) <= int({get('max_length')})) "
+                 f"&& (!({has('pattern')}) || p.value.matches({get('pattern')}))"),
+    ]
     chain = "false"
+    for kind, rule in reversed(kinds):
+        chain = f"{get('kind')} == {_cel(kind)} ? ({rule}) : {chain}"
+    return f"{_own_declared()} && ({chain})"
+
+
+def _own_declared() -> str:
+    """CEL over ``p``: the referenced template declares ``p.name`` in the namespace's rules."""
+    return f"p.name.matches({_cel(_OWN_NAME)}) && {_rule_key('kind')} in variables.rules"
+
+
+def _value_rules() -> str:
+    """CEL over ``p``: a chain choosing the rule of ``p.name``: pipectl's own parameters, else
+    the referenced template's own (:func:`_own_rule`; undeclared names: false)."""
+    chain = _own_rule()
     for name, field in reversed(TrainingParameters.model_fields.items()):
         chain = f"p.name == {_cel(kebab(name))} ? ({parameter_rule(name, field)}) : {chain}"
     return chain
@@ -147,14 +278,16 @@ def submission_policy(namespace_label: str = SUBMISSION_LABEL, exempt_users: tup
         {"expression": "variables.params.all(p, !has(p.valueFrom) && !has(p.globalName) && !has(p.enum) && !has(p.description))",
          "message": "an argument is a name and a value only (no valueFrom, globalName, enum or description)",
          "reason": "Forbidden"},
-        {"expression": f"variables.params.all(p, p.name in {declared})",
-         "messageExpression": f"'undeclared arguments: ' + variables.params.filter(p, !(p.name in {declared})).map(p, p.name).join(', ')",
+        {"expression": f"variables.params.all(p, p.name in {declared} || ({_own_declared()}))",
+         "messageExpression": f"'undeclared arguments: ' + variables.params.filter(p, !(p.name in {declared} || ({_own_declared()})))"
+                              ".map(p, p.name).join(', ') + ' (not pipectl\\'s, nor declared by template ' + variables.template "
+                              f"+ ' in ConfigMap {PARAMETER_RULES_CONFIGMAP}: pipectl templates apply writes them)'",
          "reason": "Invalid"},
         {"expression": "size(variables.refused) == 0",
          "messageExpression": "'arguments refused: ' + variables.refused.join(', ') + ' (integers as digits with no sign or "
                               "leading zero, decimals as digits with an optional fraction, booleans as true or false, "
-                              "within the bounds pipectl submit --help lists; no control characters, surrounding "
-                              "whitespace or {{ }})'",
+                              "within the bounds pipectl submit --help lists; text without quotes or backslashes, "
+                              "as its pattern and length allow; no control characters, surrounding whitespace or {{ }})'",
          "reason": "Invalid"},
         {"expression": f"!(variables.labels.exists(k, k == {_cel(MODEL_PREFIX_LABEL)})) "
                        f"|| variables.modelName.startsWith(variables.labels[{_cel(MODEL_PREFIX_LABEL)}] + '-')",
@@ -171,6 +304,7 @@ def submission_policy(namespace_label: str = SUBMISSION_LABEL, exempt_users: tup
         "metadata": {"name": "pipectl-submission", "labels": dict(PART_OF)},
         "spec": {
             "failurePolicy": "Fail",
+            "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
             "matchConstraints": {"resourceRules": [{
                 "apiGroups": ["argoproj.io"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
                 "resources": ["workflows", "cronworkflows"]}]},
@@ -182,6 +316,10 @@ def submission_policy(namespace_label: str = SUBMISSION_LABEL, exempt_users: tup
             "variables": [
                 {"name": "spec", "expression": "request.kind.kind == 'CronWorkflow' ? object.spec.workflowSpec : object.spec"},
                 {"name": "params", "expression": params},
+                {"name": "template", "expression": f"has({spec}.workflowTemplateRef) && has({spec}.workflowTemplateRef.name) "
+                                                   f"? {spec}.workflowTemplateRef.name : ''"},
+                {"name": "rulePrefix", "expression": "variables.template + '.'"},
+                {"name": "rules", "expression": "params != null && has(params.data) ? params.data : {}"},
                 {"name": "refused", "expression": "variables.params.filter(p, has(p.value) && !((" + _plain_text() + ") && ("
                                                   + _value_rules() + "))).map(p, p.name)"},
                 {"name": "lane", "expression": "variables.params.exists(p, p.name == 'lane' && has(p.value)) ? "
@@ -198,6 +336,8 @@ def submission_policy(namespace_label: str = SUBMISSION_LABEL, exempt_users: tup
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
         "metadata": {"name": "pipectl-submission", "labels": dict(PART_OF)},
         "spec": {"policyName": "pipectl-submission", "validationActions": ["Deny"],
+                 # no namespace: the ConfigMap of the submitted object's own namespace
+                 "paramRef": {"name": PARAMETER_RULES_CONFIGMAP, "parameterNotFoundAction": "Deny"},
                  "matchResources": {"namespaceSelector": {"matchLabels": {namespace_label: "enforce"}}}},
     }
     return [policy, binding]

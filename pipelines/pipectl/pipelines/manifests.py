@@ -15,7 +15,13 @@ from hera.workflows.models import Metadata, WorkflowTemplateRef
 
 from pipectl.components.train.telemetry import STARVED_SHARE
 from pipectl.components.names import PART_OF, SEMAPHORE_CONFIGMAP, STEP_LABEL, STORE_CONFIGMAP, STORE_SECRET, TEMPLATE_NAME
-from pipectl.pipelines.admission import SUBMISSION_LABEL, admission_policies, preempting_lane_labels, submitter_role
+from pipectl.pipelines.admission import (
+    SUBMISSION_LABEL,
+    admission_policies,
+    parameter_rules_configmap,
+    preempting_lane_labels,
+    submitter_role,
+)
 from pipectl.pipelines.autoscaling import buffer_node_pool, node_pools
 from pipectl.pipelines.launchers import LAUNCHERS
 from pipectl.pipelines.policy import LANES, exported
@@ -191,8 +197,9 @@ def volcano_scheduler_config() -> list[dict]:
 
 
 def config_maps(cfg: CompileConfig) -> list[dict]:
-    """Semaphore sizes per lane, store settings for steps, and the Argo artifact repository on
-    Ceph RGW (credentials only as Secret references). ``archiveLogs``: every step pod's main log is
+    """Semaphore sizes per lane, store settings for steps, the Argo artifact repository on
+    Ceph RGW (credentials only as Secret references), and the (empty) rules of the templates' own
+    parameters the submission policy reads (``pipectl templates apply`` adds each template's keys). ``archiveLogs``: every step pod's main log is
     saved to ``s3://pipectl-artifacts/<workflow>/<pod>/main.log`` by argoexec's wait container, so
     logs outlive pod GC (the Argo UI and `pipectl logs` read pods while they exist)."""
     artifact_repo = {
@@ -216,6 +223,7 @@ def config_maps(cfg: CompileConfig) -> list[dict]:
         {"apiVersion": "v1", "kind": "ConfigMap",
          "metadata": _meta("artifact-repositories", cfg, annotations={"workflows.argoproj.io/default-artifact-repository": "ceph-rgw"}),
          "data": {"ceph-rgw": yaml.safe_dump(artifact_repo, sort_keys=True)}},
+        parameter_rules_configmap(cfg.namespace),
     ]
 
 

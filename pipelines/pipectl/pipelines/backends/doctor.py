@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pipectl.components.names import STORE_CONFIGMAP, STORE_SECRET
+from pipectl.pipelines.admission import PARAMETER_RULES_CONFIGMAP
 
 MIN_KUBERNETES = (1, 30)
 """ValidatingAdmissionPolicy (``argo/cluster/admission/``) is GA from Kubernetes 1.30."""
@@ -112,6 +113,8 @@ class Doctor:
         rows = []
         for kind, (top, present, missing) in by_kind.items():
             fix = ("pipectl templates apply" if kind == "WorkflowTemplate" else ADMIN_APPLY if top == "cluster" else OWNER_APPLY)
+            if PARAMETER_RULES_CONFIGMAP in missing:  # without it the submission policy refuses every run here
+                fix += f" (or pipectl templates apply, which creates {PARAMETER_RULES_CONFIGMAP})"
             rows.append(Row(kind, "fail" if missing else "ok",
                             f"missing: {', '.join(missing)}" if missing else ", ".join(present), fix if missing else ""))
         return rows

@@ -83,6 +83,25 @@ def pod_step(pod: Any) -> str:
     return node.rsplit(".", 1)[-1].split("(", 1)[0] if node else ""
 
 
+def _message(e: Any) -> str:
+    """The API server's message of an ApiException (its Status), else its body."""
+    import json
+
+    try:
+        return str(json.loads(e.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(e.body or e.reason)
+
+
+def _admission_hint(detail: str) -> str:
+    from pipectl.pipelines.admission import PARAMETER_RULES_CONFIGMAP
+
+    if "no params found" in detail:
+        return (f"the namespace has no ConfigMap {PARAMETER_RULES_CONFIGMAP} (the rules of its templates' own parameters): "
+                "its owner runs `pipectl templates apply` (or applies argo/namespace)")
+    return "pass only the template's declared arguments, in the spelling `pipectl submit PIPELINE --help` lists"
+
+
 class ArgoCluster:
     """Kubernetes API access for Argo objects in one namespace."""
 
@@ -118,6 +137,8 @@ class ArgoCluster:
             if e.status == 404 and missing_ok:
                 return None
             detail = (e.body or "")[:500] if isinstance(e.body, str) else str(e.reason)
+            if e.status in (403, 422) and "denied request" in detail:  # an admission policy, not RBAC
+                raise ValidationFailed(f"{what}: refused by the cluster's admission policy: {_message(e)}", _admission_hint(detail)) from e
             if e.status in (401, 403):
                 raise Unreachable(f"{what}: the API server {self.host} refused us ({e.status} {e.reason})", "check your kubeconfig credentials and RBAC") from e
             if e.status in (400, 422):
@@ -139,6 +160,27 @@ class ArgoCluster:
             return self._call(f"create {obj['kind']} {name}", self.api.create_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, obj)
         body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
         return self._call(f"replace {obj['kind']} {name}", self.api.replace_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, name, body)
+
+    def apply_parameter_rules(self, template: str, data: dict[str, str]) -> None:
+        """Write ``template``'s keys of the namespace's parameter-rules ConfigMap
+        (:func:`~pipectl.pipelines.admission.parameter_rules_data`): a server-side apply under the
+        template's own field manager, so other templates' keys stay and keys this template no longer
+        has are removed; an empty ``data`` removes all of its keys. Creates the ConfigMap if missing."""
+        from pipectl.pipelines.admission import PARAMETER_RULES_CONFIGMAP, parameter_rules_configmap, rules_field_manager
+
+        body = parameter_rules_configmap(self.namespace, data or None, labels=False)
+        self._call(f"apply {template}'s keys of ConfigMap {PARAMETER_RULES_CONFIGMAP}", self.core.patch_namespaced_config_map,
+                   PARAMETER_RULES_CONFIGMAP, self.namespace, body, field_manager=rules_field_manager(template), force=True,
+                   _content_type="application/apply-patch+yaml")
+
+    def remove_parameter_rules(self, template: str) -> None:
+        """Remove ``template``'s keys from the namespace's parameter-rules ConfigMap (nothing when
+        it does not exist)."""
+        from pipectl.pipelines.admission import PARAMETER_RULES_CONFIGMAP
+
+        if self._call(f"get ConfigMap {PARAMETER_RULES_CONFIGMAP}", self.core.read_namespaced_config_map, PARAMETER_RULES_CONFIGMAP,
+                      self.namespace, missing_ok=True) is not None:
+            self.apply_parameter_rules(template, {})
 
     def release_gangs(self, workflow: str, *, failed_only: bool = False, timeout_s: float = 120) -> list[str]:
         """Delete the gang jobs (every launcher's kind) of ``workflow`` and wait until they are gone
