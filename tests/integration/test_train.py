@@ -426,6 +426,42 @@ def test_gang_preflight_fails_a_gang_with_a_slow_link_as_the_infrastructures(tmp
     assert socket.gethostname() in line
 
 
+USER_SCRIPT = """
+import os, pathlib, sys, torch.distributed as dist
+dist.init_process_group("gloo")
+pathlib.Path(sys.argv[1], f"ran-{dist.get_rank()}").write_text(" ".join(sys.argv[1:]))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("case", ["healthy", "healthy-module", "slow-link", "slow-link-preflight-off"])
+def test_the_users_own_torchrun_code_runs_after_the_gang_preflight(tmp_path, case):
+    """Torchrun code with no pipectl import (``train(script=...)``, ``train(module=...)``): each
+    process times the gang's ring first, then runs the user's target with its own arguments; a
+    slow link ends the attempt with 75 before the user's code ever started; ``gang-preflight=false``
+    skips it."""
+    (tmp_path / "usertrain.py").write_text(USER_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PIPECTL_TRAIN_GANG_PREFLIGHT": "false" if case.endswith("off") else "true",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    if case.startswith("slow-link"):
+        env.update({"PIPECTL_PREFLIGHT_DELAY_RANK": "1", "PIPECTL_PREFLIGHT_DELAY_S": "0.5"})
+    target = ["-m", "usertrain"] if case.endswith("module") else [str(tmp_path / "usertrain.py")]
+    r = subprocess.run([sys.executable, "-m", "pipectl.components.train.launch", "--standalone", "--nproc-per-node=4",
+                        *target, str(out), "--flag"], capture_output=True, text=True, timeout=300, env=env)
+    ran = sorted(p.name for p in out.iterdir())
+    if case == "slow-link":
+        assert r.returncode == 75 and ran == [], (r.returncode, ran, r.stderr[-3000:])
+        line = next(x for x in r.stderr.splitlines() if "gang preflight: a slow link" in x)
+        assert {int(n) for n in re.findall(r"rank (\d+) on node", line)} == {1, 2}, line
+        return
+    assert r.returncode == 0 and ran == [f"ran-{i}" for i in range(4)], (r.returncode, ran, r.stderr[-3000:])
+    assert (out / "ran-0").read_text() == f"{out} --flag"  # the user's own arguments, as torchrun gives them
+    assert ("gang preflight: 4 ranks" in r.stdout + r.stderr) == case.startswith("healthy"), r.stdout[-2000:] + r.stderr[-2000:]
+
+
 LISTENING_PROBE = """
 import os, torch.distributed as dist, psutil
 dist.init_process_group("gloo")

@@ -417,3 +417,24 @@ def test_only_steps_that_use_the_store_get_its_credentials(wt):
     assert with_secret == {"stage", "warm", "preprocess", "evaluate", "register"}, with_secret
     containers = {t["name"] for t in wt["spec"]["templates"] if "container" in t}
     assert {"validate", "gang-release"} <= containers - with_secret
+
+
+def test_the_gang_preflight_goes_in_front_of_the_users_own_torchrun_code(monkeypatch):
+    """The launcher's torchrun arguments for a user's target: the same gang and port, the target
+    run by the preflight module in each process after the ring is timed; unchanged for pipectl's
+    own train function (it times the gang itself), fewer than 3 processes, or gang-preflight off."""
+    from pipectl.components.train.launch import with_preflight
+
+    monkeypatch.setenv("PIPECTL_TRAIN_GANG_PREFLIGHT", "true")
+    gang = ["--nnodes=2", "--node-rank=1", "--nproc-per-node=2", "--master-addr=10.0.0.5", "--master-port=29500"]
+    pre = ["-m", "pipectl.components.train.preflight"]
+    assert with_preflight([*gang, "-m", "mypkg.train", "--lr", "0.1"]) == [*gang, *pre, "-m", "mypkg.train", "--lr", "0.1"]
+    assert with_preflight([*gang, "--module", "mypkg.train"]) == [*gang, *pre, "-m", "mypkg.train"]
+    assert with_preflight(["--master-port", "29500", "--nnodes", "3", "train.py", "-x"]) == [
+        "--master-port", "29500", "--nnodes", "3", *pre, "train.py", "-x"]
+    assert with_preflight(["--standalone", "--nproc-per-node=4", "train.py"]) == ["--standalone", "--nproc-per-node=4", *pre, "train.py"]
+    own = [*gang, "-m", "pipectl.components.train", "--epochs", "1"]
+    assert with_preflight(own) == own
+    assert with_preflight(["--nnodes=1", "--nproc-per-node=2", "train.py"]) == ["--nnodes=1", "--nproc-per-node=2", "train.py"]
+    monkeypatch.setenv("PIPECTL_TRAIN_GANG_PREFLIGHT", "false")
+    assert with_preflight([*gang, "train.py"]) == [*gang, "train.py"]

@@ -94,6 +94,49 @@ def _loopback_store(argv: list[str]) -> tuple[Any, socket.socket] | None:
     return store, sock
 
 
+OWN_TARGET = "pipectl.components.train"
+"""torchrun's target when pipectl's train function runs (it times the gang itself: preflight.check_gang)."""
+PREFLIGHT_TARGET = "pipectl.components.train.preflight"
+PREFLIGHT_ENV = "PIPECTL_TRAIN_GANG_PREFLIGHT"
+"""The run's ``gang-preflight`` parameter, in the gang's environment (``true``/``false``)."""
+
+
+_TORCHRUN_FLAGS = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path"}
+"""torchrun's options that take no value (every other one does: ``--opt=value`` or ``--opt value``)."""
+
+
+def _target_at(argv: list[str]) -> int:
+    """Index in ``argv`` of torchrun's target: ``-m`` (a module), else the first argument that is
+    no option nor an option's value (the script); len(argv) when there is none."""
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("-m", "--module") or not a.startswith("-"):
+            return i
+        i += 1 if "=" in a or a in _TORCHRUN_FLAGS else 2
+    return len(argv)
+
+
+def with_preflight(argv: list[str]) -> list[str]:
+    """torchrun's arguments with the gang preflight in front of the user's own training code
+    (``train(module=...)``/``script``, which pipectl does not run in-process): the target becomes
+    ``-m pipectl.components.train.preflight <the user's target and arguments>``; each process times
+    the ring, then runs the user's target in the same process (no second torchrun, no other port).
+    Unchanged when the run turned it off, with fewer than 3 processes, or for pipectl's own train
+    function (it checks the gang itself)."""
+    at = _target_at(argv)
+    if os.environ.get(PREFLIGHT_ENV, "true") != "true" or at >= len(argv):
+        return argv
+    target = argv[at:]
+    if target[0] in ("-m", "--module") and (len(target) < 2 or target[1] in (OWN_TARGET, PREFLIGHT_TARGET)):
+        return argv
+    known = _torchrun_args(argv)
+    nnodes, nproc = str(known.nnodes).split(":")[-1], str(known.nproc_per_node)
+    if not (nnodes.isdigit() and nproc.isdigit()) or int(nnodes) * int(nproc) < 3:
+        return argv
+    return [*argv[:at], "-m", PREFLIGHT_TARGET, *("-m" if a == "--module" else a for a in target[:1]), *target[1:]]
+
+
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -101,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import main as torchrun_main
 
-    argv = sys.argv[1:] if argv is None else argv
+    argv = with_preflight(sys.argv[1:] if argv is None else argv)
     publishes = os.environ.get(PUBLISH_ONNX_ENV) == "1" and _torchrun_args(argv).node_rank == 0
     if publishes:  # an earlier attempt's file is not this attempt's model
         publish.model_path().unlink(missing_ok=True)

@@ -116,3 +116,51 @@ def check_gang() -> list[RankTime]:
         log.info("gang preflight: %d ranks, ring %.1f ms median, %.1f ms slowest", len(times), median * 1000,
                  max(t.seconds for t in times) * 1000)
     return times
+
+
+def main(argv: list[str]) -> int:
+    """``python -m pipectl.components.train.preflight TARGET...`` in each process of a gang that
+    runs the user's own torchrun code (the launcher puts it in front: launch.with_preflight): the
+    ring timed in a process group of its own, torn down, then the user's target — ``-m MODULE
+    ARGS`` or ``SCRIPT ARGS`` — run in this same process as ``__main__`` with its own ``sys.argv``,
+    as torchrun would have run it. A slow link: exit 75 (the infrastructure's) before the user's
+    code started."""
+    import runpy
+    import sys
+
+    if not argv or (argv[0] == "-m" and len(argv) < 2):
+        print("usage: python -m pipectl.components.train.preflight (-m MODULE | SCRIPT) [ARGS...]", file=sys.stderr)
+        return 1
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    gpu = torch.cuda.is_available()
+    if gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    # the gang's own store (torchrun's, at MASTER_ADDR:MASTER_PORT) under a prefix of its own: the
+    # user's init_process_group after this one then meets no key this group left behind (with the
+    # same keys, a second default group in one process waits forever on the first one's barrier)
+    import datetime
+
+    store = dist.PrefixStore("pipectl-preflight/", dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=datetime.timedelta(minutes=5)))
+    dist.init_process_group("nccl" if gpu else "gloo", store=store, rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]))
+    try:
+        check_gang()
+    except StepError as e:
+        print(f"error: {e.headline}\nhint: {e.hint}", file=sys.stderr, flush=True)
+        return 75
+    dist.barrier()
+    dist.destroy_process_group()
+    if argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(argv)
+        runpy.run_path(argv[0], run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys as _sys
+
+    raise SystemExit(main(_sys.argv[1:]))
