@@ -38,6 +38,7 @@ K8S_KINDS = [
     ("api__v1_openapi.json", "v1", "ConfigMap", "io.k8s.api.core.v1.ConfigMap"),
     ("api__v1_openapi.json", "v1", "Secret", "io.k8s.api.core.v1.Secret"),
     ("api__v1_openapi.json", "v1", "ResourceQuota", "io.k8s.api.core.v1.ResourceQuota"),
+    ("api__v1_openapi.json", "v1", "LimitRange", "io.k8s.api.core.v1.LimitRange"),
     ("api__v1_openapi.json", "v1", "Pod", "io.k8s.api.core.v1.Pod"),
     ("apis__rbac.authorization.k8s.io__v1_openapi.json", "rbac.authorization.k8s.io/v1", "Role", "io.k8s.api.rbac.v1.Role"),
     ("apis__rbac.authorization.k8s.io__v1_openapi.json", "rbac.authorization.k8s.io/v1", "RoleBinding", "io.k8s.api.rbac.v1.RoleBinding"),

@@ -500,3 +500,27 @@ def test_a_namespace_without_the_rules_configmap_refuses_submissions(test_cluste
         test_cluster.wait_for("admitted once the ConfigMap exists", lambda: refusal() is None or None)
     finally:
         core.delete_namespace(other)
+
+
+def test_a_namespace_holds_its_gpu_share_and_no_pod_of_it_is_best_effort(k8s_api):
+    """Beside other teams: all pods of the namespace together, every lane, request at most its GPU
+    quota; a container that requests nothing gets the steps' requests (no BestEffort pod)."""
+    from kubernetes import client
+
+    from pipectl.pipelines.manifests import cpu_quantity, memory_quantity
+    from pipectl.pipelines.training import CompileConfig
+
+    core = client.CoreV1Api(k8s_api)
+    cfg = CompileConfig()
+    hard = core.read_namespaced_resource_quota("pipectl-namespace-gpus", NS).spec.hard
+    assert hard == {"requests.nvidia.com/gpu": str(cfg.namespace_max_gpus)}
+    with pytest.raises(client.ApiException) as exceeded:
+        core.create_namespaced_pod(NS, _small_pod("too-many", "pipectl-batch", gpus=cfg.namespace_max_gpus + 1), dry_run="All")
+    assert exceeded.value.status == 403 and "exceeded quota: pipectl-namespace-gpus" in exceeded.value.body
+    bare = _small_pod("bare", "pipectl-batch")
+    del bare["spec"]["containers"][0]["resources"]
+    created = core.create_namespaced_pod(NS, bare, dry_run="All")
+    assert created.spec.containers[0].resources.requests == {"cpu": "250m", "memory": "1Gi"} == {
+        "cpu": cpu_quantity(cfg.step_cpu), "memory": memory_quantity(cfg.step_memory_gib)}
+    assert not created.spec.containers[0].resources.limits  # no default limit: steps may burst
+    assert created.status.qos_class == "Burstable"

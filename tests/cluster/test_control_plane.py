@@ -143,9 +143,13 @@ def test_project_manifests_accepted(project_applied, test_cluster, k8s_api):
         assert got.metadata.uid == obj["metadata"]["uid"]
     # Applying again changes nothing (idempotent, as `kubectl apply --server-side` is).
     again = test_cluster.apply([d for _, d in docs], field_manager="pipectl-tests")
-    # (controllers write status, e.g. Volcano's queue state, the quota controller's usage: compare
-    # spec generations where the kind has them, else the spec, else resource versions)
+    # (controllers write status, e.g. Volcano's queue state, the quota controller's usage, and the
+    # token controller fills a ServiceAccount's token Secret whenever it gets to it: compare spec
+    # generations where the kind has them, else the spec, else what the manifest sets of a token
+    # Secret, else resource versions)
     def version(o):
+        if o.get("type") == "kubernetes.io/service-account-token":
+            return json.dumps([o["type"], o["metadata"]["annotations"]["kubernetes.io/service-account.name"]])
         return o["metadata"].get("generation") or (json.dumps(o["spec"], sort_keys=True) if "spec" in o else o["metadata"]["resourceVersion"])
 
     assert [version(o) for o in again] == [version(o) for o in applied]

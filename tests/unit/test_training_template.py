@@ -1,5 +1,7 @@
 """The compiled training WorkflowTemplate: structure, parameters, gang manifest (C03, C04, C06)."""
 
+import json
+
 import pytest
 import yaml
 
@@ -438,3 +440,18 @@ def test_the_gang_preflight_goes_in_front_of_the_users_own_torchrun_code(monkeyp
     assert with_preflight(["--nnodes=1", "--nproc-per-node=2", "train.py"]) == ["--nnodes=1", "--nproc-per-node=2", "train.py"]
     monkeypatch.setenv("PIPECTL_TRAIN_GANG_PREFLIGHT", "false")
     assert with_preflight([*gang, "train.py"]) == [*gang, "train.py"]
+
+
+def test_every_pod_writes_to_disk_within_a_size_limit(wt):
+    """Every emptyDir of the compiled template (the steps' /tmp, the gang's /tmp and /dev/shm) has a
+    sizeLimit: a step that writes more is evicted, the node's other tenants keep their disk."""
+    import re
+
+    from pipectl.pipelines.training import CompileConfig
+
+    text = json.dumps(wt)
+    dirs = re.findall(r'\\?"emptyDir\\?": (\{[^}]*\})', text)
+    assert dirs and all("sizeLimit" in d for d in dirs), dirs
+    assert f'"sizeLimit": "{CompileConfig().step_tmp_gib}Gi"' in text
+    manifest = next(t for t in wt["spec"]["templates"] if t["name"] == "train")["resource"]["manifest"]
+    assert manifest.count("sizeLimit") >= 2  # /dev/shm and /tmp of the gang's pods

@@ -47,7 +47,31 @@ def namespace(cfg: CompileConfig) -> list[dict]:
     admin: a namespace owner must not relax any of them)."""
     labels = {**PART_OF, **POD_SECURITY_LABELS, SUBMISSION_LABEL: "enforce", **preempting_lane_labels()}
     return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cfg.namespace, "labels": labels}},
-            *preempting_lane_quota(cfg)]
+            *preempting_lane_quota(cfg), *namespace_limits(cfg)]
+
+
+def cpu_quantity(cores: float) -> str:
+    """``cores`` as the API server writes it back (``1``, ``250m``): a re-apply then changes nothing."""
+    return str(int(cores)) if float(cores).is_integer() else f"{round(cores * 1000)}m"
+
+
+def memory_quantity(gib: float) -> str:
+    """``gib`` as the API server writes it back (``1Gi``, ``1536Mi``)."""
+    return f"{int(gib)}Gi" if float(gib).is_integer() else f"{round(gib * 1024)}Mi"
+
+
+def namespace_limits(cfg: CompileConfig) -> list[dict]:
+    """What the namespace may hold beside other teams, whatever its pods ask for: a ResourceQuota
+    on the GPUs of all its pods together (every lane), and a LimitRange giving a container that
+    requests nothing the steps' requests (so no pod of the namespace is BestEffort, the kubelet's
+    first eviction victims: C07). No default limits: steps may burst, as they are compiled."""
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": _meta("pipectl-namespace-gpus", cfg),
+             "spec": {"hard": {"requests.nvidia.com/gpu": str(cfg.namespace_max_gpus)}}}
+    limits = {"apiVersion": "v1", "kind": "LimitRange", "metadata": _meta("pipectl-defaults", cfg),
+              "spec": {"limits": [{"type": "Container",
+                                   "defaultRequest": {"cpu": cpu_quantity(cfg.step_cpu),
+                                                      "memory": memory_quantity(cfg.step_memory_gib)}}]}}
+    return [quota, limits]
 
 
 def preempting_lanes() -> list[str]:

@@ -19,8 +19,13 @@ POD_SECURITY_LABELS = {
 }
 """Namespace labels: the API server's built-in PodSecurity admission refuses any other pod."""
 
-TMP_VOLUME = {"name": "tmp", "emptyDir": {}}
-"""Writable /tmp (outputs, temporary files) for containers whose root file system is read-only."""
+TMP_VOLUME_NAME = "tmp"
+
+
+def tmp_volume(size_gib: int) -> dict:
+    """Writable /tmp (outputs, temporary files) for containers whose root file system is read-only,
+    at most ``size_gib`` GiB of the node's disk (beyond it the kubelet evicts the pod)."""
+    return {"name": TMP_VOLUME_NAME, "emptyDir": {"sizeLimit": f"{size_gib}Gi"}}
 
 
 def restricted_pod_security_context() -> dict:
@@ -33,7 +38,7 @@ def restricted_pod_security_context() -> dict:
 def restricted_container_security_context(read_only_root: bool = True) -> dict:
     """Container-level fields of "restricted" (they cannot be set for the whole pod); the root file
     system read-only unless ``read_only_root`` is False (Argo's init/wait containers: argo-workflows
-    #10787), with TMP_VOLUME mounted at /tmp where it is."""
+    #10787), with tmp_volume() mounted at /tmp where it is."""
     sc = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
           "seccompProfile": {"type": "RuntimeDefault"}}
     if read_only_root:

@@ -87,7 +87,7 @@ from pipectl.pipelines.launchers import DEFAULT_LAUNCHER, LAUNCHERS, GangConfig
 from pipectl.pipelines.launchers.base import TRAIN_STEP_INPUTS
 from pipectl.pipelines.autoscaling import DO_NOT_DISRUPT, AutoscalingConfig
 from pipectl.pipelines.policy import RetryPolicy, lane_toleration_for, step_metrics, training_metrics
-from pipectl.pipelines.security import TMP_VOLUME, restricted_container_security_context, restricted_pod_security_context
+from pipectl.pipelines.security import TMP_VOLUME_NAME, restricted_container_security_context, tmp_volume, restricted_pod_security_context
 
 
 REGISTER_MUTEX = "pipectl-register-{{inputs.parameters.model-name}}"
@@ -123,6 +123,11 @@ class CompileConfig(BaseModel):
     step_memory_gib: float = Field(1, gt=0, le=1024, description="Memory each step pod requests in GiB (no limit).")
     preempting_max_pods: int = Field(32, ge=0, description="Pods this namespace may run in preempting lanes (urgent): its ResourceQuota.")
     preempting_max_gpus: int = Field(16, ge=0, description="GPUs those pods may request in all.")
+    namespace_max_gpus: int = Field(64, ge=0, description="GPUs all pods of this namespace may request together, "
+                                    "every lane (its ResourceQuota): a team's share of the cluster.")
+    step_tmp_gib: int = Field(20, ge=1, le=4096, description="Size limit of the writable /tmp of every step and gang "
+                              "pod (an emptyDir on the node's disk): a step that writes more is evicted, not the "
+                              "node's other pods.")
     launcher: str = Field(DEFAULT_LAUNCHER, description=f"Gang job kind the train step creates: one of {', '.join(LAUNCHERS)}.")
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Retries by failure class; backoff from scale_up_s.")
     autoscaling: AutoscalingConfig = Field(default_factory=AutoscalingConfig,
@@ -166,7 +171,7 @@ class CompileConfig(BaseModel):
     def gang(self, entry: tuple[str, ...] = (), image: str | None = None, function: str = "",
              exports_onnx: bool = False) -> GangConfig:
         """The gang's pods; ``entry``/``function``/``image``: the user's training code and image (:class:`GangConfig`)."""
-        return GangConfig(image=image or self.train_image, service_account=self.training_service_account, shm_gib=self.shm_gib,
+        return GangConfig(image=image or self.train_image, service_account=self.training_service_account, shm_gib=self.shm_gib, tmp_gib=self.step_tmp_gib,
                           max_restarts=self.retry.infra_limit, retry_oom=self.retry.retry_oom, entry=entry,
                           function=function, exports_onnx=exports_onnx,
                           parameters=tuple(p.name for p in self.pipeline_parameters))
@@ -210,8 +215,8 @@ def _step_pod_fields(cfg: CompileConfig, name: str) -> dict:
     retry policy, the attempt timeout, the lane's priority and toleration, the step's metrics."""
     return dict(
         security_context=SecurityContext.model_validate(restricted_container_security_context()),
-        volume_mounts=[VolumeMount(name=TMP_VOLUME["name"], mount_path="/tmp")],
-        volumes=[Volume.model_validate(TMP_VOLUME)],
+        volume_mounts=[VolumeMount(name=TMP_VOLUME_NAME, mount_path="/tmp")],
+        volumes=[Volume.model_validate(tmp_volume(cfg.step_tmp_gib))],
         retry_strategy=cfg.retry.build(),
         timeout=f"{cfg.retry.attempt_timeout_s}s",
         priority_class_name=lane_object_name("{{workflow.parameters.lane}}"),

@@ -43,7 +43,7 @@ from pipectl.components.names import (
     lane_object_name,
 )
 from pipectl.pipelines.autoscaling import DO_NOT_DISRUPT, GPU_TOLERATION
-from pipectl.pipelines.security import TMP_VOLUME, restricted_container_security_context, restricted_pod_security_context
+from pipectl.pipelines.security import TMP_VOLUME_NAME, restricted_container_security_context, tmp_volume, restricted_pod_security_context
 
 MASTER_PORT = 29500
 NODE_NAME_FIELD = "spec.nodeName"
@@ -97,6 +97,8 @@ class GangConfig:
     service_account: str
     """ServiceAccount of the gang's pods (no Role; its token is not mounted)."""
     shm_gib: int
+    tmp_gib: int = 20
+    """Size limit of the pods' writable /tmp (:attr:`CompileConfig.step_tmp_gib`)."""
     max_restarts: int = 6
     """Whole-gang restarts for infrastructure failures: the retry policy's ``infra_limit`` (Volcano's
     ``maxRetry`` is one more: :func:`pipectl.pipelines.launchers.volcano.max_retry`)."""
@@ -204,10 +206,10 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
                         "limits": {"cpu": cpu, "memory": memory, "nvidia.com/gpu": as_int(param("gpus_per_worker"))},
                     },
                     "securityContext": restricted_container_security_context(),
-                    "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": TMP_VOLUME["name"], "mountPath": "/tmp"}],
+                    "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": TMP_VOLUME_NAME, "mountPath": "/tmp"}],
                 }
             ],
-            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{cfg.shm_gib}Gi"}}, dict(TMP_VOLUME)],
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{cfg.shm_gib}Gi"}}, tmp_volume(cfg.tmp_gib)],
         },
     }
 
