@@ -96,3 +96,58 @@ def test_a_checkpoint_that_is_not_plain_tensors_is_never_unpickled(s3, run_uri):
     with pytest.raises(StepError, match="cannot be loaded as tensors"):
         resume(s3, run_uri, *_model())
     assert not os.path.exists(marker)
+
+
+def test_a_checkpoint_larger_than_a_part_streams_in_parts_and_resumes(s3, run_uri):
+    """Never one buffer nor one PUT: with 5 MiB parts (S3's smallest), a ~25 MiB checkpoint is a
+    multipart object of several parts whose digest the pointer holds, and it resumes bit for bit."""
+    torch.manual_seed(1)
+    model = nn.Linear(1024, 2048)  # 8 MiB of weights; Adam's two moments make ~25 MiB
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 1024)).sum().backward()
+    opt.step()
+    uri = save_checkpoint(s3, run_uri, 7, model, opt, part_bytes=5 * 1024 * 1024)
+    bucket, key = parse_s3_uri(uri)
+    head = s3.head_object(Bucket=bucket, Key=key)
+    parts = int(head["ETag"].strip('"').rsplit("-", 1)[1])
+    assert parts == -(-head["ContentLength"] // (5 * 1024 * 1024)) >= 5, head
+    fresh = nn.Linear(1024, 2048)
+    fresh_opt = torch.optim.Adam(fresh.parameters())
+    assert resume(s3, run_uri, fresh, fresh_opt) == (7, uri)
+    assert torch.equal(fresh.weight, model.weight)
+    assert torch.equal(fresh_opt.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+
+
+def test_a_checkpoint_that_fails_midway_leaves_no_object_no_parts_and_the_pointer_as_it_was(s3, run_uri):
+    """The store refuses the third part (a 503 that outlived the client's retries, a full pool):
+    the upload is aborted, no object and no part stays, latest.json still names the last good one."""
+    model, opt = _model()
+    save_checkpoint(s3, run_uri, 20, model, opt)
+    before = latest_checkpoint(s3, run_uri)
+
+    class Failing:
+        def __init__(self, client) -> None:
+            self.client, self.sent = client, 0
+
+        def __getattr__(self, name):
+            return getattr(self.client, name)
+
+        def upload_part(self, **kwargs):
+            self.sent += 1
+            if self.sent == 3:
+                raise ConnectionError("the store went away")
+            return self.client.upload_part(**kwargs)
+
+    torch.manual_seed(2)
+    big = nn.Linear(1024, 4096)  # 16 MiB of weights, 48 MiB with Adam's moments
+    big_opt = torch.optim.Adam(big.parameters())
+    big(torch.randn(2, 1024)).sum().backward()
+    big_opt.step()
+    failing = Failing(s3)
+    with pytest.raises(ConnectionError):
+        save_checkpoint(failing, run_uri, 40, big, big_opt, part_bytes=5 * 1024 * 1024)
+    assert failing.sent == 3
+    bucket, key = parse_s3_uri(RunLayout(run_uri=run_uri).checkpoint_uri(40))
+    assert s3.list_objects_v2(Bucket=bucket, Prefix=key).get("KeyCount") == 0
+    assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    assert latest_checkpoint(s3, run_uri) == before

@@ -10,12 +10,23 @@ another team's file), the file must have the digest the pointer states (pointers
 the two other rules only), and it is loaded with
 ``weights_only=True`` (tensors and plain containers only; never code). A pointer or file that
 fails a check stops the step with what is wrong and how to start over, instead of training on.
+
+Any size: a checkpoint is never one buffer in memory nor one PUT (S3 takes at most 5 GiB in one;
+a 1B-parameter model with Adam's state is ~12 GB). ``torch.save`` writes its zip file
+sequentially into :class:`PartWriter`, which hashes the bytes as they come and sends each
+:data:`PART_BYTES` as a part of a multipart upload while the next one fills (aborted if anything
+fails: no object, no parts left behind); a small checkpoint is one PUT. A resume downloads the file
+in parallel ranges into the pod's /tmp (boto3's managed transfer; /tmp must hold one checkpoint:
+``step_tmp_gib``), checks its digest and loads it from there, so the file's bytes are never held
+in memory beside its tensors.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -40,16 +51,93 @@ def latest_checkpoint(s3: Any, run_uri: str) -> dict | None:
     return latest
 
 
-def save_checkpoint(s3: Any, run_uri: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
-    """Write the checkpoint of ``step``, then move ``latest.json`` to it. Returns its URI."""
+PART_BYTES = 64 * 1024 * 1024
+"""Size of each part of a checkpoint's upload (S3: 5 MiB to 5 GiB, at most 10,000 parts: 625 GiB)."""
+
+
+class PartWriter(io.RawIOBase):
+    """A write-only stream to ``s3://bucket/key``: the bytes hashed as written, every ``part_bytes``
+    sent as one part of a multipart upload (one part in flight while the next fills); at most one
+    PUT when everything fits in one part. :meth:`finish` completes it; :meth:`abort` drops it."""
+
+    def __init__(self, s3: Any, bucket: str, key: str, part_bytes: int = PART_BYTES) -> None:
+        super().__init__()
+        self.s3, self.bucket, self.key, self.part_bytes = s3, bucket, key, part_bytes
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+        self._buf = bytearray()
+        self._upload_id: str | None = None
+        self._parts: list[Future[dict]] = []
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-part")
+        self.error: BaseException | None = None
+        """The store's failure, kept: torch.save reports it as an error of its own zip writer."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.sha256.update(view)
+        self.size += len(view)
+        self._buf += view
+        while len(self._buf) >= self.part_bytes:
+            try:
+                self._send(bytes(self._buf[:self.part_bytes]))
+            except BaseException as e:
+                self.error = e
+                raise
+            del self._buf[:self.part_bytes]
+        return len(view)
+
+    def _send(self, body: bytes) -> None:
+        if self._upload_id is None:
+            self._upload_id = self.s3.create_multipart_upload(Bucket=self.bucket, Key=self.key)["UploadId"]
+        if self._parts:
+            self._parts[-1].result()  # one part in flight: memory is two parts at most
+        number = len(self._parts) + 1
+        self._parts.append(self._pool.submit(
+            lambda: {"PartNumber": number, "ETag": self.s3.upload_part(
+                Bucket=self.bucket, Key=self.key, UploadId=self._upload_id, PartNumber=number, Body=body)["ETag"]}))
+
+    def finish(self) -> str:
+        """Complete the upload; the file's sha256."""
+        try:
+            if self._upload_id is None:
+                self.s3.put_object(Bucket=self.bucket, Key=self.key, Body=bytes(self._buf))
+            else:
+                if self._buf or not self._parts:
+                    self._send(bytes(self._buf))
+                parts = [f.result() for f in self._parts]
+                self.s3.complete_multipart_upload(Bucket=self.bucket, Key=self.key, UploadId=self._upload_id,
+                                                  MultipartUpload={"Parts": parts})
+        finally:
+            self._pool.shutdown(wait=True)
+        return self.sha256.hexdigest()
+
+    def abort(self) -> None:
+        """Drop what was sent (no object appears, no part is left billed)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._upload_id is not None:
+            self.s3.abort_multipart_upload(Bucket=self.bucket, Key=self.key, UploadId=self._upload_id)
+
+
+def save_checkpoint(s3: Any, run_uri: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    *, part_bytes: int = PART_BYTES) -> str:
+    """Write the checkpoint of ``step`` (streamed in parts), then move ``latest.json`` to it.
+    Returns its URI. On any failure the upload is aborted and ``latest.json`` is unchanged."""
     layout = RunLayout(run_uri=run_uri)
     uri = layout.checkpoint_uri(step)
-    buf = io.BytesIO()
-    torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, buf)
-    body = buf.getvalue()
     bucket, key = parse_s3_uri(uri)
-    s3.put_object(Bucket=bucket, Key=key, Body=body)
-    write_json(s3, layout.latest_checkpoint_uri, {"step": step, "uri": uri, "sha256": hashlib.sha256(body).hexdigest()})
+    writer = PartWriter(s3, bucket, key, part_bytes)
+    try:
+        torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, writer)
+        digest = writer.finish()
+    except BaseException as e:
+        writer.abort()
+        if writer.error is not None and writer.error is not e:
+            raise writer.error from e  # the store's failure (transient), not torch's report of it
+        raise
+    write_json(s3, layout.latest_checkpoint_uri, {"step": step, "uri": uri, "sha256": digest})
     return uri
 
 
@@ -58,14 +146,21 @@ def load_checkpoint(s3: Any, uri: str, sha256: str | None = None, *, pointer: st
     (``pointer``: the object that named it, for the message)."""
     start_over = f"delete {pointer} to train the run from the start"
     bucket, key = parse_s3_uri(uri)
-    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-    if sha256 is not None and hashlib.sha256(body).hexdigest() != sha256:
-        raise StepError(f"checkpoint {uri} is not the file {pointer} names (sha256 {hashlib.sha256(body).hexdigest()[:16]}…, "
-                        f"expected {sha256[:16]}…): changed or damaged after it was written", start_over)
-    try:
-        return torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
-    except Exception as e:  # a pickle that is not plain tensors, or a truncated file
-        raise StepError(f"checkpoint {uri} cannot be loaded as tensors: {type(e).__name__}: {str(e)[:300]}", start_over) from e
+    with tempfile.NamedTemporaryFile(prefix="checkpoint-", suffix=".pt") as f:
+        s3.download_fileobj(bucket, key, f)  # parallel ranges for a large file (boto3's managed transfer)
+        f.flush()
+        f.seek(0)
+        hasher = hashlib.sha256()
+        while chunk := f.read(8 * 1024 * 1024):
+            hasher.update(chunk)
+        digest = hasher.hexdigest()
+        if sha256 is not None and digest != sha256:
+            raise StepError(f"checkpoint {uri} is not the file {pointer} names (sha256 {digest[:16]}…, "
+                            f"expected {sha256[:16]}…): changed or damaged after it was written", start_over)
+        try:
+            return torch.load(f.name, map_location="cpu", weights_only=True)
+        except Exception as e:  # a pickle that is not plain tensors, a truncated file, an old (non-zip) format
+            raise StepError(f"checkpoint {uri} cannot be loaded as tensors: {type(e).__name__}: {str(e)[:300]}", start_over) from e
 
 
 def resume(s3: Any, run_uri: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, str | None]:
