@@ -213,3 +213,23 @@ def test_a_fetch_error_reaches_the_step_as_itself(small_digits_dir):
         for tags, _, _ in decode_stream(batched(items(), 8), 16, 8, use_gpu=False):
             seen += tags
     assert seen == list(range(len(seen))) and len(seen) <= 16
+
+
+def test_preprocess_reads_through_obstore_and_a_lost_store_is_transient(settings, s3, small_digits_dir):
+    """The staged images are read with obstore from the store itself: an object is its bytes, a
+    missing one is FileNotFoundError, and a store that stops answering is StoreUnavailable (a
+    ConnectionError: the step's exit 75, retried as the infrastructure's)."""
+    from pipectl.components.objstore import ObjectReader, StoreUnavailable
+    from pipectl.components.runtime import s3_client
+
+    s3.create_bucket(Bucket=settings.bucket)
+    s3.put_object(Bucket=settings.bucket, Key="a/b.jpg", Body=b"\xff\xd8jpeg")
+    reader = ObjectReader(s3, settings.bucket)
+    assert reader.get("a/b.jpg") == b"\xff\xd8jpeg"
+    with pytest.raises(FileNotFoundError):
+        reader.get("a/missing.jpg")
+    from pipectl.pipelines.backends.processes import free_port
+
+    gone = s3_client(settings.model_copy(update={"s3_endpoint": f"http://127.0.0.1:{free_port()}"}))
+    with pytest.raises(StoreUnavailable, match="read of s3://"):
+        ObjectReader(gone, settings.bucket).get("a/b.jpg")

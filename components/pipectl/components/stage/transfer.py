@@ -50,21 +50,16 @@ that stays is raised as :class:`StoreUnavailable` (a ConnectionError: exit 75, t
 
 from __future__ import annotations
 
-import os
 import random
-import re
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from pipectl.components.objstore import StoreUnavailable, headline, is_transient, s3_store  # noqa: F401 - re-exported
+
 ATTEMPTS = 5  # botocore's standard retry mode makes 5 attempts in all too
 MiB = 1 << 20
-_STATUS = re.compile(r"status code: (\d{3})")
-
-
-class StoreUnavailable(ConnectionError):
-    """A write that failed with a transient error (5xx, throttling, connection) on every attempt."""
 
 
 def part_plan(size: int) -> tuple[int, int]:
@@ -74,21 +69,6 @@ def part_plan(size: int) -> tuple[int, int]:
     part = min(64 * MiB, max(8 * MiB, -(-size // 16 // MiB) * MiB))
     part = max(part, -(-size // 10_000 // MiB) * MiB)  # > 640 GiB: larger parts, never > 10,000
     return part, max(1, min(8, -(-size // part)))
-
-
-def is_transient(exc: BaseException) -> bool:
-    """An obstore error worth retrying: 5xx, 429/throttling, or no HTTP answer at all
-    (connection refused or reset, timeout)."""
-    text = str(exc)
-    status = _STATUS.search(text)
-    if status:
-        code = int(status.group(1))
-        return code >= 500 or code == 429 or "SlowDown" in text
-    return "HTTP error" in text or "timed out" in text.lower() or "connection" in text.lower()
-
-
-def _headline(exc: BaseException) -> str:
-    return str(exc).split("\n", 1)[0][:300]
 
 
 class ObjectWriter:
@@ -105,22 +85,7 @@ class ObjectWriter:
         self._lock = threading.Lock()
 
     def _store(self, s3: Any, *, retries: int, timeout: str) -> Any:
-        from datetime import timedelta
-
-        from obstore.store import S3Store
-
-        client: dict[str, Any] = {"connect_timeout": "5s", "timeout": timeout,
-                                  "allow_http": self.endpoint.startswith("http://")}
-        ca = os.environ.get("AWS_CA_BUNDLE")  # boto3 trusts it; a private CA in front of RGW
-        if ca and self.endpoint.startswith("https://") and Path(ca).is_file():
-            client["root_certificate"] = Path(ca).read_text()
-        return S3Store(
-            self.bucket, endpoint=self.endpoint, region=s3.meta.region_name or "us-east-1",
-            virtual_hosted_style_request=False, unsigned_payload=True,
-            credential_provider=_BotoCredentials(s3), client_options=client,
-            retry_config={"max_retries": retries, "retry_timeout": timedelta(minutes=5),
-                          "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=15), "base": 2}},
-        )
+        return s3_store(s3, self.bucket, retries=retries, timeout=timeout)
 
     def put(self, key: str, body: bytes, metadata: dict[str, str]) -> tuple[str, int]:
         """One PUT of ``body``; returns (ETag without quotes, retried attempts)."""
@@ -166,24 +131,8 @@ class ObjectWriter:
     def _failed(self, key: str, exc: BaseException, *, transient: bool) -> Exception:
         where = f"s3://{self.bucket}/{key} at {self.endpoint}"
         if transient:
-            return StoreUnavailable(f"write of {where} failed: {_headline(exc)}")
+            return StoreUnavailable(f"write of {where} failed: {headline(exc)}")
         from pipectl.components.runtime import StepError
 
-        return StepError(f"write of {where} refused: {_headline(exc)}",
+        return StepError(f"write of {where} refused: {headline(exc)}",
                          "check the bucket, the credentials and the store's permissions")
-
-
-class _BotoCredentials:
-    """obstore's credential callback, answered by the boto3 client's own credentials (static keys,
-    or a refreshing chain such as a web identity: obstore asks again when they expire)."""
-
-    def __init__(self, s3: Any) -> None:
-        self._credentials = s3._request_signer._credentials  # botocore keeps them on the signer
-
-    def __call__(self) -> dict[str, Any]:
-        from datetime import datetime, timedelta, timezone
-
-        frozen = self._credentials.get_frozen_credentials()
-        refreshing = hasattr(self._credentials, "refresh_needed")
-        return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key, "token": frozen.token,
-                "expires_at": datetime.now(timezone.utc) + timedelta(minutes=5) if refreshing else None}
