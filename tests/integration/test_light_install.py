@@ -1,4 +1,4 @@
-"""The light install: `pip install pipectl` WITHOUT the `steps` extra, into a fresh venv,
+"""The light install: `pip install .` (the distribution pipectl-ml) WITHOUT the `steps` extra, into a fresh venv,
 gives a working command line for people who only submit: render, lint, submit --dry-run, and
 completion; the steps' heavy dependencies (torch, DALI, MLflow, boto3, moto) are not installed, and
 `pipectl run` says which extra to install instead of failing on an import.
@@ -51,7 +51,7 @@ def light_venv(tmp_path_factory) -> Path:
     r = _run([sys.executable, "-m", "venv", venv])
     assert r.returncode == 0, r.stderr
     t1 = time.monotonic()
-    # a normal install of the checkout (no --no-deps): what `pip install pipectl` resolves
+    # a normal install of the checkout (no --no-deps): what `pip install .` resolves
     r = _run([venv / "bin" / "pip", "install", "--quiet", src], timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     t2 = time.monotonic()
@@ -115,4 +115,4 @@ def test_light_install_run_names_the_extra_to_install(light_venv, tmp_path):
     for argv in (["run", "training"], ["data", "example", tmp_path / "digits"]):
         r = _run([light_venv / "bin" / "pipectl", *argv])
         assert r.returncode == 2, r.stdout + r.stderr
-        assert "pipectl[steps]" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert "pipectl-ml[steps]" in r.stderr and "'<checkout>[steps]'" in r.stderr and "Traceback" not in r.stderr, r.stderr

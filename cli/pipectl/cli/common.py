@@ -23,7 +23,7 @@ LISTING_FORMATS = ("text", "wide", "json", "yaml", "name")
 and ``argo`` spell them: ``text`` a table, ``wide`` the table with more columns, ``json``/``yaml``
 the rows for machines, ``name`` one name a line."""
 
-STEPS_EXTRA = "pipectl[steps]"
+STEPS_EXTRA = "pipectl-ml[steps]"
 STEPS_MODULES = frozenset({"torch", "mlflow", "nvidia", "boto3", "botocore", "moto", "psutil", "numpy", "PIL", "sklearn"})
 """The ``steps`` extra (pyproject.toml) and the top-level modules it brings: what the light install lacks."""
 
@@ -115,8 +115,8 @@ def needs_steps_extra(what: str) -> Callable[[Callable], Callable]:
                 if (e.name or "").split(".")[0] not in STEPS_MODULES:
                     raise
                 fail(f"{what} needs the steps' dependencies: {e.name} is not installed (this is the light install)",
-                     f"install the steps extra from your pipectl checkout: pip install '<checkout>[steps]', e.g. "
-                     f"pip install './{STEPS_EXTRA}' (the pipectl on PyPI is another project)", code=2)
+                     f"install the steps extra from your pipectl checkout: pip install '<checkout>[steps]' "
+                     f"(the distribution {STEPS_EXTRA}; the pipectl on PyPI is another project)", code=2)
 
         return checked
 

@@ -95,7 +95,7 @@ REGISTER_MUTEX = "pipectl-register-{{inputs.parameters.model-name}}"
 STEP_IMAGES = ("step-light", "step-train")
 """The step images (images/Dockerfile targets)."""
 DEFAULT_REGISTRY = "pipectl"
-IMAGE_VERSION = importlib.metadata.version("pipectl")
+IMAGE_VERSION = importlib.metadata.version("pipectl-ml")
 """The release tag of the step images (the package's version, pyproject.toml): what argo/ is rendered with."""
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
