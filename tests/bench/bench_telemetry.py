@@ -173,8 +173,8 @@ def _contexts() -> dict[str, type]:
         def _gather_anatomy(self) -> list[RankEpoch]:
             return []  # no all_gather_object at the epoch end
 
-        def _report_anatomy(self, ranks: list[RankEpoch], epoch: int) -> None:
-            pass  # no shares to MLflow, no verdicts
+        def _report_anatomy(self, ranks: list[RankEpoch], epoch: int) -> dict[str, float]:
+            return {}  # no shares to MLflow, no verdicts
 
     return {"on": Marked, "off": Off}
 
@@ -187,7 +187,7 @@ def child(side: str, store: str, out_dir: str, mlflow_url: str, epochs: int) -> 
     from pipectl.components.contracts import TrainInput
     from pipectl.components.shard_stream import ShardStream
     from pipectl.components.train import builtin
-    from pipectl.components.train.core import _init_process
+    from pipectl.components.train.core import _init_process, mlflow_metrics
 
     proc = _init_process()  # the train step's own: threads per process, gloo process group
     inp = TrainInput(shards_uri=SHARDS_URI, run_uri="s3://bench/runs/telemetry", workflow_name=f"telemetry-{side}",
@@ -201,16 +201,11 @@ def child(side: str, store: str, out_dir: str, mlflow_url: str, epochs: int) -> 
         mlflow.set_experiment(inp.model_name)
         mlflow.start_run(run_name=inp.workflow_name)
 
-    def log_metric(name: str, value: float, step: int | None = None) -> None:  # as the train step's (core._context)
-        import mlflow
-
-        if proc.rank == 0 and mlflow.active_run() is not None:
-            mlflow.log_metric(name, value, step=step)
-
     ctx = _contexts()[side](
         params=inp, rank=proc.rank, world_size=proc.world_size, device=proc.device, distributed=proc.distributed,
         data=data, label_names=list(data.index.labels), image_size=data.index.image_size,
-        checkpoint=lambda step, model, opt: None, restore=lambda model, opt: (0, None), log_metric=log_metric)
+        checkpoint=lambda step, model, opt: None, restore=lambda model, opt: (0, None),
+        log_metrics=mlflow_metrics(proc.rank))  # as the train step's (core._context)
     torch.manual_seed(inp.seed)
     try:
         builtin.train(ctx)

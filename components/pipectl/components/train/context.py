@@ -76,7 +76,9 @@ class TrainContext:
     image_size: int
     checkpoint: Callable[[int, nn.Module, torch.optim.Optimizer], None] = field(repr=False)
     restore: Callable[[nn.Module, torch.optim.Optimizer], tuple[int, str | None]] = field(repr=False)
-    log_metric: Callable[[str, float, int | None], None] = field(repr=False)
+    log_metrics: Callable[[dict[str, float], int | None], None] = field(repr=False)
+    """Where metrics go (rank 0: the run's MLflow run), several in one call: per epoch, the loss and
+    the step anatomy's shares go together (one request, not one per metric while the gang waits)."""
     watch: PreemptionWatch = field(default_factory=PreemptionWatch, repr=False)
     clock: StepClock = field(default_factory=StepClock, repr=False)
     """Where each step's time goes (:mod:`pipectl.components.train.telemetry`)."""
@@ -94,6 +96,10 @@ class TrainContext:
     optimizer: torch.optim.Optimizer | None = field(default=None, repr=False)
     """The optimiser given to :meth:`batches`: the run's last checkpoint holds its state too."""
     _epoch_loss: list[torch.Tensor] = field(default_factory=list, repr=False)
+
+    def log_metric(self, name: str, value: float, step: int | None = None) -> None:
+        """Log one metric to the run (``step``: e.g. the epoch); rank 0's are kept."""
+        self.log_metrics({name: value}, step)
 
     @property
     def num_classes(self) -> int:
@@ -179,12 +185,13 @@ class TrainContext:
         ranks = self._gather_anatomy()
         if self.rank != 0:
             return  # progress in the step's log (`pipectl logs`): where a restart would resume from
-        self._report_anatomy(ranks, epoch)
+        metrics = self._report_anatomy(ranks, epoch)
         mean = torch.stack([t.cpu() for t in self._epoch_loss]).mean().item() if self._epoch_loss else float("nan")
         log.info("epoch %d of %d done: step %d of %d, mean loss %.4f", epoch + 1, self.params.epochs, self.step,
                  self.total_steps, mean)
         if self._epoch_loss:
-            self.log_metric("train_loss", mean, epoch)
+            metrics["train_loss"] = mean
+        self.log_metrics(metrics, epoch)
         progress.report(epoch + 1, self.params.epochs, self.step, self.total_steps, mean, self.anatomy.get("images_per_s"))
 
     def _gather_anatomy(self) -> list[telemetry.RankEpoch]:
@@ -196,12 +203,11 @@ class TrainContext:
         dist.all_gather_object(gathered, mine)
         return gathered
 
-    def _report_anatomy(self, ranks: list[telemetry.RankEpoch], epoch: int) -> None:
-        """Rank 0: the gang's shares to MLflow and the log; verdicts to the log and ``self.verdicts``."""
+    def _report_anatomy(self, ranks: list[telemetry.RankEpoch], epoch: int) -> dict[str, float]:
+        """Rank 0: the gang's shares to the log (returned, for MLflow); verdicts to the log and
+        ``self.verdicts``."""
         shares = telemetry.gang_shares(ranks)
         self.anatomy = {k: round(v, 4) for k, v in shares.items()}
-        for name, value in shares.items():
-            self.log_metric(name, value, epoch)
         self.step_time = (", ".join(f"{p} {shares['share_' + p]:.0%}" for p in telemetry.PARTS)
                           + f"; {shares['images_per_s']:.0f} images/s")
         log.info("epoch %d step time: %s", epoch + 1, self.step_time)
@@ -212,6 +218,7 @@ class TrainContext:
             log.warning("epoch %d: %s", epoch + 1, verdict)
             kind = verdict.split(":", 1)[0]
             self.verdicts[:] = [v for v in self.verdicts if not v.startswith(kind + ":")] + [verdict]
+        return dict(shares)
 
 
 TrainFunction = Callable[[TrainContext], nn.Module]

@@ -25,7 +25,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -146,22 +146,28 @@ def resolve_function(ref: str) -> TrainFunction:
     return resolve_callable(ref, "train function", 1, f"def {ref.partition(':')[2]}(ctx: TrainContext) -> torch.nn.Module")
 
 
+def mlflow_metrics(rank: int) -> Callable[[dict[str, float], int | None], None]:
+    """:attr:`TrainContext.log_metrics` of a gang process: rank 0 logs to the active MLflow run,
+    every metric of a call in one request, sent by MLflow's own logging thread (flushed when the
+    run ends), so the gang does not wait on the tracking server at each epoch's end."""
+    def log_metrics(values: dict[str, float], step: int | None = None) -> None:
+        import mlflow
+
+        if rank == 0 and values and mlflow.active_run() is not None:
+            mlflow.log_metrics(values, step=step, synchronous=False)
+    return log_metrics
+
+
 def _context(inp: TrainInput, s3: Any, reader: Any, proc: _Process) -> TrainContext:
     """The context of this process: the training split, and the run's checkpoints and metrics."""
     data = ShardStream(s3 if reader is None else reader, inp.shards_uri, "train", rank=proc.rank,
                        world_size=proc.world_size, seed=inp.seed)
 
-    def log_metric(name: str, value: float, step: int | None = None) -> None:
-        import mlflow
-
-        if proc.rank == 0 and mlflow.active_run() is not None:  # rank 0 alone logs
-            mlflow.log_metric(name, value, step=step)
-
     return TrainContext(
         params=inp, rank=proc.rank, world_size=proc.world_size, device=proc.device, distributed=proc.distributed,
         data=data, label_names=list(data.index.labels),
         image_size=data.index.image_size, checkpoint=lambda step, model, opt: save_checkpoint(s3, inp.run_uri, step, model, opt),
-        restore=lambda model, opt: resume(s3, inp.run_uri, model, opt), log_metric=log_metric)
+        restore=lambda model, opt: resume(s3, inp.run_uri, model, opt), log_metrics=mlflow_metrics(proc.rank))
 
 
 @torch.no_grad()
