@@ -65,7 +65,6 @@ def test_default_run_registers_a_champion_above_095_on_digits(tmp_path):
     epochs = re.findall(r"train … \S*epoch (\d+)/15 · step (\d+)/(\d+) · loss ([0-9.]+) · \d+ images/s", r.stderr)
     assert {int(e) for e, *_ in epochs} >= {15}, r.stderr[-3000:]  # live, not only in the log (the last at least)
     assert all(int(step) == int(e) * int(total) // 15 for e, step, total, _ in epochs), epochs
-    assert not list((tmp_path / "state").glob(".progress-*"))  # the progress file goes with the run
     # pictures in the candidate's MLflow run: the confusion matrix (counts of the held-out split) and the learning curve
     assert summary["pictures"] == ["evaluation/confusion_matrix.json", "evaluation/confusion_matrix.png",
                                    "evaluation/learning_curve.png"]

@@ -6,8 +6,10 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -101,9 +103,8 @@ def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str |
     settings = RunSettings(**options)
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=False)
     ids: dict[str, Any] = {}
-    Path(settings.state_dir).mkdir(parents=True, exist_ok=True)
-    progress_file = Path(settings.state_dir) / f".progress-{os.getpid()}.jsonl"
-    progress_file.unlink(missing_ok=True)
+    # written by the training, if it gets that far (bad input writes nothing anywhere)
+    progress_file = Path(tempfile.gettempdir()) / f"pipectl-progress-{os.getpid()}-{secrets.token_hex(4)}.jsonl"
     live = LiveTraining(progress, progress_file)
 
     def on_event(kind: str, task: str, node: Any) -> None:
