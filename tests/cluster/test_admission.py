@@ -372,6 +372,9 @@ def own_templates(test_cluster, k8s_api, submitter, tmp_path_factory):
     test_cluster.wait_for("the shapes template's rules in force",
                           lambda: _accepted(submitter, _own("shapes-training-v1", **{"weight-decay": "0.001"})) or None)
     yield path
+    # the shared cluster's later tests find the namespace as they expect it (templates and keys gone)
+    r = _pipectl(test_cluster, "templates", "delete", "shapes-training-v1", "other-training-v1")
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def _own(template: str, **args: str) -> dict:

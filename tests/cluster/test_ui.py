@@ -11,6 +11,7 @@ Each stage is saved as a screenshot under ``$PIPECTL_TEST_LOGS/ui`` (default
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.parse
 
@@ -85,7 +86,8 @@ def test_ui_template_parameters_submit_urgent_dag_succeeds_and_mlflow_link(
     page = ui.page
 
     ui.open("/workflow-templates/pipectl")
-    row = page.get_by_text("Training pipeline")  # workflows.argoproj.io/title of training-v1
+    # workflows.argoproj.io/title of training-v1 (the namespace may hold other teams' templates)
+    row = page.get_by_text(re.compile(r"^Training pipeline"))
     row.wait_for()
     ui.shot("templates-list")
     row.click()
