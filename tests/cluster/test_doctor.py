@@ -117,3 +117,25 @@ def test_doctor_without_a_cluster_exits_3(tmp_path):
                        env={**os.environ, "KUBECONFIG": str(kubeconfig)})
     assert r.returncode == 3, (r.returncode, r.stderr)
     assert "did not answer" in r.stderr
+
+
+def test_doctor_warns_when_no_gpu_node_is_reserved_for_the_urgent_lane_and_counts_those_that_are(test_cluster, k8s_api, ready):
+    from kubernetes import client
+
+    core = client.CoreV1Api(k8s_api)
+    code, rows = _doctor(test_cluster)
+    assert code == 0 and rows["urgent reserve"]["status"] == "warn", rows["urgent reserve"]
+    assert "kubectl taint nodes NODE pipectl.io/lane=urgent:NoSchedule" in rows["urgent reserve"]["fix"]
+    node = core.list_node(label_selector="type=kwok").items[0]
+    taint = {"key": "pipectl.io/lane", "value": "urgent", "effect": "NoSchedule"}
+    core.patch_node(node.metadata.name, {"spec": {"taints": [*[t.to_dict() for t in node.spec.taints or []], taint]}})
+    try:
+        code, rows = _doctor(test_cluster)
+        gpus = node.status.allocatable["nvidia.com/gpu"]
+        assert rows["urgent reserve"] == {"check": "urgent reserve", "status": "ok", "fix": "",
+                                          "detail": f"1 GPU node, {gpus} GPUs only the urgent lane uses"}, rows["urgent reserve"]
+        # a cordoned node reserves nothing
+        core.patch_node(node.metadata.name, {"spec": {"unschedulable": True}})
+        assert _doctor(test_cluster)[1]["urgent reserve"]["status"] == "warn"
+    finally:
+        core.patch_node(node.metadata.name, {"spec": {"unschedulable": False, "taints": [t.to_dict() for t in node.spec.taints or []] or None}})

@@ -86,9 +86,10 @@ class TestCluster:
                  argo_server: bool = False, argo_links: str | None = None, start_timeout_s: float = 180.0,
                  remove_on_stop: bool = True, verbose: bool = True,
                  die_with_parent: bool = True, autoscaler: bool = False,
-                 node_registration_delay_s: int = 5) -> None:
+                 node_registration_delay_s: int = 5, node_heartbeat_s: float | None = None) -> None:
         self.run_dir = Path(run_dir).absolute()
         self.nodes = nodes
+        self.node_heartbeat_s = node_heartbeat_s  # None: manifests/kwok-node-heartbeat.yaml's 10-15 s
         self.volcano = volcano
         self.argo_server = argo_server
         self.argo_links = argo_links  # the controller config's `links` (YAML); None: the product's
@@ -472,20 +473,22 @@ class TestCluster:
             except client.ApiException as e:
                 if e.status != 409:
                     raise
+        # the product's own configuration (workflow defaults, the namespace's parallelism, the
+        # executor's requests and restricted securityContext, the UI's links), with this
+        # cluster's metrics port
         cm = load_yaml_docs(CONTROLLER_CONFIGMAP)[0]
         for key in ("metricsConfig", "telemetryConfig"):
             cm["data"][key] = cm["data"][key].replace("METRICS_PORT", str(self.ports["argo-metrics"]))
-        # the product's executor settings (requests; restricted securityContext: the pipectl
-        # namespace enforces the restricted Pod Security Standard)
         product = controller_config(CompileConfig())[0]["data"]
-        cm["data"]["executor"] = product["executor"]
-        # the Argo UI's links (workflow -> its MLflow run); a test may point them elsewhere
-        cm["data"]["links"] = self.argo_links if self.argo_links is not None else product["links"]
+        cm["data"] = {**product, **cm["data"]}
+        # a test may point the UI's links (workflow -> its MLflow run) elsewhere
+        if self.argo_links is not None:
+            cm["data"]["links"] = self.argo_links
         k.core.create_namespaced_config_map("argo", cm)
 
     def _start_kwok(self, k) -> None:
         """KWOK's Stages and the fake nodes first, so KWOK finds them on its first list."""
-        for doc in kwok.stages():
+        for doc in kwok.stages(self.node_heartbeat_s):
             k.custom.create_cluster_custom_object("kwok.x-k8s.io", "v1alpha1", "stages", doc)
         for i in range(self.nodes):
             k.core.create_node(kwok.fake_node(f"kwok-node-{i}"))

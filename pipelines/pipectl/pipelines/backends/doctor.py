@@ -159,10 +159,10 @@ class Doctor:
         from kubernetes import client
 
         nodes = client.CoreV1Api(self.api).list_node().items
-        gpus = sum(int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) for n in nodes)
-        with_gpus = sum(1 for n in nodes if int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) > 0)
+        gpus = sum(_gpus(n) for n in nodes)
+        with_gpus = sum(1 for n in nodes if _gpus(n) > 0)
         if gpus:
-            return [Row("GPU nodes", "ok", f"{with_gpus} of {len(nodes)} nodes, {gpus} GPUs allocatable")]
+            return [Row("GPU nodes", "ok", f"{with_gpus} of {len(nodes)} nodes, {gpus} GPUs allocatable"), _urgent_reserve(nodes)]
         return [Row("GPU nodes", "warn", f"none of {len(nodes)} nodes has nvidia.com/gpu now",
                     "fine with an autoscaler that adds GPU nodes (argo/autoscaling/); else install the NVIDIA device plugin")]
 
@@ -198,3 +198,26 @@ class Doctor:
             return Row(what, "warn", f"{url} did not answer from this machine ({reason})",
                        "a cluster-internal name does not resolve outside the cluster; check from a pod in the namespace")
         return Row(what, "ok", f"{url} answers")
+
+
+def _gpus(node: Any) -> int:
+    return int((node.status.allocatable or {}).get("nvidia.com/gpu", "0"))
+
+
+def _urgent_reserve(nodes: list) -> Row:
+    """GPU nodes only the urgent lane may use (taint ``pipectl.io/lane=urgent:NoSchedule``, not
+    cordoned). Without them an urgent gang gets its GPUs by evicting lower-lane gangs, and a gang
+    evicted in part restarts whole: on a cluster full of 128-pod batch gangs, a 16-GPU urgent gang
+    left 1,024 GPUs idle until it ended (docs/operations.md, "Urgent gang with and without the buffer")."""
+    from pipectl.components.names import LANE_TAINT_KEY
+    from pipectl.pipelines.policy import Lane
+
+    reserved = [n for n in nodes if _gpus(n) and not n.spec.unschedulable and any(
+        t.key == LANE_TAINT_KEY and t.value == Lane.urgent.value and t.effect == "NoSchedule" for t in (n.spec.taints or []))]
+    if reserved:
+        return Row("urgent reserve", "ok", f"{len(reserved)} GPU node{'s' * (len(reserved) != 1)}, {sum(_gpus(n) for n in reserved)} GPUs only the urgent lane uses")
+    return Row("urgent reserve", "warn",
+               "no GPU node is reserved for the urgent lane: an urgent gang takes its GPUs by evicting lower-lane gangs, "
+               "each restarting whole (a 128-pod batch gang for a 16-GPU urgent gang)",
+               f"reserve nodes for the urgent lane's usual gang: kubectl taint nodes NODE {LANE_TAINT_KEY}={Lane.urgent.value}:NoSchedule "
+               "(autoscaled clusters: the pipectl-urgent-buffer NodePool of argo/autoscaling/)")
