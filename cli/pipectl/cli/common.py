@@ -178,8 +178,8 @@ def image_config(registry: str | None, images: Sequence[str]) -> dict[str, Any]:
 
 def cluster_options(fn: Callable) -> Callable:
     """``--namespace/-n`` and ``--context`` of commands that talk to the cluster. The command gets
-    the namespace resolved as kubectl does: ``-n``, else ``$PIPECTL_NAMESPACE``, else the namespace
-    of the kubeconfig context (``--context`` or the current one), else ``pipectl``. A context's
+    the namespace resolved as kubectl does: ``-n``, else ``$PIPECTL_NAMESPACE``, else the site
+    file's ``namespace``, else the namespace of the kubeconfig context (``--context`` or the current one), else ``pipectl``. A context's
     ``default`` counts as none: kubectl cannot tell an explicit ``default`` from an unset one (many
     generated kubeconfigs write it), and nothing of pipectl lives there (``-n default`` still
     works). An unknown ``--context`` exits 2 naming the contexts there are (never a fallback to
@@ -192,11 +192,12 @@ def cluster_options(fn: Callable) -> Callable:
 
         if namespace is None or context:  # an unknown --context exits 2 even with -n
             context_namespace = kubeconfig_context(context)[1]
-            namespace = namespace or (context_namespace if context_namespace != "default" else None) or DEFAULT_NAMESPACE
+            namespace = (namespace or site_namespace() or (context_namespace if context_namespace != "default" else None)
+                         or DEFAULT_NAMESPACE)
         return fn(*args, namespace=namespace, context=context, **kwargs)
 
     resolved = click.option("--namespace", "-n", default=None, envvar="PIPECTL_NAMESPACE",
-                            help="Namespace [default: the kubeconfig context's namespace, else pipectl].")(resolved)
+                            help="Namespace [default: the site file's, else the kubeconfig context's, else pipectl].")(resolved)
     return click.option("--context", default=None, help="kubeconfig context (default: current).")(resolved)
 
 
@@ -235,15 +236,29 @@ def training_parameters(pairs: Sequence[str], parameter_file: Path | None = None
         fail(str(e), "parameters are the WorkflowTemplate arguments, e.g. -p epochs=5 -p lane=urgent", code=2)
 
 
-def compile_config(bucket: str | None = None, launcher: str | None = None, **fields: Any) -> Any:
-    """The :class:`CompileConfig` of a command's options (None: the default); exit 2 naming a bad value."""
-    from pydantic import ValidationError
+SITE_META = "pipectl.site"
+"""Where the root group keeps the site file (``--site`` or ``$PIPECTL_SITE``) for its commands."""
 
-    from pipectl.pipelines.training import CompileConfig
+
+def site_file() -> Path | None:
+    """The site file of this invocation, if one was given."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(SITE_META) if ctx is not None else None
+
+
+def site_namespace() -> str | None:
+    """The namespace the site file sets, if it sets one."""
+    from pipectl.pipelines.site import load_site
+
+    path = site_file()
+    value = load_site(path).get("namespace") if path is not None else None
+    return value if isinstance(value, str) else None
+
+
+def compile_config(bucket: str | None = None, launcher: str | None = None, **fields: Any) -> Any:
+    """The :class:`CompileConfig` of the site file (if any) with a command's options on top (None:
+    not given); exit 2 naming a bad value and where it came from."""
+    from pipectl.pipelines.site import site_config
 
     given = {"bucket": bucket, "launcher": launcher, **fields}
-    try:
-        return CompileConfig(**{k: v for k, v in given.items() if v is not None})
-    except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
-        fail(f"invalid option: {problems}", "see the command's --help", code=2)
+    return site_config(site_file(), **{k: v for k, v in given.items() if v is not None})

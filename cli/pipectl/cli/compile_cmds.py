@@ -67,7 +67,7 @@ def lint(paths: tuple[Path, ...], output_format: str) -> None:
     else:
         from pipectl.pipelines.manifests import render_files
 
-        objects = [(f"render:{rel}", doc) for rel, text in render_files().items() if not rel.endswith("kustomization.yaml")
+        objects = [(f"render:{rel}", doc) for rel, text in render_files(compile_config()).items() if not rel.endswith("kustomization.yaml")
                    for doc in yaml.safe_load_all(text) if doc]
     findings = lint_objects(objects)
     if output_format == "json":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 from hera.workflows import CronWorkflow
 from hera.workflows.models import Metadata, WorkflowTemplateRef
@@ -27,11 +28,11 @@ from pipectl.pipelines.launchers import LAUNCHERS
 from pipectl.pipelines.policy import LANES, exported
 from pipectl.pipelines.security import POD_SECURITY_LABELS, restricted_container_security_context
 from pipectl.pipelines.builtin import build_training
-from pipectl.pipelines.training import CompileConfig
+from pipectl.pipelines.training import DEFAULT_MLFLOW_URI, DEFAULT_S3_ENDPOINT, CompileConfig
 
 ARTIFACT_BUCKET = "pipectl-artifacts"
-CEPH_RGW_ENDPOINT = "rook-ceph-rgw-pipectl.rook-ceph.svc:80"
-MLFLOW_URI = "http://mlflow.mlflow.svc:5000"
+CEPH_RGW_ENDPOINT = DEFAULT_S3_ENDPOINT.removeprefix("http://")
+MLFLOW_URI = DEFAULT_MLFLOW_URI
 RETRAIN_TIMEZONE = "Europe/Berlin"
 # 05:30 local: outside the 01:00-03:59 window in which EU/US DST changes skip or repeat an hour.
 RETRAIN_SCHEDULE = "30 5 * * *"
@@ -230,8 +231,8 @@ def config_maps(cfg: CompileConfig) -> list[dict]:
         "archiveLogs": True,
         "s3": {
             "bucket": ARTIFACT_BUCKET,
-            "endpoint": CEPH_RGW_ENDPOINT,
-            "insecure": True,
+            "endpoint": urlsplit(cfg.s3_endpoint).netloc,
+            "insecure": urlsplit(cfg.s3_endpoint).scheme == "http",
             "keyFormat": "{{workflow.name}}/{{pod.name}}",
             "accessKeySecret": {"name": STORE_SECRET, "key": "PIPECTL_S3_ACCESS_KEY"},
             "secretKeySecret": {"name": STORE_SECRET, "key": "PIPECTL_S3_SECRET_KEY"},
@@ -243,7 +244,7 @@ def config_maps(cfg: CompileConfig) -> list[dict]:
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(SEMAPHORE_CONFIGMAP, cfg),
          "data": {spec.lane.value: str(spec.concurrency) for spec in LANES.values()}},
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(STORE_CONFIGMAP, cfg),
-         "data": {"PIPECTL_S3_ENDPOINT": f"http://{CEPH_RGW_ENDPOINT}", "PIPECTL_BUCKET": cfg.bucket, "PIPECTL_MLFLOW_URI": MLFLOW_URI}},
+         "data": {"PIPECTL_S3_ENDPOINT": cfg.s3_endpoint.rstrip("/"), "PIPECTL_BUCKET": cfg.bucket, "PIPECTL_MLFLOW_URI": cfg.mlflow_uri.rstrip("/")}},
         {"apiVersion": "v1", "kind": "ConfigMap",
          "metadata": _meta("artifact-repositories", cfg, annotations={"workflows.argoproj.io/default-artifact-repository": "ceph-rgw"}),
          "data": {"ceph-rgw": yaml.safe_dump(artifact_repo, sort_keys=True)}},
@@ -283,7 +284,7 @@ def controller_config(cfg: CompileConfig) -> list[dict]:
             "links": yaml.safe_dump([{
                 "name": "MLflow run",
                 "scope": "workflow",
-                "url": MLFLOW_URI + "/#/runs/${workflow.status.outputs.parameters.0.value}",
+                "url": cfg.mlflow_uri.rstrip("/") + "/#/runs/${workflow.status.outputs.parameters.0.value}",
             }]),
         },
     }]

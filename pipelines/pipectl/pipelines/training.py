@@ -97,6 +97,9 @@ STEP_IMAGES = ("step-light", "step-train")
 DEFAULT_REGISTRY = "pipectl"
 IMAGE_VERSION = importlib.metadata.version("pipectl-ml")
 """The release tag of the step images (the package's version, pyproject.toml): what argo/ is rendered with."""
+DEFAULT_S3_ENDPOINT = "http://rook-ceph-rgw-pipectl.rook-ceph.svc:80"
+"""The README's Ceph (Rook's RGW service of the object store ``pipectl``)."""
+DEFAULT_MLFLOW_URI = "http://mlflow.mlflow.svc:5000"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
@@ -115,6 +118,11 @@ class CompileConfig(BaseModel):
         description="Per step image (step-light, step-train): an immutable reference that replaces the release tag: "
         "a digest (sha256:<64 hex>) or a content tag (c-<hash>, what scripts/images.sh tags each build with), so a "
         "rebuilt image never reuses a tag a node may have cached.")
+    s3_endpoint: str = Field(DEFAULT_S3_ENDPOINT, pattern=r"^https?://[^/\s?#@]+/?$",
+                             description="The object store's S3 endpoint as step pods reach it (the pipectl-store ConfigMap, "
+                             "Argo's artifact repository), e.g. https://s3.example.com; credentials go in the Secret, never here.")
+    mlflow_uri: str = Field(DEFAULT_MLFLOW_URI, pattern=r"^https?://[^\s?#@]+$",
+                            description="The MLflow tracking server as step pods reach it; also the Argo UI's link to a run.")
     service_account: str = Field("pipectl-workflow", description="ServiceAccount of step pods: Argo's executor reports results (WorkflowTaskResults), nothing more.")
     launcher_service_account: str = Field("pipectl-launcher", description="ServiceAccount of the train step's resource pod: creates, gets and patches the gang job kind in use.")
     training_service_account: str = Field("pipectl-training", description="ServiceAccount of the gang's pods: no Role, token not mounted.")

@@ -1,0 +1,115 @@
+"""The site file: one install's settings in one place, rendered into argo/ (the real pipectl
+executable of this venv in a subprocess, as a user runs it)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.unit.test_cli_conventions import _namespace, _run
+
+SITE = """\
+namespace: ml-vision
+s3_endpoint: https://s3.example.com
+mlflow_uri: https://mlflow.example.com
+registry: registry.example.com/ml
+namespace_max_gpus: 128
+retry:
+  scale_up_s: 900
+"""
+
+
+def _render(tmp_path: Path, *args: str, env=None) -> dict[str, list[dict]]:
+    out = tmp_path / "argo"
+    r = _run(*args, "render", "cluster", "--write", out, env=env)
+    assert r.returncode == 0, r.stderr
+    return {str(f.relative_to(out)): [d for d in yaml.safe_load_all(f.read_text()) if d] for f in out.rglob("*.yaml")}
+
+
+def _one(files: dict[str, list[dict]], kind: str, name: str) -> dict:
+    return next(d for docs in files.values() for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def test_site_init_writes_every_setting_whose_defaults_render_argo_as_checked_in(tmp_path):
+    r = _run("site", "init", tmp_path / "site.yaml")
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "site.yaml").read_text()
+    assert "# The object store's S3 endpoint" in text and "s3_endpoint: http://rook-ceph-rgw-pipectl.rook-ceph.svc:80" in text
+    assert "(C0" not in text  # no field-case ids in a file written for users
+    checked_in = Path(__file__).resolve().parents[2] / "argo"
+    rendered = _render(tmp_path, "--site", tmp_path / "site.yaml")
+    for rel, docs in rendered.items():
+        assert docs == [d for d in yaml.safe_load_all((checked_in / rel).read_text()) if d], rel
+    again = _run("site", "init", tmp_path / "site.yaml")
+    assert again.returncode == 2 and "exists" in again.stderr and "--force" in again.stderr
+
+
+def test_a_site_files_settings_reach_every_object_they_belong_to(tmp_path):
+    (tmp_path / "site.yaml").write_text(SITE)
+    files = _render(tmp_path, "--site", tmp_path / "site.yaml")
+    store = _one(files, "ConfigMap", "pipectl-store")
+    assert store["metadata"]["namespace"] == "ml-vision"
+    assert store["data"]["PIPECTL_S3_ENDPOINT"] == "https://s3.example.com"
+    assert store["data"]["PIPECTL_MLFLOW_URI"] == "https://mlflow.example.com"
+    repo = yaml.safe_load(_one(files, "ConfigMap", "artifact-repositories")["data"]["ceph-rgw"])
+    assert repo["s3"]["endpoint"] == "s3.example.com" and repo["s3"]["insecure"] is False
+    links = yaml.safe_load(_one(files, "ConfigMap", "workflow-controller-configmap")["data"]["links"])
+    assert links[0]["url"].startswith("https://mlflow.example.com/#/runs/")
+    template = _one(files, "WorkflowTemplate", "training-v1")
+    images = {t["container"]["image"] for t in template["spec"]["templates"] if "container" in t}
+    assert images and all(i.startswith("registry.example.com/ml/step-") for i in images)
+    backoffs = [t["retryStrategy"]["backoff"]["cap"] for t in template["spec"]["templates"] if "backoff" in t.get("retryStrategy", {})]
+    assert backoffs and set(backoffs) == {"900s"}
+    quota = next(d for docs in files.values() for d in docs if d["kind"] == "ResourceQuota"
+                 and d["spec"]["hard"].get("requests.nvidia.com/gpu") == "128")
+    assert quota["metadata"]["namespace"] == "ml-vision"
+    assert _namespace(_run("--site", tmp_path / "site.yaml", "submit", "training", "--dry-run")) == "ml-vision"
+
+
+def test_a_command_option_wins_over_the_site_file_and_the_environment_names_the_file(tmp_path):
+    (tmp_path / "site.yaml").write_text(SITE)
+    env = {"PIPECTL_SITE": str(tmp_path / "site.yaml")}
+    r = _run("render", "training", "--registry", "other.example.com/x", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "other.example.com/x/step-light" in r.stdout and "registry.example.com" not in r.stdout
+    assert _namespace(_run("submit", "training", "--dry-run", "-n", "mine", env=env)) == "mine"
+    shown = _run("site", "show", env=env)
+    assert shown.returncode == 0 and yaml.safe_load(shown.stdout)["s3_endpoint"] == "https://s3.example.com"
+    assert str(tmp_path / "site.yaml") in shown.stderr
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("namespace: ml\nbogus: 1\n", "bogus: Extra inputs are not permitted"),
+    ("retry:\n  scale_up_s: 5\n", "retry.scale_up_s: Input should be greater than or equal to 30"),
+    ("s3_endpoint: s3.example.com\n", "s3_endpoint: String should match pattern"),
+    ("s3_endpoint: https://key:secret@s3.example.com\n", "s3_endpoint: String should match pattern"),
+    ("namespace: [ml\n", "line 2, column 1 is not valid YAML"),
+    ("- namespace\n", "holds a list, not a mapping"),
+    ("pipeline_parameters: []\n", "pipeline_parameters is not a site setting"),
+])
+def test_a_bad_site_file_exits_2_naming_the_file_and_the_key_and_writes_nothing(tmp_path, text, expected):
+    site = tmp_path / "site.yaml"
+    site.write_text(text)
+    r = _run("--site", site, "render", "cluster", "--write", tmp_path / "argo")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert expected in r.stderr and str(site) in r.stderr, r.stderr
+    assert "secret" not in r.stderr.replace("Secret", "")
+    assert not (tmp_path / "argo").exists()
+
+
+def test_lint_checks_what_the_site_file_renders(tmp_path):
+    (tmp_path / "site.yaml").write_text(SITE)
+    r = _run("--site", tmp_path / "site.yaml", "lint")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_site_module_documents_an_example_that_loads():
+    from pipectl.pipelines import site
+
+    example = site.__doc__.split("Example::", 1)[1]
+    doc = yaml.safe_load("\n".join(line[4:] for line in example.splitlines()))
+    assert doc["namespace"] == "ml-vision" and doc["retry"] == {"scale_up_s": 900}
+    assert sys.modules["pipectl.pipelines.site"].SITE_ENV == "PIPECTL_SITE"
