@@ -275,3 +275,14 @@ def test_a_steps_message_is_shown_as_text_never_as_markup(message):
     console = Console(record=True, width=200, color_system=None)
     console.print(step_row("train", "Failed", False, message))
     assert console.export_text().rstrip() == f"✗ train {message}".rstrip()
+
+
+def test_get_and_watch_are_the_names_argo_users_type_for_status_and_wait():
+    for alias, name in (("get", "status"), ("watch", "wait")):
+        a, b = _run(alias, "--help"), _run(name, "--help")
+        assert a.returncode == b.returncode == 0, a.stderr + b.stderr
+        assert a.stdout.replace(f"pipectl {alias} ", f"pipectl {name} ", 1) == b.stdout
+    top = _run("--help").stdout
+    assert "get    = status" in top and "watch  = wait" in top
+    r = _run("get")  # the alias's own usage error, as the command's
+    assert r.returncode == 2 and "Missing argument 'NAME'" in r.stderr

@@ -41,7 +41,18 @@ def console() -> Any:
 
 
 class Group(click.Group):
-    """Catches :class:`PipectlError` at one boundary: headline + hint on stderr, its exit code."""
+    """Catches :class:`PipectlError` at one boundary: headline + hint on stderr, its exit code.
+    ``ALIASES``: the names ``argo`` users type for a command (``pipectl get NAME`` is ``status``)."""
+
+    ALIASES = {"get": "status", "watch": "wait"}
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return super().get_command(ctx, self.ALIASES.get(cmd_name, cmd_name))
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_commands(ctx, formatter)
+        with formatter.section("Aliases"):
+            formatter.write_dl([(alias, f"= {name}") for alias, name in self.ALIASES.items()])
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
