@@ -77,6 +77,16 @@ def test_default_run_registers_a_champion_above_095_on_digits(tmp_path):
     for png in ("confusion_matrix.png", "learning_curve.png"):
         assert (artifacts / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "pictures" in r.stderr
+    # per-epoch metrics on the held-out split: the learning curve's second line; the last epoch's
+    # accuracy is the candidate's (the same model on the same split, scored by evaluate through ONNX)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'state' / 'mlflow' / 'mlflow.db'}")
+    held_out = {m: sorted((x.step, x.value) for x in client.get_metric_history(summary["mlflow_run_id"], m))
+                for m in ("val_loss", "val_accuracy")}
+    assert [e for e, _ in held_out["val_accuracy"]] == list(range(15)), held_out
+    assert held_out["val_accuracy"][-1][1] == pytest.approx(summary["metrics"]["accuracy"], abs=0.01), held_out
+    assert held_out["val_accuracy"][-1][1] > held_out["val_accuracy"][0][1] and held_out["val_loss"][-1][1] < held_out["val_loss"][0][1]
     ui = re.search(r"MLflow UI of this folder's runs: (\S*pipectl) ui --state-dir", r.stderr)
     assert ui and shutil.which(ui.group(1)), r.stderr[-2000:]  # a command that runs from here (PATH or its path)
     assert not [v for v in summary["verdicts"] if v.startswith("memory growing")], summary["verdicts"]  # 15 epochs, no leak

@@ -1,7 +1,8 @@
 """Pictures of an evaluation a person would rather look at than numbers, logged to the
 candidate's MLflow run under ``evaluation/``: the confusion matrix on the held-out split (JSON and
-PNG: rows the true class, columns the predicted one) and the learning curve (the training's mean
-loss per epoch, from the run's ``train_loss`` history). Best effort: a picture that cannot be made
+PNG: rows the true class, columns the predicted one) and the learning curve (the mean loss per
+epoch on the training split and on the held-out one, from the run's ``train_loss`` and
+``val_loss`` histories). Best effort: a picture that cannot be made
 is a warning, never a failed step."""
 
 from __future__ import annotations
@@ -50,14 +51,16 @@ def _confusion_figure(cm: dict[str, Any]) -> Any:
     return fig
 
 
-def _learning_curve_figure(losses: list[tuple[int, float]]) -> Any:
+def _learning_curve_figure(curves: dict[str, list[tuple[int, float]]]) -> Any:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6, 4))
     ax = fig.add_subplot()
-    ax.plot([e + 1 for e, _ in losses], [v for _, v in losses], marker="o")
-    ax.set(xlabel="epoch", ylabel="mean training loss", title="learning curve")
+    for label, points in curves.items():
+        ax.plot([e + 1 for e, _ in points], [v for _, v in points], marker="o", label=label)
+    ax.set(xlabel="epoch", ylabel="mean loss", title="learning curve")
     ax.grid(alpha=0.3)
+    ax.legend()
     fig.tight_layout()
     return fig
 
@@ -71,9 +74,11 @@ def log_pictures(client: Any, run_id: str, logits: np.ndarray, labels: np.ndarra
         logged.append(CONFUSION_JSON)
         client.log_figure(run_id, _confusion_figure(cm), CONFUSION_PNG)
         logged.append(CONFUSION_PNG)
-        losses = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "train_loss"))
-        if losses:
-            client.log_figure(run_id, _learning_curve_figure(losses), LEARNING_CURVE_PNG)
+        curves = {label: sorted((m.step, m.value) for m in client.get_metric_history(run_id, metric))
+                  for metric, label in (("train_loss", "training"), ("val_loss", "held-out"))}
+        curves = {label: points for label, points in curves.items() if points}
+        if curves:
+            client.log_figure(run_id, _learning_curve_figure(curves), LEARNING_CURVE_PNG)
             logged.append(LEARNING_CURVE_PNG)
     except Exception as e:  # pictures are for people: never the reason a run fails
         log.warning("evaluation pictures not logged (%s: %s)", type(e).__name__, e)

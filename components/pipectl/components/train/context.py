@@ -96,6 +96,10 @@ class TrainContext:
     optimizer: torch.optim.Optimizer | None = field(default=None, repr=False)
     """The optimiser given to :meth:`batches`: the run's last checkpoint holds its state too."""
     _epoch_loss: list[torch.Tensor] = field(default_factory=list, repr=False)
+    validation: ShardStream | None = field(default=None, repr=False)
+    """The held-out split (None: the dataset has none): at each epoch's end every process scores
+    its own shards of it and rank 0 logs ``val_loss`` and ``val_accuracy`` (the learning curve's
+    second line, and overfitting as it happens)."""
 
     def log_metric(self, name: str, value: float, step: int | None = None) -> None:
         """Log one metric to the run (``step``: e.g. the epoch); rank 0's are kept."""
@@ -161,7 +165,7 @@ class TrainContext:
                     self.step += 1
                     self._after_step(model, optimizer, total)
                     self.clock.data_begin()
-            self._end_epoch(epoch)
+            self._end_epoch(epoch, model)
 
     def _after_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, total: int) -> None:
         """Periodic checkpoint (every rank meets at a barrier after it), then checkpoint-then-yield."""
@@ -181,18 +185,61 @@ class TrainContext:
                 dist.barrier()
             raise Preempted(self.step, total)
 
-    def _end_epoch(self, epoch: int) -> None:
+    def _end_epoch(self, epoch: int, model: nn.Module) -> None:
         ranks = self._gather_anatomy()
+        held_out = self._validate(model)
         if self.rank != 0:
             return  # progress in the step's log (`pipectl logs`): where a restart would resume from
         metrics = self._report_anatomy(ranks, epoch)
         mean = torch.stack([t.cpu() for t in self._epoch_loss]).mean().item() if self._epoch_loss else float("nan")
-        log.info("epoch %d of %d done: step %d of %d, mean loss %.4f", epoch + 1, self.params.epochs, self.step,
-                 self.total_steps, mean)
+        log.info("epoch %d of %d done: step %d of %d, mean loss %.4f%s", epoch + 1, self.params.epochs, self.step,
+                 self.total_steps, mean, "".join(f", {k} {v:.4f}" for k, v in held_out.items()))
         if self._epoch_loss:
             metrics["train_loss"] = mean
-        self.log_metrics(metrics, epoch)
+        self.log_metrics({**metrics, **held_out}, epoch)
         progress.report(epoch + 1, self.params.epochs, self.step, self.total_steps, mean, self.anatomy.get("images_per_s"))
+
+    @torch.no_grad()
+    def _validate(self, model: nn.Module) -> dict[str, float]:
+        """``val_loss`` (mean cross-entropy) and ``val_accuracy`` of ``model`` on the held-out
+        split, each process scoring its own shards, the gang summing (a collective: every rank
+        calls it). Empty when there is no held-out split or ``model`` does not give one score
+        per class (a train function's own kind of model)."""
+        if self.validation is None:
+            return {}
+        was_training = model.training
+        model.eval()
+        sums = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss, correct, seen, not scores per class
+        try:
+            for images, labels in self.validation.shards(own=True):
+                if not self._score(model, images, labels, sums):
+                    break
+        finally:
+            model.train(was_training)
+        if self.distributed:
+            dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        if sums[3] > 0 or sums[2] == 0:
+            return {}
+        return {"val_loss": float(sums[0] / sums[2]), "val_accuracy": float(sums[1] / sums[2])}
+
+    def _score(self, model: nn.Module, images: Any, labels: Any, sums: torch.Tensor, batch_size: int = 512) -> bool:
+        """Add one shard's loss, correct and seen counts to ``sums``; False (and ``sums[3]`` set)
+        when the model's output is not [batch, classes]."""
+        for i in range(0, len(images), batch_size):
+            x = torch.from_numpy(images[i:i + batch_size]).to(self.device).float()
+            y = torch.from_numpy(labels[i:i + batch_size]).to(self.device)
+            try:
+                logits = model(x)
+            except Exception as e:  # noqa: BLE001 - a model that takes other inputs: no held-out metrics, not a failed run
+                log.warning("no held-out metrics: the model did not score a batch of images (%s: %s)", type(e).__name__, e)
+                logits = None
+            if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[1] != self.num_classes:
+                sums[3] = 1
+                return False
+            sums[0] += nn.functional.cross_entropy(logits.float(), y, reduction="sum").double()
+            sums[1] += (logits.argmax(dim=1) == y).sum()
+            sums[2] += len(y)
+        return True
 
     def _gather_anatomy(self) -> list[telemetry.RankEpoch]:
         """Every rank's step anatomy of the epoch (a collective: every rank calls it)."""

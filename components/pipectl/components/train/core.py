@@ -162,12 +162,15 @@ def _context(inp: TrainInput, s3: Any, reader: Any, proc: _Process) -> TrainCont
     """The context of this process: the training split, and the run's checkpoints and metrics."""
     data = ShardStream(s3 if reader is None else reader, inp.shards_uri, "train", rank=proc.rank,
                        world_size=proc.world_size, seed=inp.seed)
+    held_out = (ShardStream(data.reader, inp.shards_uri, "validation", rank=proc.rank, world_size=proc.world_size,
+                            seed=inp.seed, index=data.index) if data.index.validation_count else None)
 
     return TrainContext(
         params=inp, rank=proc.rank, world_size=proc.world_size, device=proc.device, distributed=proc.distributed,
         data=data, label_names=list(data.index.labels),
         image_size=data.index.image_size, checkpoint=lambda step, model, opt: save_checkpoint(s3, inp.run_uri, step, model, opt),
-        restore=lambda model, opt: resume(s3, inp.run_uri, model, opt), log_metrics=mlflow_metrics(proc.rank))
+        restore=lambda model, opt: resume(s3, inp.run_uri, model, opt), log_metrics=mlflow_metrics(proc.rank),
+        validation=held_out)
 
 
 @torch.no_grad()
