@@ -163,6 +163,9 @@ class Bench:
         self.batch = client.BatchV1Api(self.api)
         self.core.create_namespaced_config_map(NS, {"metadata": {"name": TEST_OUTPUTS_CONFIGMAP},
                                                     "data": {k: json.dumps(v) for k, v in TRAINING_STEP_OUTPUTS.items()}})
+        # the namespace's GPU quota (a team's share: the site's namespace_max_gpus) is the whole cluster here
+        self.core.patch_namespaced_resource_quota("pipectl-namespace-gpus", NS, {"spec": {"hard": {
+            "requests.nvidia.com/gpu": str((nodes + 8) * GPUS)}}})
         self.pods = Pods(self.core)
         self.extra = 0
         self.node_state = {f"kwok-node-{i}": (False, False) for i in range(nodes)}  # (cordoned, buffer)

@@ -527,3 +527,26 @@ def test_a_namespace_holds_its_gpu_share_and_no_pod_of_it_is_best_effort(k8s_api
         "cpu": cpu_quantity(cfg.step_cpu), "memory": memory_quantity(cfg.step_memory_gib)}
     assert not created.spec.containers[0].resources.limits  # no default limit: steps may burst
     assert created.status.qos_class == "Burstable"
+
+
+def test_submit_refuses_a_gang_the_namespaces_quotas_can_never_admit_and_sends_nothing(test_cluster, k8s_api, submitter):
+    """Within the namespace's GPU quota (64) or beyond it; in a preempting lane beyond its own quota
+    (16 GPUs): exit 2 with the numbers, no workflow created. A submitter may read the quotas."""
+    from kubernetes import client
+
+    from tests.cluster.test_control_plane import _pipectl
+
+    custom = client.CustomObjectsApi(k8s_api)
+
+    def workflows() -> set[str]:
+        return {w["metadata"]["name"] for w in custom.list_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows")["items"]}
+
+    before = workflows()
+    for args, words in ((["-p", "workers=9", "-p", "gpus-per-worker=8"], "needs 72 GPUs at once (9 workers x 8 GPUs); "
+                         "ResourceQuota pipectl-namespace-gpus of namespace pipectl allows 64"),
+                        (["--lane", "urgent", "-p", "workers=3", "-p", "gpus-per-worker=8"],
+                         "ResourceQuota pipectl-preempting-lanes of namespace pipectl allows 16 for lane urgent")):
+        r = _pipectl(test_cluster, "submit", "training", *args)
+        assert r.returncode == 2 and words in r.stderr and "namespace_max_gpus" in r.stderr, (r.returncode, r.stderr)
+    assert workflows() == before
+    assert client.CoreV1Api(_api(test_cluster, *SUBMITTER)).list_namespaced_resource_quota(NS).items

@@ -87,3 +87,38 @@ def test_a_submitter_cannot_write_the_rules():
         assert "*" not in r["resources"] and "*" not in r["apiGroups"], r
         if "" in r["apiGroups"]:
             assert "configmaps" not in r["resources"] or not write & set(r["verbs"]), r
+
+
+def _quotas() -> list[dict]:
+    """The namespace's quotas as argo/cluster renders them (default site settings)."""
+    from pipectl.pipelines.manifests import namespace_limits, preempting_lane_quota
+    from pipectl.pipelines.training import CompileConfig
+
+    cfg = CompileConfig()
+    return [o for o in [*preempting_lane_quota(cfg), *namespace_limits(cfg)] if o["kind"] == "ResourceQuota"]
+
+
+@pytest.mark.parametrize("lane, workers, gpus, refused", [
+    ("batch", 8, 8, None),                                 # 64 GPUs: the namespace's whole quota
+    ("batch", 9, 8, "needs 72 GPUs at once (9 workers x 8 GPUs); ResourceQuota pipectl-namespace-gpus"),
+    ("standard", 128, 8, "needs 1024 GPUs"),
+    ("urgent", 2, 8, None),                                # 16 GPUs: the preempting lanes' quota
+    ("urgent", 3, 8, "ResourceQuota pipectl-preempting-lanes of namespace pipectl allows 16 for lane urgent"),
+    ("urgent", 33, 0, "needs 33 pods at once"),
+    ("batch", 33, 0, None),                                # the pods quota is the preempting lanes' only
+])
+def test_a_gang_the_namespaces_quotas_can_never_admit_is_named_with_the_numbers(lane, workers, gpus, refused):
+    from pipectl.pipelines.admission import quota_refusal
+
+    why = quota_refusal(_quotas(), lane, workers, gpus)
+    assert (why is None) if refused is None else (refused in why), why
+
+
+def test_quotas_with_other_scopes_or_counts_it_cannot_read_are_not_judged():
+    from pipectl.pipelines.admission import quota_refusal
+
+    other = [{"metadata": {"name": "q"}, "spec": {"scopes": ["BestEffort"], "hard": {"pods": "1"}}},
+             {"metadata": {"name": "r"}, "spec": {"hard": {"requests.nvidia.com/gpu": "8Ki"}}},
+             {"metadata": {"name": "s"}, "spec": {"hard": {"requests.nvidia.com/gpu": "1k"}}}]
+    assert quota_refusal(other, "batch", 100, 8) is None   # 800 <= 1k; 8Ki is not a plain count
+    assert "allows 1000" in quota_refusal(other, "batch", 126, 8)

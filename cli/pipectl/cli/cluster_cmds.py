@@ -79,6 +79,7 @@ def submit(pipeline: str, params: tuple[str, ...], parameter_file: Any, lane: st
         _print_objects([wf])
         return
     cluster = _cluster(namespace, context)
+    _refuse_gang_over_quota(cluster, parameters)
     created = cluster.create_workflow(wf)
     name = created["metadata"]["name"]
     console().print(f"submitted workflow {name} (lane {parameters.lane.value}, priority {wf['spec']['priority']})")
@@ -91,6 +92,17 @@ def submit(pipeline: str, params: tuple[str, ...], parameter_file: Any, lane: st
     _record({**record, "phase": phase, "message": final.get("status", {}).get("message")}, output_format, text=f"{name} {phase}")
     if phase != "Succeeded":
         sys.exit(1)
+
+
+def _refuse_gang_over_quota(cluster: Any, parameters: Any) -> None:
+    """Exit 2, sending nothing, when the namespace's quotas can never admit the run's gang."""
+    from pipectl.pipelines.admission import quota_refusal
+
+    quotas = cluster.resource_quotas()
+    why = quota_refusal(quotas or [], parameters.lane.value, parameters.workers, parameters.gpus_per_worker)
+    if why:
+        fail(why, "use fewer workers or GPUs per worker, or ask the namespace's admin for a larger quota "
+                  "(site settings namespace_max_gpus, preempting_max_gpus, preempting_max_pods)", code=2)
 
 
 _LABEL_KEY = r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"

@@ -398,7 +398,7 @@ SUBMITTER_ROLE = "pipectl-submitter"
 
 def submitter_role(namespace: str) -> dict:
     """``pipectl-submitter``: submit, watch, stop and retry runs, read their logs, and read the
-    templates and cron schedules; no WorkflowTemplates, pods, jobs, secrets or config of its own.
+    templates, cron schedules and quotas; no WorkflowTemplates, pods, jobs, secrets or config of its own.
     An admin binds it to a team's group (``kubectl create rolebinding ... --group``)."""
     rules = [
         {"apiGroups": ["argoproj.io"], "resources": ["workflows"],
@@ -407,6 +407,8 @@ def submitter_role(namespace: str) -> dict:
          "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        # submit checks a gang against the namespace's quotas before it sends anything
+        {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["get", "list"]},
     ]
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": SUBMITTER_ROLE, "namespace": namespace, "labels": dict(PART_OF)}, "rules": rules}
@@ -415,3 +417,47 @@ def submitter_role(namespace: str) -> dict:
 def admission_policies() -> list[dict]:
     """Both policies and their bindings (cluster-scoped: ``argo/cluster/``)."""
     return [*submission_policy(), *lanes_policy()]
+
+
+_GPU_KEYS = ("requests.nvidia.com/gpu", "nvidia.com/gpu")
+
+
+def quota_refusal(quotas: list[dict], lane: str, workers: int, gpus_per_worker: int) -> str | None:
+    """Why the namespace's ResourceQuotas (``quotas``, as the API server lists them) can never admit
+    a training gang of ``workers`` pods with ``gpus_per_worker`` GPUs each in ``lane``: its pods
+    would never be created and the run would wait out its timeout. None when they can (what is in
+    use frees up; only the hard limits are judged). Quotas with scopes other than the lanes'
+    PriorityClass are not judged."""
+    from pipectl.components.names import lane_object_name
+
+    priority_class = lane_object_name(lane)
+    for q in quotas:
+        spec = q.get("spec") or {}
+        exprs = (spec.get("scopeSelector") or {}).get("matchExpressions") or []
+        if spec.get("scopes") or any(e.get("scopeName") != "PriorityClass" or e.get("operator") not in ("In", "NotIn")
+                                     for e in exprs):
+            continue
+        if not all((priority_class in e.get("values", [])) == (e["operator"] == "In") for e in exprs):
+            continue  # a quota of other lanes
+        hard = spec.get("hard") or {}
+        needs = [(k, workers * gpus_per_worker, "GPUs") for k in _GPU_KEYS] + [("pods", workers, "pods")]
+        for key, need, what in needs:
+            allowed = _int_quantity(hard.get(key))
+            if allowed is not None and need > allowed:
+                scope = f" for lane {lane}" if exprs else ""
+                return (f"the training gang needs {need} {what} at once ({workers} workers x {gpus_per_worker} GPUs); "
+                        f"ResourceQuota {q['metadata']['name']} of namespace {q['metadata'].get('namespace', '')} "
+                        f"allows {allowed}{scope}: its pods would never be created")
+    return None
+
+
+def _int_quantity(value: Any) -> int | None:
+    """A count as a quota writes it (``64``, ``1k``); None when absent or not a plain count."""
+    if value is None:
+        return None
+    text = str(value)
+    scale = {"k": 1000, "M": 1000**2, "G": 1000**3}.get(text[-1:], 1)
+    try:
+        return int(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        return None

@@ -231,6 +231,18 @@ class ArgoCluster:
             out[name] = "; ".join(f"{who}: {e.message}" for who, e in sorted(latest.items())) or "no scheduling event"
         return out
 
+    def resource_quotas(self) -> list[dict[str, Any]] | None:
+        """The namespace's ResourceQuotas (as plain objects); None when we may not read them."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            listed = self.core.list_namespaced_resource_quota(self.namespace, _request_timeout=30)
+        except ApiException as e:
+            if e.status in (401, 403):
+                return None
+            raise
+        return [self.core.api_client.sanitize_for_serialization(q) for q in listed.items]
+
     def create_workflow(self, wf: dict[str, Any]) -> dict[str, Any]:
         return self._call("create Workflow", self.api.create_namespaced_custom_object, GROUP, VERSION, self.namespace, "workflows", wf)
 
