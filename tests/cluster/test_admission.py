@@ -550,3 +550,25 @@ def test_submit_refuses_a_gang_the_namespaces_quotas_can_never_admit_and_sends_n
         assert r.returncode == 2 and words in r.stderr and "namespace_max_gpus" in r.stderr, (r.returncode, r.stderr)
     assert workflows() == before
     assert client.CoreV1Api(_api(test_cluster, *SUBMITTER)).list_namespaced_resource_quota(NS).items
+
+
+def test_a_gang_job_beyond_the_quota_says_why_it_has_no_pods(test_cluster, k8s_api, monkeypatch):
+    """The same gang sent another way (the Argo UI, the API): the gang job cannot create all its
+    pods, and a pod never created has no event to ask why; `pipectl status` reads the job
+    controller's warning."""
+    from kubernetes import client
+
+    from pipectl.pipelines.backends.kube import ArgoCluster
+    from tests.cluster.test_control_plane import _lane_gang
+
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    custom = client.CustomObjectsApi(k8s_api)
+    custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", _lane_gang("over-quota-train", "batch", 9, 8, "1h"))
+    try:
+        monkeypatch.setenv("KUBECONFIG", str(test_cluster.kubeconfig))
+        cluster = ArgoCluster(NS)
+        why = test_cluster.wait_for("the job controller's warning", lambda: cluster.gang_creation_failures("over-quota"), timeout_s=90)
+        assert "gang job over-quota-train" in why[0] and "exceeded quota: pipectl-namespace-gpus" in why[0], why
+    finally:
+        custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", "over-quota-train")

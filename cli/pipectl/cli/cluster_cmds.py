@@ -384,6 +384,8 @@ def status(name: str, namespace: str, context: str | None, output_format: str) -
         # a train step that timed out Pending: say why its gang never got nodes
         for pod, why in cluster.unscheduled_gang_pods(name).items():
             console().print(f"gang pod {pod} was never scheduled: {why}", markup=False)
+        for why in cluster.gang_creation_failures(name):  # pods the job could not create (a quota)
+            console().print(why, markup=False)
         sys.exit(1)
 
 

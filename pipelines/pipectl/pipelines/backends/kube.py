@@ -231,6 +231,15 @@ class ArgoCluster:
             out[name] = "; ".join(f"{who}: {e.message}" for who, e in sorted(latest.items())) or "no scheduling event"
         return out
 
+    def gang_creation_failures(self, workflow: str) -> list[str]:
+        """Why the gang job of ``workflow`` could not create (all) its pods: the job controller's
+        latest warning, e.g. a ResourceQuota exceeded. A pod never created has no event of its own."""
+        job = JOB_NAME.replace("{{workflow.name}}", workflow)
+        events = self._call("list gang job events", self.core.list_namespaced_event, self.namespace,
+                            field_selector=f"involvedObject.name={job},type=Warning").items
+        latest = max(events, key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp, default=None)
+        return [f"gang job {job}: {latest.reason}: {latest.message}"] if latest is not None else []
+
     def resource_quotas(self) -> list[dict[str, Any]] | None:
         """The namespace's ResourceQuotas (as plain objects); None when we may not read them."""
         from kubernetes.client.exceptions import ApiException
