@@ -244,13 +244,16 @@ class ArgoCluster:
         """The namespace's ResourceQuotas (as plain objects); None when we may not read them."""
         from kubernetes.client.exceptions import ApiException
 
-        try:
-            listed = self.core.list_namespaced_resource_quota(self.namespace, _request_timeout=30)
-        except ApiException as e:
-            if e.status in (401, 403):
-                return None
-            raise
-        return [self.core.api_client.sanitize_for_serialization(q) for q in listed.items]
+        def listed(**kwargs: Any) -> list[Any] | None:
+            try:
+                return self.core.list_namespaced_resource_quota(self.namespace, **kwargs).items
+            except ApiException as e:
+                if e.status == 403:  # not allowed to read them: not checked
+                    return None
+                raise
+
+        items = self._call("list the namespace's quotas", listed)
+        return None if items is None else [self.core.api_client.sanitize_for_serialization(q) for q in items]
 
     def create_workflow(self, wf: dict[str, Any]) -> dict[str, Any]:
         return self._call("create Workflow", self.api.create_namespaced_custom_object, GROUP, VERSION, self.namespace, "workflows", wf)
