@@ -141,9 +141,12 @@ def _plain_job(name: str, pods: int) -> dict:
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": NS},
             "spec": {"parallelism": pods, "completions": pods, "backoffLimit": 0, "template": {
                 "metadata": {"labels": {"bench": name}, "annotations": {"pipectl.io/run-duration": "1h"}},
-                "spec": {"restartPolicy": "Never", "containers": [{
-                    "name": "main", "image": "busybox:1.36", "imagePullPolicy": "Never", "command": ["true"],
-                    "resources": {"limits": {"nvidia.com/gpu": str(GPUS)}}}]}}}}
+                "spec": {"restartPolicy": "Never",  # the namespace enforces the restricted Pod Security Standard
+                         "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+                         "containers": [{
+                             "name": "main", "image": "busybox:1.36", "imagePullPolicy": "Never", "command": ["true"],
+                             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                             "resources": {"limits": {"nvidia.com/gpu": str(GPUS)}}}]}}}}
 
 
 class Bench:
