@@ -32,6 +32,7 @@ Environment: ``BENCH_SCHED_NODES`` (default ``250,500,1000,2000``; S1-wait, S2 a
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -76,8 +77,15 @@ class Watch:
         from kubernetes import watch
 
         while not self._stop:
-            try:
-                for ev in watch.Watch().stream(self.list_fn, *self.args, timeout_seconds=30):
+            try:  # list, then watch from the list's version: a re-list drops what was deleted meanwhile
+                listed = self.list_fn(*self.args)
+                items, version = ((listed["items"], listed["metadata"]["resourceVersion"]) if isinstance(listed, dict)
+                                  else ([o.to_dict() for o in listed.items], listed.metadata.resource_version))
+                with self.lock:
+                    self.items = {self.key(o): o for o in items}
+                    if self.on_event:
+                        self.on_event(self)
+                for ev in watch.Watch().stream(self.list_fn, *self.args, resource_version=version, timeout_seconds=30):
                     obj = ev["object"]
                     obj = obj if isinstance(obj, dict) else obj.to_dict()
                     with self.lock:
@@ -438,6 +446,14 @@ class Bench:
         return out
 
 
+@contextlib.contextmanager
+def _closing(b: Bench):
+    try:
+        yield b
+    finally:
+        b.pods.w.stop()
+
+
 def _cluster(tmp: str, nodes: int):
     from tests.cluster.cluster import TestCluster
 
@@ -456,8 +472,7 @@ def run() -> dict:
         for nodes in sizes if only & {"S1", "S2", "S3", "S5"} else []:
             if nodes != main_size and "S5" not in only:
                 continue
-            with _cluster(tmp, nodes) as c:
-                b = Bench(c, nodes)
+            with _cluster(tmp, nodes) as c, _closing(Bench(c, nodes)) as b:
                 r = {"bring_up_s": c.startup_s, "apiserver_mib_idle": b.proc_mib("kube-apiserver"),
                      "etcd_mib_idle": b.proc_mib("etcd")}
                 print(f"[scheduling] {nodes} nodes up in {c.startup_s:.0f} s", flush=True)
@@ -472,8 +487,8 @@ def run() -> dict:
                 out["sizes"][str(nodes)] = r
                 print(f"[scheduling] {nodes} nodes: {json.dumps(r)}", flush=True)
         if "S4" in only:
-            with _cluster(tmp, S4_NODES) as c:
-                out["S4"] = {"nodes": S4_NODES, **Bench(c, S4_NODES).s4()}
+            with _cluster(tmp, S4_NODES) as c, _closing(Bench(c, S4_NODES)) as b:
+                out["S4"] = {"nodes": S4_NODES, **b.s4()}
                 print(f"[scheduling] S4: {json.dumps(out['S4'])}", flush=True)
     out["loadavg_after"] = os.getloadavg()
     return out

@@ -490,8 +490,10 @@ class TestCluster:
         """KWOK's Stages and the fake nodes first, so KWOK finds them on its first list."""
         for doc in kwok.stages(self.node_heartbeat_s):
             k.custom.create_cluster_custom_object("kwok.x-k8s.io", "v1alpha1", "stages", doc)
-        for i in range(self.nodes):
-            k.core.create_node(kwok.fake_node(f"kwok-node-{i}"))
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=8) as pool:  # a thousand nodes: one request each, in parallel
+            list(pool.map(lambda i: k.core.create_node(kwok.fake_node(f"kwok-node-{i}")), range(self.nodes)))
         self._spawn("kwok", kwok.argv(str(self.kubeconfig)))
 
     def _start_argo(self) -> None:
