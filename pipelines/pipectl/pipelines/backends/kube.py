@@ -232,13 +232,16 @@ class ArgoCluster:
         return out
 
     def gang_creation_failures(self, workflow: str) -> list[str]:
-        """Why the gang job of ``workflow`` could not create (all) its pods: the job controller's
-        latest warning, e.g. a ResourceQuota exceeded. A pod never created has no event of its own."""
+        """The gang job of ``workflow``'s latest warning of each kind: why it has not all its pods,
+        e.g. the API server refusing a pod (a quota exceeded) or Volcano keeping its group Pending.
+        A pod never created has no event of its own."""
         job = JOB_NAME.replace("{{workflow.name}}", workflow)
         events = self._call("list gang job events", self.core.list_namespaced_event, self.namespace,
                             field_selector=f"involvedObject.name={job},type=Warning").items
-        latest = max(events, key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp, default=None)
-        return [f"gang job {job}: {latest.reason}: {latest.message}"] if latest is not None else []
+        latest: dict[str, Any] = {}  # per reason, the newest
+        for e in sorted(events, key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp):
+            latest[e.reason] = e
+        return [f"gang job {job}: {reason}: {e.message}" for reason, e in sorted(latest.items())]
 
     def resource_quotas(self) -> list[dict[str, Any]] | None:
         """The namespace's ResourceQuotas (as plain objects); None when we may not read them."""
