@@ -207,8 +207,9 @@ def _gpus(node: Any) -> int:
 def _urgent_reserve(nodes: list) -> Row:
     """GPU nodes only the urgent lane may use (taint ``pipectl.io/lane=urgent:NoSchedule``, not
     cordoned). Without them an urgent gang gets its GPUs by evicting lower-lane gangs, and a gang
-    evicted in part restarts whole: on a cluster full of 128-pod batch gangs, a 16-GPU urgent gang
-    left 1,024 GPUs idle until it ended (docs/operations.md, "Urgent gang with and without the buffer")."""
+    evicted in part restarts whole: on the test cluster full of 128-pod batch gangs, a 16-GPU
+    urgent gang left 1,024 GPUs idle until it ended (Volcano picks victims without regard to the
+    size of their gang). With a reserve it binds in Volcano's first action and evicts nothing."""
     from pipectl.components.names import LANE_TAINT_KEY
     from pipectl.pipelines.policy import Lane
 
