@@ -369,7 +369,12 @@ class Bench:
                     before = self.restarts(gangs)
                     name = f"s3-urgent-b{buffer}-{i}"
                     t0 = self.gang(name, "urgent", workers=2)
-                    bound.append(self.pods.wait_bound("volcano.sh/job-name", name, 2) - t0)
+                    try:
+                        bound.append(self.pods.wait_bound("volcano.sh/job-name", name, 2) - t0)
+                    except TimeoutError as e:  # recorded with the other round's figures, not lost with them
+                        out[f"buffer_{buffer}_error"] = str(e)
+                        self.delete_gang(name)
+                        break
                     time.sleep(SETTLE_S)
                     idle.append(self.gpus_idle())
                     displaced.append(self.restarts(gangs) - before)
