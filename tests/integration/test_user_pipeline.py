@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytestmark = pytest.mark.integration
 
@@ -100,6 +101,7 @@ def test_a_torchrun_script_with_no_pipectl_import_trains_in_the_gang(tmp_path, s
     check = json.loads(Path(steps["check"]["log"]).read_text().split("check: ", 1)[1].splitlines()[0])
     assert check["world"] == 2 and check["env"]["PIPECTL_TRAIN_WORKFLOW_NAME"] == summary["workflow"]
     assert check["env"]["PIPECTL_TRAIN_RUN_URI"] == f"s3://pipectl/runs/{summary['workflow']}"
+    assert check["env"]["PIPECTL_TRAIN_CHECKPOINTS_URI"] == f"s3://pipectl/runs/{summary['workflow']}/checkpoints/"
 
 
 def test_a_failing_user_script_fails_the_run_as_code(tmp_path, small_digits_dir):
@@ -153,10 +155,26 @@ def test_the_image_classifier_example_trains_its_own_resnet_function_and_evaluat
     assert set(resnet["metrics"]) == {"accuracy", "f1_macro", "balanced_accuracy"} and set(cnn["metrics"]) == {"accuracy", "f1_macro"}
 
 
+COUNT_SHARDS = '''
+"""A step of the team's own between shards and train: reads the shards' index, outputs a count."""
+import json, os, sys
+from pathlib import Path
+import boto3
+s3 = boto3.client("s3", endpoint_url=os.environ["PIPECTL_S3_ENDPOINT"], aws_access_key_id=os.environ["PIPECTL_S3_ACCESS_KEY"],
+                  aws_secret_access_key=os.environ["PIPECTL_S3_SECRET_KEY"], region_name="us-east-1")
+bucket, _, prefix = sys.argv[1].removeprefix("s3://").partition("/")
+index = json.loads(s3.get_object(Bucket=bucket, Key=prefix.rstrip("/") + "/index.json")["Body"].read())
+out = Path(os.environ["PIPECTL_OUTPUTS_DIR"])
+out.mkdir(parents=True, exist_ok=True)
+(out / "train-shards").write_text(str(len(index["train"])))
+print(f"count-shards: {len(index['train'])} train shard(s) at {sys.argv[1]}", flush=True)
+'''
+
+
 def test_a_pipeline_on_shards_the_team_already_has_skips_stage_and_preprocess(tmp_path, settings, s3, small_digits_dir):
-    """shards(): dataset-uri names pre-built shards in the store; they are checked, then trained on,
-    evaluated and registered. An index listing a shard that is not there fails the shards step
-    before any gang starts."""
+    """shards(): dataset-uri names pre-built shards in the store; they are checked, read by a step of
+    the team's own (a ContainerStep), then trained on, evaluated and registered. An index listing a
+    shard that is not there fails the shards step before any gang starts."""
     from pipectl.components.contracts import PreprocessInput, StageInput
     from pipectl.components.preprocess.core import preprocess
     from pipectl.components.stage.core import stage
@@ -168,8 +186,16 @@ def test_a_pipeline_on_shards_the_team_already_has_skips_stage_and_preprocess(tm
     broken = {**index, "train": index["train"] + [f"s3://{settings.bucket}/team-shards/missing.npz"]}
     s3.put_object(Bucket=settings.bucket, Key="broken-shards/index.json", Body=json.dumps(broken).encode())
     f = tmp_path / "fromshards.py"
-    f.write_text("from pipectl.sdk import Pipeline, evaluate, register, shards, train\n"
-                 "pipeline = Pipeline('from-shards', [shards(), train(), evaluate(), register()])\n")
+    f.write_text("from pipectl.sdk import SHARDS_URI, ContainerStep, Pipeline, evaluate, register, shards, train\n"
+                 "count = ContainerStep('count-shards', image='registry.example.com/me/count:1', command=['python', 'count.py'],\n"
+                 "                      args=[SHARDS_URI], outputs=['train-shards'])\n"
+                 "pipeline = Pipeline('from-shards', [shards(), count, train(), evaluate(), register()])\n")
+    (tmp_path / "count.py").write_text(COUNT_SHARDS)
+    r = subprocess.run([PIPECTL, "render", f"{f}:pipeline"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    from pipectl.pipelines.lint import lint_objects
+
+    assert lint_objects([("from-shards", yaml.safe_load(r.stdout))]) == []
     store = ["--s3-endpoint", settings.s3_endpoint, "--s3-access-key", settings.s3_access_key,
              "--s3-secret-key", settings.s3_secret_key, "--bucket", settings.bucket]
 
@@ -180,8 +206,12 @@ def test_a_pipeline_on_shards_the_team_already_has_skips_stage_and_preprocess(tm
     r = run(prebuilt, "good")
     assert r.returncode == 0, r.stderr[-4000:]
     summary = json.loads(r.stdout)
-    assert [s["task"] for s in summary["steps"]] == ["validate", "shards", "train", "evaluate", "register"]
+    assert [s["task"] for s in summary["steps"]] == ["validate", "shards", "count-shards", "train", "evaluate", "register"]
     assert summary["model"]["version"] == "1"
+    count = next(s for s in summary["steps"] if s["task"] == "count-shards")
+    assert f"count-shards: {len(index['train'])} train shard(s) at {prebuilt}" in Path(count["log"]).read_text()
+    record = json.loads(next((tmp_path / "good" / "runs").glob("*/run.json")).read_text())
+    assert record["tasks"]["count-shards"]["outputs"]["train-shards"] == str(len(index["train"]))
     r = run(f"s3://{settings.bucket}/broken-shards/", "broken")
     assert r.returncode == 1, r.stderr[-4000:]
     failed = json.loads(r.stdout)

@@ -76,6 +76,25 @@ def test_a_user_pipeline_drops_a_step_and_adds_its_own_between_two():
     assert "envFrom" in c["container"] and "envFrom" not in _template(wt, "notify")["container"]
 
 
+def test_a_pipeline_on_shards_it_already_has_drops_preprocess_and_adds_its_own_step():
+    from pipectl.pipelines.lint import lint_objects
+    from pipectl.sdk import shards
+
+    inspect = ContainerStep("inspect-shards", image="registry.example.com/me/inspect:1", command=["python", "inspect.py"],
+                            args=[SHARDS_URI, RUN_URI], outputs=["report-uri"])
+    wt = Pipeline("from-shards", [shards(), inspect, train(), evaluate(), register()]).build().to_dict()
+    assert lint_objects([("from-shards", wt)]) == []
+    tasks = _tasks(wt)
+    assert list(tasks) == ["validate", "shards", "inspect-shards", "train", "evaluate", "register"]
+    assert {"stage", "preprocess"}.isdisjoint(t["name"] for t in wt["spec"]["templates"])
+    assert tasks["inspect-shards"]["dependencies"] == ["shards"] and tasks["train"]["dependencies"] == ["inspect-shards"]
+    # both the user's step and the gang read the shards the shards step checked (dataset-uri)
+    args = {p["name"]: p["value"] for p in tasks["inspect-shards"]["arguments"]["parameters"]}
+    assert args == {"shards-uri": "{{tasks.shards.outputs.parameters.shards-uri}}", "run-uri": "s3://pipectl/runs/{{workflow.name}}"}
+    train_args = {p["name"]: p["value"] for p in tasks["train"]["arguments"]["parameters"]}
+    assert train_args["shards-uri"] == "{{tasks.shards.outputs.parameters.shards-uri}}"
+
+
 @pytest.mark.parametrize("example,tasks", [
     (EXAMPLE, ["validate", "stage", "preprocess", "train", "report", "evaluate", "register"]),
     (ROOT / "examples" / "image-classifier" / "pipeline.py", ["validate", "stage", "preprocess", "train", "evaluate", "register"]),
@@ -135,7 +154,8 @@ def test_a_bad_pipeline_reference_is_exit_2_and_names_the_problem(tmp_path, body
     if body is not None:
         f.write_text(body)
     ref = ref.format(f=f)
-    for argv in (["render", ref], ["submit", ref, "--dry-run"], ["templates", "apply", ref, "--dry-run"]):
+    for argv in (["render", ref], ["submit", ref, "--dry-run"], ["templates", "apply", ref, "--dry-run"],
+                 ["cron", "apply", ref, "--dry-run"]):
         r = _pipectl(*argv, cwd=tmp_path)
         assert r.returncode == 2, (argv, r.stdout, r.stderr)
         assert message in r.stderr, (argv, r.stderr)
@@ -159,6 +179,24 @@ def test_submit_and_templates_apply_name_the_users_template(tmp_path):
     r = _pipectl("templates", "apply", f"{EXAMPLE}:pipeline", "training", "--dry-run")
     assert r.returncode == 0, r.stderr
     assert [d["metadata"]["name"] for d in yaml.safe_load_all(r.stdout)] == ["team-training-v1", "training-v1"]
+
+
+def test_cron_apply_schedules_the_users_pipeline_beside_the_built_in_one():
+    from pipectl.pipelines.lint import lint_objects
+
+    r = _pipectl("cron", "apply", f"{EXAMPLE}:pipeline", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    mine = yaml.safe_load(r.stdout)
+    assert mine["metadata"]["name"] == "retrain-team-training"  # its own schedule: the built-in one's stays
+    assert mine["spec"]["workflowSpec"]["workflowTemplateRef"] == {"name": "team-training-v1"}
+    assert lint_objects([("cron", mine)]) == []
+    builtin = yaml.safe_load(_pipectl("cron", "apply", "training", "--dry-run").stdout)
+    assert builtin == yaml.safe_load(_pipectl("cron", "apply", "--dry-run").stdout)  # training is the default
+    assert builtin["metadata"]["name"] == "retrain"
+    assert builtin["spec"]["workflowSpec"]["workflowTemplateRef"] == {"name": "training-v1"}
+    # the same schedule, history and overlap rules for every pipeline
+    assert {k: v for k, v in mine["spec"].items() if k != "workflowSpec"} == \
+        {k: v for k, v in builtin["spec"].items() if k != "workflowSpec"}
 
 
 @pytest.mark.parametrize("launcher", ["volcano", "pytorchjob"])
@@ -185,6 +223,10 @@ def test_the_users_training_code_runs_in_the_gang_with_the_environment_contract(
         env = {e["name"]: e.get("value") for e in c["env"]}
         assert {"PIPECTL_TRAIN_SHARDS_URI", "PIPECTL_TRAIN_RUN_URI", "PIPECTL_TRAIN_EPOCHS", "PIPECTL_TRAIN_SEED",
                 "PIPECTL_TRAIN_WORKFLOW_NAME", "PIPECTL_TRAIN_OUTPUTS_DIR"} <= set(env)
+        # where checkpoints go: the run layout's folder, the one pipectl's own training uses
+        from pipectl.components.contracts import RunLayout
+
+        assert env["PIPECTL_TRAIN_CHECKPOINTS_URI"] == RunLayout(run_uri="s3://b/runs/w").checkpoints_uri == "s3://b/runs/w/checkpoints/"
     # pipectl's own training is unchanged: no contract env, its own module
     own = _template(Pipeline("own", [stage(), preprocess(), train()]).build(CompileConfig(launcher=launcher)).to_dict(), "train")
     assert re.search(r"- pipectl\.components\.train\n", own["resource"]["manifest"])

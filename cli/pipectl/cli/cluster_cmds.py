@@ -240,13 +240,20 @@ _get_and_delete(cron, "cronworkflows", "CronWorkflow",
 
 
 @cron.command("apply")
+@click.argument("pipeline", default="training")
 @click.option("--dry-run", is_flag=True)
 @cluster_options
-def cron_apply(dry_run: bool, namespace: str, context: str | None) -> None:
-    """Create or update the `retrain` CronWorkflow."""
+def cron_apply(pipeline: str, dry_run: bool, namespace: str, context: str | None) -> None:
+    """Create or update the daily schedule of PIPELINE (default: training): CronWorkflow `retrain`
+    for the built-in training pipeline, `retrain-<name>` for another. It runs the WorkflowTemplate
+    `<name>-v1` that `pipectl templates apply PIPELINE` puts on the cluster.
+
+    PIPELINE: a built-in pipeline (training), or your own: path/to/file.py:NAME or package.module:NAME."""
+    from pipectl.cli.pipeline_ref import load_pipeline
     from pipectl.pipelines.manifests import retrain_cron
 
-    _apply([retrain_cron(compile_config(namespace=namespace)).to_dict()], dry_run, namespace, context)
+    chosen = load_pipeline(pipeline)
+    _apply([retrain_cron(compile_config(namespace=namespace), chosen.name).to_dict()], dry_run, namespace, context)
 
 
 @cron.command("list")

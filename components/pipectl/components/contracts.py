@@ -349,12 +349,18 @@ class RunLayout(StrictModel):
         return _join(self.run_uri, "shards") + "/"
 
     @property
+    def checkpoints_uri(self) -> str:
+        """``<run_uri>/checkpoints/``: the run's checkpoints, the same folder for every attempt of
+        the run (a restarted gang, a retried step)."""
+        return _join(self.run_uri, "checkpoints") + "/"
+
+    @property
     def latest_checkpoint_uri(self) -> str:
-        return _join(self.run_uri, "checkpoints", "latest.json")
+        return _join(self.checkpoints_uri, "latest.json")
 
     def checkpoint_uri(self, step: int) -> str:
         """The checkpoint after optimiser step ``step`` (zero-padded to 8 digits: keys sort by step)."""
-        return _join(self.run_uri, "checkpoints", f"step-{step:08d}.pt")
+        return _join(self.checkpoints_uri, f"step-{step:08d}.pt")
 
     @property
     def train_output_uri(self) -> str:

@@ -198,11 +198,15 @@ def train(module: str | None = None, *, function: str | None = None, script: str
       model; pipectl registers it as ONNX, so ``evaluate()`` and ``register()`` work as for its own.
     - ``train("mypkg.train")`` (``module=``, or ``script="train.py"``) and ``args``: any
       torchrun-compatible code. It reads the step's inputs from the environment:
-      ``PIPECTL_TRAIN_SHARDS_URI``, ``PIPECTL_TRAIN_RUN_URI`` (write checkpoints and the model under
-      it), ``PIPECTL_TRAIN_EPOCHS``, ``PIPECTL_TRAIN_BATCH_SIZE``, ``PIPECTL_TRAIN_LEARNING_RATE``,
+      ``PIPECTL_TRAIN_SHARDS_URI``, ``PIPECTL_TRAIN_RUN_URI`` (the run's folder),
+      ``PIPECTL_TRAIN_CHECKPOINTS_URI`` (``<run>/checkpoints/``, the same for every attempt of the
+      run: write checkpoints there and resume from the newest at start, so a restarted gang
+      carries on), ``PIPECTL_TRAIN_EPOCHS``, ``PIPECTL_TRAIN_BATCH_SIZE``, ``PIPECTL_TRAIN_LEARNING_RATE``,
       ``PIPECTL_TRAIN_CHECKPOINT_EVERY_STEPS``, ``PIPECTL_TRAIN_SEED``, ``PIPECTL_TRAIN_MODEL_NAME``,
       ``PIPECTL_TRAIN_WORKFLOW_NAME``, and the store's settings (``PIPECTL_S3_*``,
-      ``PIPECTL_MLFLOW_URI``). Exit 0 when done, 75 for a transient failure worth restarting the gang
+      ``PIPECTL_MLFLOW_URI``; the run's MLflow run is the one in experiment
+      ``$PIPECTL_TRAIN_MODEL_NAME`` tagged ``pipectl.workflow=$PIPECTL_TRAIN_WORKFLOW_NAME``, which
+      pipectl creates, or finds, when it publishes the model after training). Exit 0 when done, 75 for a transient failure worth restarting the gang
       for; any other exit ends the run as a failure of the code, except an infrastructure fault your
       entry point records with torch's ``@record`` (a GPU hardware error, a collective timeout: the
       gang restarts; :mod:`pipectl.components.train.faults`). With ``exports_onnx=True`` rank 0

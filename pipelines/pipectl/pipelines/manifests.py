@@ -439,21 +439,25 @@ def grafana_dashboard(cfg: CompileConfig) -> list[dict]:
              "data": {"pipectl.json": json.dumps(dashboard, indent=2, sort_keys=True)}}]
 
 
-def retrain_cron(cfg: CompileConfig) -> CronWorkflow:
-    """CronWorkflow ``retrain``: the training WorkflowTemplate daily at 05:30 Europe/Berlin.
+def retrain_cron(cfg: CompileConfig, pipeline: str = "training") -> CronWorkflow:
+    """CronWorkflow ``retrain``: the WorkflowTemplate ``<pipeline>-v1`` (default: the built-in
+    ``training``) daily at 05:30 Europe/Berlin. Another pipeline's schedule is ``retrain-<pipeline>``,
+    so each pipeline has its own and applying one leaves the others in place.
 
     DST-safe: the time is outside the hours a DST change skips or repeats, and ``when`` skips a
     run if the previous one started less than 20 hours ago (a repeated hour can never run twice).
     ``concurrencyPolicy: Forbid``: a retrain never overlaps the previous one.
     ``workflowMetadata`` labels each run as pipectl's (``pipectl list``, the Argo UI's label filter);
-    the controller adds ``workflows.argoproj.io/cron-workflow: retrain`` itself.
+    the controller adds ``workflows.argoproj.io/cron-workflow: <its name>`` itself.
     """
+    builtin = pipeline == "training"
     return CronWorkflow(
-        name="retrain",
+        name="retrain" if builtin else f"retrain-{pipeline}",
         namespace=cfg.namespace,
         labels=dict(PART_OF),
-        annotations={"workflows.argoproj.io/title": "Scheduled retraining",
-                     "workflows.argoproj.io/description": "Retrains and registers the model daily."},
+        annotations={"workflows.argoproj.io/title": "Scheduled retraining" if builtin else f"Scheduled {pipeline}",
+                     "workflows.argoproj.io/description": "Retrains and registers the model daily." if builtin
+                     else f"Runs WorkflowTemplate {pipeline}-v1 daily."},
         schedules=[RETRAIN_SCHEDULE],
         timezone=RETRAIN_TIMEZONE,
         concurrency_policy="Forbid",
@@ -461,7 +465,7 @@ def retrain_cron(cfg: CompileConfig) -> CronWorkflow:
         successful_jobs_history_limit=3,
         failed_jobs_history_limit=5,
         when="{{= cronworkflow.lastScheduledTime == nil || (now() - cronworkflow.lastScheduledTime).Hours() >= 20 }}",
-        workflow_template_ref=WorkflowTemplateRef(name=TEMPLATE_NAME),
+        workflow_template_ref=WorkflowTemplateRef(name=TEMPLATE_NAME if builtin else f"{pipeline}-v1"),
         workflow_metadata=Metadata(labels=dict(PART_OF)),
     )
 

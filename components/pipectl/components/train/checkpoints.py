@@ -19,6 +19,16 @@ fails: no object, no parts left behind); a small checkpoint is one PUT. A resume
 in parallel ranges into the pod's /tmp (boto3's managed transfer; /tmp must hold one checkpoint:
 ``step_tmp_gib``), checks its digest and loads it from there, so the file's bytes are never held
 in memory beside its tensors.
+
+Why one ``torch.save`` file from rank 0, loaded with ``weights_only=True``, and not
+``torch.distributed.checkpoint`` (DCP) or Lightning Fabric: pipectl trains with
+DistributedDataParallel, which keeps the whole model and the whole optimiser state on every rank,
+identical after each step. Rank 0's ``state_dict()`` is therefore the complete state, one file is
+all a resume needs, and every rank of a restarted gang loads that same file. DCP earns its weight
+when the state is sharded across ranks (FSDP, tensor parallelism: each rank saves its own part,
+and a load can re-shard it); under DDP there is nothing to shard. Fabric's save under DDP is
+likewise a rank-0 ``torch.save``: it would add a framework to the step without changing the file,
+and the streamed upload, digest and pointer checks here would still be needed for the store.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from pipectl.components.contracts import GangShape, TrainInput
+from pipectl.components.contracts import GangShape, RunLayout, TrainInput
 from pipectl.components.pipeline_parameters import env_name
 from pipectl.components.train.preemption import GRACE_PERIOD_S
 from pipectl.components.names import (
@@ -127,11 +127,14 @@ TRAIN_ENV_PREFIX = "PIPECTL_TRAIN_"
 
 def train_env() -> list[dict]:
     """The environment contract of user training code: every :class:`TrainInput` field as
-    ``PIPECTL_TRAIN_<FIELD>``, plus the checkpoint folder (``<run>/checkpoints/``) and the outputs
-    folder; rank and world size come from torchrun (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``)."""
+    ``PIPECTL_TRAIN_<FIELD>``, plus the run's checkpoint folder ``PIPECTL_TRAIN_CHECKPOINTS_URI``
+    (:attr:`RunLayout.checkpoints_uri`: the same for every attempt of the run, so a restarted gang
+    finds what the last one wrote there) and the outputs folder; rank and world size come from
+    torchrun (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``)."""
     env = [{"name": TRAIN_ENV_PREFIX + n.upper(), "value": param(n)} for n in TRAIN_ARGS]
     env += [{"name": TRAIN_ENV_PREFIX + n.upper(), "value": v} for n, v in TRAIN_FIXED.items()]
-    return env + [{"name": TRAIN_ENV_PREFIX + "OUTPUTS_DIR", "value": OUTPUTS_DIR}]
+    return env + [{"name": TRAIN_ENV_PREFIX + "CHECKPOINTS_URI", "value": RunLayout(run_uri=param("run_uri")).checkpoints_uri},
+                  {"name": TRAIN_ENV_PREFIX + "OUTPUTS_DIR", "value": OUTPUTS_DIR}]
 
 
 def _train_command(cfg: GangConfig, node_rank: str) -> list[str]:
