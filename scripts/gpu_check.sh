@@ -7,7 +7,7 @@
 #                                                      # tarred and split into parts under .pipectl/gpu-pack/
 #   bash scripts/gpu_check.sh receive PART             # GPU machine: keep one carried part in /tmp/gpu-pack
 #
-# Why a pack: the GPU machine (REFERENCE.md §7: one H200, 16 cores, Python 3.12 with torch 2.11 cu130)
+# Why a pack: the GPU machine (one H200, 16 cores, Python 3.12 with torch 2.11 cu130)
 # reaches no registry, and a call carries at most 64 MiB (working tree + carried paths). The check needs
 # NVIDIA DALI (nvidia-dali-cuda130 2.4.0, ~200 MB, + nvimgcodec, nvcomp, nvjpeg for CUDA 13: ~260 MB) and
 # the step's Python dependencies (~60 MB; 318 MB in all, packed 2026-12-01). They travel as a tar split in parts

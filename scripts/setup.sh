@@ -5,7 +5,7 @@
 # under a cache folder keyed by the Python version and the dependency lists in pyproject.toml,
 # and .venv is a link to it. A warm cache makes this a few seconds; a cold one downloads from PyPI.
 #   PIPECTL_CACHE_DIR  cache root (default: ~/.cache/pipectl)
-#   PYTHON             interpreter to build with (default: python3; needs 3.10-3.12)
+#   PYTHON             interpreter to build with (default: python3; needs ≥ 3.10 and wheels of the pinned torch and DALI for it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

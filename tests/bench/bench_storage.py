@@ -163,7 +163,7 @@ class Tools:
     def env(self, ceph: CephCluster, tool: str) -> dict[str, str]:
         env = {
             **os.environ, **ceph.env(), "AWS_CONFIG_FILE": str(self.cfg), "AWS_REGION": "us-east-1",
-            # botocore >= 1.36 sends checksum headers Pacific's RGW rejects (REFERENCE.md §3)
+            # botocore >= 1.36 sends checksum headers Pacific's RGW rejects
             "AWS_REQUEST_CHECKSUM_CALCULATION": "when_required", "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required",
             "RCLONE_CONFIG_CEPH_TYPE": "s3", "RCLONE_CONFIG_CEPH_PROVIDER": "Ceph",
             "RCLONE_CONFIG_CEPH_ENDPOINT": ceph.s3_endpoint, "RCLONE_CONFIG_CEPH_ACCESS_KEY_ID": ceph.access_key,

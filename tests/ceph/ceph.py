@@ -15,7 +15,7 @@ Usage::
                           aws_access_key_id=ceph.access_key,
                           aws_secret_access_key=ceph.secret_key, config=ceph.boto_config())
 
-Settings follow ../shared/REFERENCE.md section 3 (auth none + ``ms mon client mode = crc``,
+Settings that a loopback single-node Ceph needs (auth none + ``ms mon client mode = crc``,
 ``paxos propose interval = 0.05``, memstore with 4 GiB device bytes, size-1 pools with 8 PGs,
 ``rgw gc obj min wait = 30``, readiness = the RGW HTTP port answering).
 

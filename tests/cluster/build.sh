@@ -4,7 +4,7 @@
 #
 # These machines reach the Go module proxy, Debian and PyPI, but not GitHub
 # releases or image registries, so every component is compiled from its
-# published Go module (see ../shared/REFERENCE.md §4):
+# published Go module:
 #
 #   etcd                     go.etcd.io/etcd/server/v3       via etcd-wrapper/go.mod
 #   kube-apiserver           k8s.io/kubernetes/cmd/...       via k8s-wrapper/go.mod

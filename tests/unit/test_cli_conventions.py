@@ -221,6 +221,74 @@ def test_remote_text_is_printed_as_it_is_never_as_markup(capsys):
     assert message in capsys.readouterr().err
 
 
+def _node(name, kind, phase, started, finished=None, message=""):
+    return {"displayName": name, "type": kind, "phase": phase, "startedAt": started,
+            **({"finishedAt": finished} if finished else {}), **({"message": message} if message else {})}
+
+
+def _finished_workflow(run_id="0123abcd") -> dict:
+    """A workflow as the API server returns it at its end: steps (one retried after a lost pod, one
+    still running), and the run id evaluate exports as the workflow's output."""
+    outputs = {"outputs": {"parameters": [{"name": "mlflow-run-id", "value": run_id}]}} if run_id else {}
+    return {"metadata": {"name": "training-x7k2p", "namespace": "team-a"},
+            "status": {"phase": "Succeeded", **outputs, "nodes": {
+                "w": _node("training-x7k2p", "DAG", "Succeeded", "2026-12-01T10:00:00Z", "2026-12-01T12:05:30Z"),
+                "v": _node("validate", "Pod", "Succeeded", "2026-12-01T10:00:00Z", "2026-12-01T10:00:04Z"),
+                "t": _node("train", "Retry", "Succeeded", "2026-12-01T10:00:05Z", "2026-12-01T10:03:12Z"),
+                "t0": _node("train(0)", "Pod", "Failed", "2026-12-01T10:00:05Z", "2026-12-01T10:01:00Z", "pod deleted"),
+                "e": _node("evaluate", "Pod", "Succeeded", "2026-12-01T10:03:13Z", "2026-12-01T12:05:20Z"),
+                "r": _node("register", "Pod", "Running", "2026-12-01T12:05:21Z")}}}
+
+
+def test_wait_progress_shows_each_finished_steps_duration():
+    """`submit --wait` / `wait`: a finished step's line carries how long it ran (startedAt to
+    finishedAt); a running step's has none; name and phase stay side by side (`train Succeeded`)."""
+    from pipectl.cli.cluster_cmds import _step_line
+
+    lines = {n["displayName"]: _step_line(n) for n in _finished_workflow()["status"]["nodes"].values()}
+    assert lines["validate"] == "validate Succeeded (4s)"
+    assert lines["train"] == "train Succeeded (3m07s)"
+    assert lines["train(0)"] == "train(0) Failed (55s) pod deleted"
+    assert lines["evaluate"] == "evaluate Succeeded (2h02m)"
+    assert lines["register"] == "register Running"
+    assert _step_line(_node("stage", "Pod", "Failed", "t", "u", "boom")) == "stage Failed boom"  # unreadable times
+
+
+def test_wait_ends_with_the_argo_ui_and_mlflow_links_when_they_are_known():
+    from pipectl.cli.cluster_cmds import _workflow_links
+
+    wf = _finished_workflow()
+    assert _workflow_links(wf, "default", "https://argo.example.com:2746", "https://mlflow.example.com/") == [
+        "Argo UI: https://argo.example.com:2746/workflows/team-a/training-x7k2p",
+        "MLflow run: https://mlflow.example.com/#/runs/0123abcd"]
+    assert _workflow_links(wf, "default", None, "https://mlflow.example.com") == ["MLflow run: https://mlflow.example.com/#/runs/0123abcd"]
+    assert _workflow_links(_finished_workflow(run_id=""), "default", None, "https://mlflow.example.com") == []  # no run id: no link
+    assert _workflow_links({"metadata": {"name": "w"}}, "ns", "http://localhost:2746", None) == ["Argo UI: http://localhost:2746/workflows/ns/w"]
+
+
+def test_follow_prints_durations_and_links(capsys, monkeypatch):
+    """The whole of `_follow` on a workflow dict (no cluster): ARGO_SERVER as the `argo` CLI reads it."""
+    from pipectl.cli.cluster_cmds import _follow
+
+    monkeypatch.setenv("ARGO_SERVER", "localhost:2746")
+    monkeypatch.setenv("ARGO_SECURE", "false")
+    monkeypatch.delenv("PIPECTL_SITE", raising=False)
+
+    class Cluster:
+        namespace = "team-a"
+
+        def wait(self, name, on_change, timeout_s=None):
+            wf = _finished_workflow()
+            on_change(wf)
+            return wf
+
+    _follow(Cluster(), "training-x7k2p")
+    err = capsys.readouterr().err
+    assert "✓ train Succeeded (3m07s)" in err and "✗ train(0) Failed (55s) pod deleted" in err, err
+    assert "Argo UI: http://localhost:2746/workflows/team-a/training-x7k2p" in err, err
+    assert "/#/runs/0123abcd" in err, err
+
+
 def test_submit_and_run_with_a_pipeline_list_its_parameters_in_help():
     """`pipectl submit PIPELINE --help` (and `run`): every parameter of the contract, with its type,
     bounds, choices, default and description; options before the pipeline do not hide it."""

@@ -1,5 +1,5 @@
 """The codebase's shape, checked over the source so it cannot quietly erode:
-layers import only what DESIGN.md allows, there are no import cycles, a launcher is known in one
+layers import only what docs/architecture.md ("Layers") allows, there are no import cycles, a launcher is known in one
 place, the train step's arguments are its contracts, and the store layout has one definition."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ ROOTS = ("cli", "pipelines", "components")
 """The design's top-level folders, each a root of the ``pipectl`` namespace: <root>/pipectl/<root>/."""
 
 # The compile layer (pipelines/ less backends/) may not import these at all: no client library,
-# no process, no network (DESIGN.md "Layers"). Steps (components/) never import hera, click or pipelines.
+# no process, no network (docs/architecture.md, "Layers"). Steps (components/) never import hera, click or pipelines.
 IO_MODULES = {"kubernetes", "boto3", "botocore", "mlflow", "requests", "urllib3", "subprocess", "socket", "psutil",
               "moto", "torch", "nvidia", "urllib.request"}
 STEP_FORBIDDEN = {"hera", "click", "pipectl.pipelines", "pipectl.cli"}

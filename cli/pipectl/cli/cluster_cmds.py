@@ -599,7 +599,9 @@ def wait(name: str, timeout: float | None, namespace: str, context: str | None, 
 
 
 def _follow(cluster: Any, name: str, timeout_s: float | None = None) -> dict:
-    """Live per-step progress on stderr until the workflow ends (at most ``timeout_s`` seconds)."""
+    """Live per-step progress on stderr until the workflow ends (at most ``timeout_s`` seconds):
+    each step's phase as it changes, with its duration once it has finished; at the end, the
+    workflow's links (Argo UI, MLflow run) where they are known."""
     from rich.text import Text
 
     out = console()
@@ -614,6 +616,71 @@ def _follow(cluster: Any, name: str, timeout_s: float | None = None) -> dict:
                 shown[key] = phase
                 mark = {"Succeeded": "[green]✓[/]", "Failed": "[red]✗[/]", "Error": "[red]✗[/]"}.get(phase, "…")
                 # names and messages are remote text (a parameter value can reach a message): no markup
-                out.print(Text.from_markup(mark) + Text(f" {key} {phase} {node.get('message', '')}"), soft_wrap=True)
+                out.print(Text.from_markup(mark) + Text(f" {_step_line(node)}"), soft_wrap=True)
 
-    return cluster.wait(name, on_change, timeout_s)
+    final = cluster.wait(name, on_change, timeout_s)
+    for line in _workflow_links(final, getattr(cluster, "namespace", ""), _argo_server_base(), _mlflow_uri()):
+        out.print(line, markup=False, soft_wrap=True)
+    return final
+
+
+def _step_line(node: dict) -> str:
+    """A step's progress line after its mark: name, phase, its duration once it has finished
+    (``(3m07s)``), and its message."""
+    took = _node_duration(node)
+    return " ".join(p for p in (node.get("displayName", "?"), node.get("phase", ""), f"({took})" if took else "",
+                                node.get("message", "")) if p)
+
+
+def _node_duration(node: dict) -> str:
+    """How long a finished node ran, from its ``startedAt`` to its ``finishedAt`` (``42s``,
+    ``3m07s``, ``2h05m``); "" while it runs or when a time is missing or unreadable."""
+    from datetime import datetime
+
+    try:
+        started, finished = (datetime.fromisoformat(node[k].replace("Z", "+00:00")) for k in ("startedAt", "finishedAt"))
+        s = max(0, round((finished - started).total_seconds()))
+    except (KeyError, AttributeError, TypeError, ValueError):
+        return ""
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _workflow_links(wf: dict, namespace: str, argo_server: str | None, mlflow_uri: str | None) -> list[str]:
+    """The lines `submit --wait` and `wait` end with: the workflow in the Argo UI (when an Argo
+    Server is known) and its MLflow run (when the workflow's outputs carry ``mlflow-run-id``, as
+    the evaluate step exports it, and an MLflow address is known)."""
+    lines = []
+    name = wf.get("metadata", {}).get("name", "")
+    if argo_server and name:
+        from pipectl.pipelines.backends.kube import ArgoServer
+
+        lines.append(f"Argo UI: {ArgoServer(argo_server).workflow_url(wf['metadata'].get('namespace') or namespace, name)}")
+    outputs = {p.get("name"): p.get("value") for p in (wf.get("status", {}).get("outputs") or {}).get("parameters") or []}
+    run_id = outputs.get("mlflow-run-id")
+    if run_id and mlflow_uri:
+        # the run's own page, the address the Argo UI's "MLflow run" link opens (argo/ controller config)
+        lines.append(f"MLflow run: {mlflow_uri.rstrip('/')}/#/runs/{run_id}")
+    return lines
+
+
+def _argo_server_base() -> str | None:
+    """The Argo Server's address as the `argo` CLI finds it (``ARGO_SERVER``, ``ARGO_SECURE``); None when unset."""
+    from pipectl.pipelines.backends.kube import ArgoServer
+
+    server = ArgoServer.from_env()
+    return server.base if server is not None else None
+
+
+def _mlflow_uri() -> str | None:
+    """The MLflow address of this install's site settings (the one the Argo UI's link uses); None
+    when the site file cannot be read (the link is left out, the command's outcome stays)."""
+    from pipectl.components.errors import PipectlError
+
+    try:
+        return compile_config().mlflow_uri
+    except PipectlError:
+        return None

@@ -1,6 +1,6 @@
 """What every command shares: the error boundary, the console, shared options, parameter parsing.
 
-Data on stdout, people on stderr; exit codes per DESIGN.md (0 ok, 1 failed, 2 usage/validation,
+Data on stdout, people on stderr; exit codes (0 ok, 1 failed, 2 usage/validation,
 3 unreachable/unauthorised). Heavy imports (hera, torch, mlflow, boto3, pydantic) stay inside
 functions so ``pipectl --help`` is fast; choices come from the one place that defines them
 (lanes from :mod:`pipectl.components.names`, launchers from their registry, read lazily).

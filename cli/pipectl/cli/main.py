@@ -9,7 +9,7 @@ here once; no command module imports this one (no import cycle).
 - :mod:`pipectl.cli.site_cmds`: site init, site show (the site file);
 - :mod:`pipectl.cli.completion_cmd`: completion (click's shell completion scripts).
 
-Exit codes (DESIGN.md): 0 ok; 1 the operation failed (a workflow that ends Failed); 2 usage or
+Exit codes: 0 ok; 1 the operation failed (a workflow that ends Failed); 2 usage or
 validation error; 3 a cluster or service unreachable or unauthorised.
 """
 

@@ -1,6 +1,6 @@
 """Contracts shared by every layer: parameters, step inputs/outputs, exit codes, settings.
 
-pydantic models only (DESIGN.md, "Layers"). No I/O at import time.
+pydantic models only (docs/architecture.md, "Layers"). No I/O at import time.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pipectl.components.names import (  # noqa: F401 - names the steps use, re-e
 
 
 class ExitCode(enum.IntEnum):
-    """Step exit codes (DESIGN.md, "Errors and exit codes").
+    """Step exit codes (docs/pipelines.md lists them for a team's own step).
 
     ``TEMPFAIL`` is 75, ``EX_TEMPFAIL`` from BSD ``sysexits.h``: a transient failure worth retrying.
     """

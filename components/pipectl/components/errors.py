@@ -18,7 +18,7 @@ def redact_credentials(text: str) -> str:
 
 
 class PipectlError(Exception):
-    """``cli_exit``: 1 operation failed, 2 usage/validation, 3 unreachable/unauthorised (DESIGN.md)."""
+    """``cli_exit``: 1 operation failed, 2 usage/validation, 3 unreachable/unauthorised (the CLI's exit codes)."""
 
     cli_exit: int = 1
 

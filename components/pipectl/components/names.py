@@ -64,7 +64,7 @@ DEFAULT_NAMESPACE = "pipectl"
 kubeconfig context names one."""
 
 TEMPLATE_NAME = "training-v1"
-"""The training WorkflowTemplate (a major version in the name: DESIGN.md "Names")."""
+"""The training WorkflowTemplate (its major version is part of the name)."""
 
 STORE_CONFIGMAP = "pipectl-store"
 """ConfigMap with the store settings (``PIPECTL_S3_ENDPOINT``, ``PIPECTL_BUCKET``, ``PIPECTL_MLFLOW_URI``)."""

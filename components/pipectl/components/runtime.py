@@ -102,7 +102,8 @@ def s3_client(settings: StoreSettings, *, max_pool: int = 32) -> Any:
     """A boto3 S3 client for ``settings``.
 
     Path-style addressing and ``when_required`` checksums: Ceph RGW (Pacific) rejects the
-    checksum headers boto3 >= 1.36 sends by default (REFERENCE.md §3). Retries use botocore's
+    checksum headers boto3 >= 1.36 sends by default (botocore's ``request_checksum_calculation``
+    and ``response_checksum_validation`` set to ``when_required``). Retries use botocore's
     ``standard`` mode (exponential backoff on throttling, 5xx and connection errors).
     """
     import boto3

@@ -3,7 +3,7 @@
 Schemas (vendored under ``schemas/`` by ``scripts/vendor_schemas.py``, from argo-workflows
 v4.0.5, volcano v1.10.0, training-operator v1.8.1 and kubernetes v1.34.4) are checked with
 ``jsonschema``; on top, fields a CRD's structural schema does not declare are reported, because
-the API server silently prunes them (Hera also drops some unknown fields: REFERENCE.md §1).
+the API server silently prunes them (Hera 7 also drops unknown fields on some Argo models without an error).
 
 Policy rules on WorkflowTemplates/CronWorkflows: every parameter default is in its enum; gang
 manifests, after Argo substitution with the defaults and with every lane, have integer replicas,

@@ -22,7 +22,8 @@ class LaneSpec(BaseModel):
       (weight: share of the cluster under contention; reclaimable: other queues may take its
       resources back; capability: a hard ceiling).
     - ``argo_priority``: ``Workflow.spec.priority``, which only orders the controller's own queues
-      (parallelism, semaphores), never pods (REFERENCE.md §5).
+      (parallelism, semaphores), never pods (pods get a Kubernetes priority only from
+      ``priorityClassName``).
     - ``concurrency``: semaphore size (ConfigMap key = lane name) for gang jobs of the lane.
     - ``tolerates_reserved``: pods tolerate the taint ``pipectl.io/lane=<lane>:NoSchedule`` of
       reserved buffer nodes (only urgent nodes are tainted).
@@ -75,7 +76,7 @@ def lane_toleration_for(lane_expr: str) -> Toleration:
 
 # Messages Argo records on a node when the infrastructure, not the code, ended the pod. Argo
 # records the POD's status message when it has one (controller operator.go inferFailedReason), so
-# these are the kubelet's and the control plane's own words. Sources: REFERENCE.md §5 and field
+# these are the kubelet's and the control plane's own words. Sources: Argo's retries docs and field
 # case C01 ("Pod was terminated due to imminent node shutdown", "pod deleted", "Evicted");
 # kubelet: node-pressure eviction "The node was low on resource: memory. ..." (pkg/kubelet/eviction
 # helpers.go nodeLowMessageFmt — the pod's reason is Evicted but its MESSAGE, the one Argo keeps,
@@ -205,7 +206,7 @@ class RetryPolicy(BaseModel):
 
     def build(self) -> RetryStrategy:
         """Hera model of the retryStrategy. ``retryPolicy`` is Always: the expression decides
-        (a policy and an expression are ANDed; REFERENCE.md §5)."""
+        (a policy and an expression are ANDed: Argo's docs/retries.md, "Conditional retries")."""
         return RetryStrategy(
             limit=self.infra_limit,
             retry_policy="Always",

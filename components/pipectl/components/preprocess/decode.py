@@ -10,7 +10,7 @@ GPU ``mixed`` decoder has not been run on it).
 
 DALI device: ``mixed`` decode (nvJPEG) + GPU resize/normalise when a CUDA device is visible;
 otherwise a CPU pipeline built with ``device_id=None`` (DALI refuses a GPU pipeline without
-CUDA: REFERENCE.md §1).
+CUDA: "You are trying to create a GPU DALI pipeline while CUDA is not available").
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def _init_process() -> _Process:
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     else:
-        # 2 processes each using every core thrash (REFERENCE.md §1: "set OMP_NUM_THREADS");
+        # 2 processes each using every core thrash (torch's default is one thread per core);
         # the CPUs this pod may use, not the node's (a CPU limit or cpuset: available_cpus).
         torch.set_num_threads(max(1, available_cpus() // local_world))
     distributed = "MASTER_ADDR" in os.environ

@@ -1,7 +1,7 @@
 """`python -m pipectl.components.train.launch ARGS`: torchrun that keeps the step's exit code.
 
 torchrun (``torch.distributed.run``) exits 1 whatever ended its workers: a worker that exited 75
-(EX_TEMPFAIL, a transient failure worth retrying: DESIGN.md exit codes) and a worker killed by a
+(EX_TEMPFAIL, a transient failure worth retrying: ``ExitCode`` in contracts.py) and a worker killed by a
 bug both become exit 1, and a SIGTERM from the kubelet (node shutdown, eviction) becomes a
 traceback and exit 1. The gang's retry rules (Volcano Job policies in pipelines/pipectl/pipelines/launchers/volcano.py, Argo's
 retryStrategy in pipelines/pipectl/pipelines/policy.py) tell infrastructure from code by exit code, so this wrapper

@@ -450,6 +450,11 @@ class ArgoServer:
             raise ValidationFailed(f"{what}: {detail}", "only a Failed or Error workflow can be retried in place")
         raise PipectlError(f"{what}: Argo Server error {r.status_code}: {detail}")
 
+    def workflow_url(self, namespace: str, name: str) -> str:
+        """The page of workflow ``name`` in the Argo UI, which the Argo Server serves at its own
+        address (the UI's route ``/workflows/{namespace}/{name}``)."""
+        return f"{self.base.rstrip('/')}/workflows/{namespace}/{name}"
+
     def retry(self, namespace: str, name: str) -> dict[str, Any]:
         """Retry workflow ``name`` in place: failed steps run again, succeeded ones keep their
         outputs (PUT /api/v1/workflows/{namespace}/{name}/retry)."""

@@ -7,8 +7,7 @@
   (:func:`load_s3_snapshot`): staged data, shards and checkpoints survive an interruption.
 - MLflow: ``mlflow server`` with a sqlite backend store and artifacts under the state folder,
   so the registry and the champion survive from one ``pipectl run`` to the next.
-  ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``: 2 processes (~540 MB) instead of 9 (~2.3 GB)
-  (REFERENCE.md §1).
+  ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``: 2 processes (~540 MB) instead of 9 (~2.3 GB).
 
 Each runs in its own session and is stopped with its process tree on exit
 (:mod:`pipectl.pipelines.backends.processes`).

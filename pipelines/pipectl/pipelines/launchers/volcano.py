@@ -38,7 +38,7 @@ JOB_NAME_FIELD = "metadata.labels['volcano.sh/job-name']"
 #   - graceful node shutdown: reason Terminated, 143 (the launcher's SIGTERM) or 137;
 #   - the kubelet's admission rejection after a node restart (UnexpectedAdmissionError, OutOf<gpu>):
 #     no container ever ran, no exit code;
-#   - 75 (EX_TEMPFAIL, declared transient by the step: DESIGN.md exit codes).
+#   - 75 (EX_TEMPFAIL, declared transient by the step: ExitCode in components/contracts.py).
 # Retries are bounded by maxRetry (see max_retry: infra_limit + 1); a command the image cannot
 # run at all (126/127, a runtime StartError 128) is the spec's fault and ends the job.
 CODE_FAILURE_EXIT_CODES = (1, 126, 127, 128)
