@@ -680,6 +680,57 @@ def test_urgent_lane_preempts_batch_gangs_filling_every_gpu(project_applied, tra
             custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs", b)
 
 
+
+@pytest.mark.parametrize("unusable", ["cordoned", "tainted-for-another-team"])
+def test_urgent_lane_reclaims_from_batch_while_other_gpu_nodes_stand_idle(project_applied, test_cluster, k8s_api,
+                                                                           unusable):
+    """Half the GPU nodes are Ready but no gang can use them (cordoned for maintenance, or tainted
+    for another team); batch gangs fill the other half. An urgent 2 x 8-GPU gang must still take
+    GPUs back from batch. With Volcano's proportion plugin it never did: proportion counts the idle
+    nodes in the cluster's total, so batch "deserved" everything it held. The capacity plugin with
+    batch deserving 0 (policy.LANES) evicts a batch gang, which restarts whole."""
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    from kubernetes import client
+
+    core, custom = client.CoreV1Api(k8s_api), _custom(k8s_api)
+    gpus = int(NODE_GPUS)
+    idle = [f"kwok-node-{i}" for i in range(test_cluster.nodes // 2, test_cluster.nodes)]
+    fence = ({"spec": {"unschedulable": True}} if unusable == "cordoned" else
+             {"spec": {"taints": [{"key": "dedicated", "value": "other-team", "effect": "NoSchedule"}]}})
+    batch = [f"idle-batch-{unusable[0]}-{i}" for i in range((test_cluster.nodes - len(idle)) // 2)]
+    urgent = f"idle-urgent-{unusable[0]}"
+
+    def bound(job: str) -> int:
+        pods = core.list_namespaced_pod("pipectl", label_selector=f"volcano.sh/job-name={job}").items
+        return sum(1 for p in pods if p.spec.node_name and not p.metadata.deletion_timestamp)
+
+    try:
+        for n in idle:
+            core.patch_node(n, fence)
+        for name in batch:
+            custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs",
+                                                   _lane_gang(name, "batch", 2, gpus, "1h"))
+        test_cluster.wait_for("batch gangs on every usable GPU", lambda: all(bound(b) == 2 for b in batch), timeout_s=90)
+        t0 = time.monotonic()
+        custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs",
+                                               _lane_gang(urgent, "urgent", 2, gpus, "1h"))
+        test_cluster.wait_for("the urgent gang bound whole", lambda: bound(urgent) == 2, timeout_s=90)
+        print(f"[timing] urgent gang bound {time.monotonic() - t0:.1f} s after creation, "
+              f"{len(idle)} of {test_cluster.nodes} GPU nodes {unusable}")
+        assert not any(n in {p.spec.node_name for p in core.list_namespaced_pod(
+            "pipectl", label_selector=f"volcano.sh/job-name={urgent}").items} for n in idle)
+        jobs = [custom.get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs", b) for b in batch]
+        assert any(j["status"].get("retryCount", 0) >= 1 for j in jobs), [j["status"] for j in jobs]
+    finally:
+        for name in [*batch, urgent]:
+            with contextlib.suppress(Exception):
+                custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs", name)
+        for n in idle:
+            core.patch_node(n, {"spec": {"unschedulable": None, "taints": None}})
+        test_cluster.wait_for("the gangs' pods gone", lambda: not any(
+            bound(j) for j in [*batch, urgent]), timeout_s=120)
+
 C10_LANES = "pipectl-c10-lanes"
 """The test's own lane semaphore ConfigMap (urgent: 1 slot), so the shared ``pipectl-lanes`` stays as applied."""
 

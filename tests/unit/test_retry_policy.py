@@ -111,6 +111,19 @@ def test_lanes_urgent_preempts_batch_never_does():
     assert urgent.argo_priority > standard.argo_priority > batch.argo_priority
     assert urgent.tolerates_reserved and not batch.tolerates_reserved
     assert batch.queue_reclaimable and not urgent.queue_reclaimable
+    # batch deserves nothing: every GPU it holds can be taken back, whatever else stands idle
+    assert batch.queue_deserved_gpus == 0 and urgent.queue_deserved_gpus is None
+
+
+def test_the_lanes_queues_carry_what_each_deserves_for_the_capacity_plugin():
+    from pipectl.pipelines.manifests import VOLCANO_SCHEDULER_CONF, volcano_queues
+
+    plugins = [p["name"] for tier in VOLCANO_SCHEDULER_CONF["tiers"] for p in tier["plugins"]]
+    assert "capacity" in plugins and "proportion" not in plugins  # the two conflict
+    queues = {q["metadata"]["name"]: q["spec"] for q in volcano_queues()}
+    assert queues["pipectl-batch"]["deserved"] == {"nvidia.com/gpu": "0"}
+    # a lane with no bound names every dimension a task requests (a missing one counts as 0)
+    assert set(queues["pipectl-urgent"]["deserved"]) == {"cpu", "memory", "nvidia.com/gpu"}
 
 
 def test_C11_an_attempt_without_exit_code_is_still_counted_by_class(argo):

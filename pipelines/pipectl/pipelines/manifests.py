@@ -161,10 +161,20 @@ def priority_classes() -> list[dict]:
     ]
 
 
+# A lane with no bound on what it deserves (LaneSpec.queue_deserved_gpus None): the capacity plugin
+# compares every dimension a task requests with the queue's deserved (a dimension left out counts as
+# 0, not as unbounded), so CPU, memory and GPUs are all written, each far above any cluster. The
+# plugin clamps deserved to what the queue requests, so these never reserve anything.
+UNBOUNDED_DESERVED = {"cpu": "1000000", "memory": "1000Pi", "nvidia.com/gpu": "1000000"}
+
+
 def volcano_queues() -> list[dict]:
     out = []
     for spec in LANES.values():
-        queue: dict[str, Any] = {"weight": spec.queue_weight, "reclaimable": spec.queue_reclaimable}
+        deserved = (dict(UNBOUNDED_DESERVED) if spec.queue_deserved_gpus is None
+                     else {"nvidia.com/gpu": str(spec.queue_deserved_gpus)})
+        # weight: Volcano's webhook default, written out; the capacity plugin does not read it
+        queue: dict[str, Any] = {"weight": 1, "reclaimable": spec.queue_reclaimable, "deserved": deserved}
         if spec.queue_capability_gpus:
             queue["capability"] = {"nvidia.com/gpu": str(spec.queue_capability_gpus)}
         out.append({
@@ -189,9 +199,14 @@ def volcano_queues() -> list[dict]:
 #   binds nothing and holds no GPU;
 # - preempt lets a higher-priority job take resources from lower-priority ones in the SAME queue
 #   (priority plugin: PriorityClass values of the lanes);
-# - reclaim lets a queue under its deserved share (proportion plugin: queue weights of the lanes)
-#   take resources back from reclaimable queues that use more than theirs: how an urgent gang
-#   gets GPUs that batch work is holding;
+# - reclaim lets a queue below what it deserves take resources back from reclaimable queues that
+#   hold more than theirs: how an urgent gang gets GPUs that batch work is holding. The capacity
+#   plugin, with each lane's deserved written in its Queue (policy.LANES: batch deserves 0), and
+#   NOT the proportion plugin: proportion derives deserved from the cluster's total, cordoned
+#   nodes, idle GPUs on other node pools and GPUs left in fragments included, so a batch queue
+#   filling every node it can use is "within its share" and nothing is reclaimed (seen on the
+#   test cluster: 2 of 6 GPU nodes cordoned, batch gangs on the other 4, an urgent 2 x 8-GPU
+#   gang never bound; with capacity it bound in 3.2 s, one batch gang restarted whole);
 # - backfill places best-effort pods in the gaps.
 # gang.enablePreemptable=false: the gang plugin would otherwise refuse any victim that leaves its
 # job below minAvailable, so one running batch gang could block every urgent gang; the evicted
@@ -202,7 +217,7 @@ VOLCANO_SCHEDULER_CONF = {
     "tiers": [
         {"plugins": [{"name": "priority"}, {"name": "gang", "enablePreemptable": False}, {"name": "conformance"}]},
         {"plugins": [{"name": "drf", "enablePreemptable": False}, {"name": "predicates"},
-                     {"name": "proportion"}, {"name": "nodeorder"}, {"name": "binpack"}]},
+                     {"name": "capacity"}, {"name": "nodeorder"}, {"name": "binpack"}]},
     ],
 }
 

@@ -18,9 +18,11 @@ class LaneSpec(BaseModel):
 
     - ``priority_value``/``preemption_policy``: the Kubernetes PriorityClass
       (``PreemptLowerPriority`` lets the scheduler evict lower-priority pods; ``Never`` does not).
-    - ``queue_weight``/``queue_reclaimable``/``queue_capability_gpus``: the Volcano Queue
-      (weight: share of the cluster under contention; reclaimable: other queues may take its
-      resources back; capability: a hard ceiling).
+    - ``queue_deserved_gpus``/``queue_reclaimable``/``queue_capability_gpus``: the Volcano Queue
+      (Volcano's ``capacity`` plugin). deserved: the GPUs the lane may hold against every other
+      lane — a lane holding more is what reclaim takes back from (``None``: no bound, the lane is
+      never above what it deserves; ``0``: everything it holds can be taken back); reclaimable:
+      other queues may take its resources back at all; capability: a hard ceiling.
     - ``argo_priority``: ``Workflow.spec.priority``, which only orders the controller's own queues
       (parallelism, semaphores), never pods (pods get a Kubernetes priority only from
       ``priorityClassName``).
@@ -34,7 +36,7 @@ class LaneSpec(BaseModel):
     lane: Lane
     priority_value: int = Field(ge=0, le=1_000_000_000)
     preemption_policy: str = Field(pattern="^(PreemptLowerPriority|Never)$")
-    queue_weight: int = Field(ge=1)
+    queue_deserved_gpus: int | None = Field(ge=0)
     queue_reclaimable: bool
     queue_capability_gpus: int | None = Field(default=None, ge=1)
     argo_priority: int
@@ -53,15 +55,15 @@ class LaneSpec(BaseModel):
 LANES: dict[Lane, LaneSpec] = {
     Lane.urgent: LaneSpec(
         lane=Lane.urgent, priority_value=1_000_000, preemption_policy="PreemptLowerPriority",
-        queue_weight=8, queue_reclaimable=False, argo_priority=100, concurrency=4, tolerates_reserved=True,
+        queue_deserved_gpus=None, queue_reclaimable=False, argo_priority=100, concurrency=4, tolerates_reserved=True,
     ),
     Lane.standard: LaneSpec(
         lane=Lane.standard, priority_value=100_000, preemption_policy="Never",
-        queue_weight=4, queue_reclaimable=True, argo_priority=50, concurrency=8, tolerates_reserved=False,
+        queue_deserved_gpus=None, queue_reclaimable=False, argo_priority=50, concurrency=8, tolerates_reserved=False,
     ),
     Lane.batch: LaneSpec(
         lane=Lane.batch, priority_value=1_000, preemption_policy="Never",
-        queue_weight=1, queue_reclaimable=True, argo_priority=0, concurrency=16, tolerates_reserved=False,
+        queue_deserved_gpus=0, queue_reclaimable=True, argo_priority=0, concurrency=16, tolerates_reserved=False,
     ),
 }
 
