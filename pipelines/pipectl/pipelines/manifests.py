@@ -203,8 +203,9 @@ def volcano_queues() -> list[dict]:
 #   hold more than theirs: how an urgent gang gets GPUs that batch work is holding. The capacity
 #   plugin, with each lane's deserved written in its Queue (policy.LANES: batch deserves 0), and
 #   NOT the proportion plugin: proportion derives deserved from the cluster's total, cordoned
-#   nodes, idle GPUs on other node pools and GPUs left in fragments included, so a batch queue
-#   filling every node it can use is "within its share" and nothing is reclaimed (seen on the
+#   nodes, idle GPUs on other node pools and GPUs left in fragments included, so once those add
+#   up to what the urgent gang asks for, a batch queue filling every node it can use is "within
+#   its share" and nothing is reclaimed (seen on the
 #   test cluster: 2 of 6 GPU nodes cordoned, batch gangs on the other 4, an urgent 2 x 8-GPU
 #   gang never bound; with capacity it bound in 3.2 s, one batch gang restarted whole);
 # - backfill places best-effort pods in the gaps.
