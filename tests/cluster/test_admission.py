@@ -201,6 +201,54 @@ def test_a_retry_with_overridden_values_is_held_to_the_same_rules(test_cluster, 
         admin.delete_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
 
 
+
+def test_a_submitter_cannot_write_what_the_controller_runs_into_a_workflows_status(test_cluster, k8s_api, submitter):
+    """The Workflow CRD has no status subresource: whoever may patch a workflow may patch its status.
+    The controller runs ``status.storedWorkflowTemplateSpec`` once stored, and later steps take
+    their inputs from ``status.nodes`` outputs (register takes evaluate's decision and digest
+    there). A submitter may not create a workflow with a status, change the stored spec, forge a
+    step's outputs or a Succeeded step; what a retry writes (a message, a step set to run again,
+    the stored spec's shutdown) still passes."""
+    from kubernetes import client
+
+    admin = client.CustomObjectsApi(k8s_api)
+    forged = {"templates": [{"name": "training", "container": {"image": "busybox", "command": ["sh", "-c", "id"]}}],
+              "entrypoint": "training", "serviceAccountName": "pipectl-launcher"}
+    with_status = _legit(epochs="1")
+    with_status["status"] = {"storedWorkflowTemplateSpec": forged}
+    assert "may not carry a status" in _refusal(submitter, with_status)
+
+    wf = _legit(epochs="1")
+    wf["spec"]["suspend"] = True
+    name = submitter.create_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", wf)["metadata"]["name"]
+
+    def status_patch(status: dict) -> None:
+        submitter.patch_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name, {"status": status})
+
+    def refused(status: dict) -> str:
+        with pytest.raises(client.ApiException) as e:
+            status_patch(status)
+        assert e.value.status in (403, 422) and "pipectl-submission" in e.value.body, e.value.body
+        return json.loads(e.value.body)["message"]
+
+    try:
+        stored = test_cluster.wait_for("the controller stores the template's spec", lambda: (admin.get_namespaced_custom_object(
+            "argoproj.io", "v1alpha1", NS, "workflows", name).get("status") or {}).get("storedWorkflowTemplateSpec"))
+        assert "storedWorkflowTemplateSpec" in refused({"storedWorkflowTemplateSpec": {"serviceAccountName": "pipectl-launcher"}})
+        assert "storedWorkflowTemplateSpec" in refused({"storedWorkflowTemplateSpec": {"templates": forged["templates"]}})
+        node = {"id": f"{name}-forged", "name": f"{name}.evaluate", "displayName": "evaluate", "type": "Pod",
+                "templateName": "evaluate", "phase": "Succeeded",
+                "outputs": {"parameters": [{"name": "decision", "value": "promote"}]}}
+        assert "status.nodes" in refused({"nodes": {node["id"]: node}})
+        assert "status.nodes" in refused({"nodes": {node["id"]: {**node, "outputs": None}}})
+        status_patch({"message": "retried by hand"})  # what a retry writes passes
+        status_patch({"storedWorkflowTemplateSpec": {"shutdown": ""}})
+        after = admin.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)["status"]
+        assert after["storedWorkflowTemplateSpec"]["templates"] == stored["templates"]
+        assert node["id"] not in (after.get("nodes") or {})
+    finally:
+        admin.delete_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
+
 def test_a_cron_schedule_is_held_to_the_same_rules(test_cluster, k8s_api, submitter):
     """Whoever may write CronWorkflows (here a namespace editor) cannot schedule a run of their own
     templates: the controller would start it as its own identity."""

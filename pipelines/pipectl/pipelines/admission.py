@@ -248,6 +248,65 @@ def _value_rules() -> str:
     return chain
 
 
+CONTROLLER_STATUS_FIELDS = ("nodes", "storedWorkflowTemplateSpec", "storedTemplates", "compressedNodes",
+                            "offloadNodeStatusVersion", "synchronization", "taskResultsCompletionStatus", "outputs",
+                            "artifactRepositoryRef")
+"""Workflow status fields the controller acts on. The Workflow CRD has no status subresource, so
+whoever may update a Workflow may write its status too: a stored template spec of its own (the
+controller runs ``status.storedWorkflowTemplateSpec``, not the template, once it is there), a
+step's outputs (what later steps take as inputs: evaluate's decision and digest), a step marked
+Succeeded that never ran, semaphore holders."""
+
+
+def _kept(new: str, old: str, field: str) -> str:
+    """CEL: ``field`` is present in both or neither, and equal."""
+    return (f"(has({new}.{field}) == has({old}.{field})) && (!has({new}.{field}) || {new}.{field} == {old}.{field})")
+
+
+def _status_validations() -> list[dict]:
+    """What a submitter may write to a Workflow's status: nothing on create; on update, what Argo's
+    retry, stop and resume write (argo-workflows workflow/util: createNewRetryWorkflow, resetNode,
+    overrideParameters): nodes removed or reset to run again, their outputs kept; the stored spec's
+    ``shutdown``, and its ``arguments`` only as the spec's (which the rules above hold)."""
+    n, o = "object.status", "oldObject.status"
+    skip_create = "request.operation != 'UPDATE' || request.kind.kind != 'Workflow' || "
+    both = f"(has({n}) == has({o})) && (!has({n}) || ("
+    kept = " && ".join(_kept(n, o, f) for f in ("storedTemplates", "compressedNodes", "offloadNodeStatusVersion",
+                                                "synchronization", "outputs", "artifactRepositoryRef"))
+    ns, os_ = f"{n}.storedWorkflowTemplateSpec", f"{o}.storedWorkflowTemplateSpec"
+    stored = " && ".join(_kept(ns, os_, f) for f in _spec_fields() if f not in ("shutdown", "arguments"))
+    stored_args = (f"(!has({ns}.arguments) || (has(object.spec.arguments) && {ns}.arguments == object.spec.arguments) "
+                   f"|| (has({os_}.arguments) && {ns}.arguments == {os_}.arguments))")
+    known = f"has({o}) && has({o}.nodes) && k in {o}.nodes"
+    node, old_node = f"{n}.nodes[k]", f"{o}.nodes[k]"
+    not_succeeded = f"(!has({node}.phase) || {node}.phase != 'Succeeded')"
+    nodes = (f"!has({n}) || !has({n}.nodes) || {n}.nodes.all(k, ({known}) ? "
+             f"((!has({node}.outputs) || (has({old_node}.outputs) && {node}.outputs == {old_node}.outputs)) "
+             f"&& ({not_succeeded} || (has({old_node}.phase) && {old_node}.phase == 'Succeeded'))) "
+             f": (!has({node}.outputs) && {not_succeeded}))")
+    results = (f"!has({n}) || !has({n}.taskResultsCompletionStatus) || {n}.taskResultsCompletionStatus.all(k, "
+               f"has({o}) && has({o}.taskResultsCompletionStatus) && k in {o}.taskResultsCompletionStatus "
+               f"&& {n}.taskResultsCompletionStatus[k] == {o}.taskResultsCompletionStatus[k])")
+    absent = " && ".join(f"!has({n}.{f})" for f in CONTROLLER_STATUS_FIELDS)
+    return [
+        {"expression": f"request.operation != 'CREATE' || request.kind.kind != 'Workflow' || !has({n}) || ({absent})",
+         "message": "a submission may not carry a status (nodes, stored templates, outputs, ...): the controller writes it",
+         "reason": "Forbidden"},
+        {"expression": skip_create + both + kept + "))",
+         "message": "status.storedTemplates, compressedNodes, synchronization, outputs and artifactRepositoryRef are "
+                    "the controller's to write", "reason": "Forbidden"},
+        {"expression": skip_create + f"(has({n}) && has({ns})) == (has({o}) && has({os_})) && "
+                       f"(!(has({n}) && has({ns})) || ({stored} && {stored_args}))",
+         "message": "status.storedWorkflowTemplateSpec is the controller's copy of the template: only its shutdown, "
+                    "and its arguments as the spec's, may change", "reason": "Forbidden"},
+        {"expression": skip_create + nodes,
+         "message": "status.nodes: a step's outputs and a Succeeded phase are the controller's to write (a retry may "
+                    "remove a step or set it to run again)", "reason": "Forbidden"},
+        {"expression": skip_create + results,
+         "message": "status.taskResultsCompletionStatus may only lose entries", "reason": "Forbidden"},
+    ]
+
+
 def submission_policy(namespace_label: str = SUBMISSION_LABEL, exempt_users: tuple[str, ...] = (ARGO_CONTROLLER_SA,)) -> list[dict]:
     """``pipectl-submission`` and its binding (see the module doc). A pipeline's template is
     ``<name>-v<N>`` and starts at its DAG ``<name>`` (:func:`~pipectl.pipelines.training.workflow_template`):
@@ -297,7 +356,7 @@ def submission_policy(namespace_label: str = SUBMISSION_LABEL, exempt_users: tup
         {"expression": f"!has({spec}.priority) || (variables.lane in {lanes} && {spec}.priority == {lanes}[variables.lane])",
          "messageExpression": f"'spec.priority must be the lane\\'s (' + variables.lane + ')'",
          "reason": "Forbidden"},
-    ]
+    ] + _status_validations()
     params = f"has({spec}.arguments) && has({spec}.arguments.parameters) ? {spec}.arguments.parameters : []"
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
@@ -311,7 +370,9 @@ def submission_policy(namespace_label: str = SUBMISSION_LABEL, exempt_users: tup
             "matchConditions": [
                 {"name": "not-break-glass", "expression": "!('system:masters' in request.userInfo.groups)"},
                 {"name": "not-the-controller", "expression": f"!(request.userInfo.username in {json.dumps(list(exempt_users))})"},
-                {"name": "spec-written", "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec"},
+                # status too: the CRD has no status subresource (CONTROLLER_STATUS_FIELDS)
+                {"name": "spec-or-status-written", "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec "
+                 "|| has(object.status) != has(oldObject.status) || (has(object.status) && object.status != oldObject.status)"},
             ],
             "variables": [
                 {"name": "spec", "expression": "request.kind.kind == 'CronWorkflow' ? object.spec.workflowSpec : object.spec"},
