@@ -462,6 +462,16 @@ def _closing(b: Bench):
         b.pods.w.stop()
 
 
+def _keep_logs(c, name: str) -> str:
+    """Copy the cluster's component logs (vc-scheduler, controllers) out of the temporary run
+    directory, for a scenario that failed; returns where."""
+    import shutil
+
+    dest = REPO / ".pipectl" / "bench-logs" / name
+    shutil.copytree(c.run_dir / "logs", dest, dirs_exist_ok=True)
+    return str(dest)
+
+
 def _cluster(tmp: str, nodes: int):
     from tests.cluster.cluster import TestCluster
 
@@ -493,6 +503,7 @@ def run() -> dict:
                             r[key if key != "S1" else "S1_wait"] = scenario()
                         except (TimeoutError, RuntimeError) as e:  # recorded; the next scenarios still run
                             r[f"{key}_error"] = str(e)
+                            r[f"{key}_logs"] = _keep_logs(c, f"{nodes}-{key}")
                 print(f"[scheduling] {nodes} nodes: {json.dumps(r)}", flush=True)
         if "S4" in only:
             with _cluster(tmp, S4_NODES) as c, _closing(Bench(c, S4_NODES)) as b:
