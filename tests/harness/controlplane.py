@@ -402,6 +402,7 @@ class TestCluster:
             "--cluster-signing-key-file", str(pki / "ca.key"),
             "--use-service-account-credentials=false",
             "--concurrent-gc-syncs", "5",
+            *self._node_grace_args(),
         ])
         self._spawn("kube-scheduler", [
             str(binary("kube-scheduler")), "--kubeconfig", kc,
@@ -514,6 +515,15 @@ class TestCluster:
                 "--loglevel", "info",
             ])
         self._spawn("argoexec-stand-in", [sys.executable, str(ARGOEXEC_STAND_IN), kc])
+
+    def _node_grace_args(self) -> list[str]:
+        """With slow node heartbeats (``node_heartbeat_s``, large benchmark clusters), a grace period
+        well above them: at 30-36 s and the controller's default grace, nodes whose renewal waited
+        in KWOK's queue were marked NotReady mid-scenario, and a gang that needs every schedulable
+        node could not be whole again."""
+        if self.node_heartbeat_s is None:
+            return []
+        return ["--node-monitor-grace-period", f"{max(60, int(self.node_heartbeat_s * 5))}s"]
 
     def _start_volcano(self) -> None:
         """vc-scheduler with the configuration the project ships
