@@ -70,10 +70,12 @@ def submit(pipeline: str, params: tuple[str, ...], parameter_file: Any, lane: st
     from pipectl.pipelines.workflows import workflow_for
 
     chosen = load_pipeline(pipeline)
-    template_name = f"{chosen.name}-v1"
+    from pipectl.components.names import template_name
+
+    template = template_name(chosen.name)
     parameters = training_parameters(params + ((f"lane={lane}",) if lane else ()), parameter_file, chosen)
     _refuse_local_dataset(pipeline, parameters.dataset_uri)
-    wf = _named_and_labelled(workflow_for(template_name, namespace, parameters), wf_name, labels)
+    wf = _named_and_labelled(workflow_for(template, namespace, parameters), wf_name, labels)
     _check([wf])
     if dry_run:
         _print_objects([wf])

@@ -63,8 +63,14 @@ DEFAULT_NAMESPACE = "pipectl"
 """The namespace of the cluster commands when neither ``-n``, ``$PIPECTL_NAMESPACE`` nor the
 kubeconfig context names one."""
 
-TEMPLATE_NAME = "training-v1"
-"""The training WorkflowTemplate (its major version is part of the name)."""
+def template_name(pipeline: str) -> str:
+    """The WorkflowTemplate of pipeline ``pipeline``: ``<pipeline>-v1`` (its major version is part
+    of the name)."""
+    return f"{pipeline}-v1"
+
+
+TEMPLATE_NAME = template_name("training")
+"""The training WorkflowTemplate."""
 
 STORE_CONFIGMAP = "pipectl-store"
 """ConfigMap with the store settings (``PIPECTL_S3_ENDPOINT``, ``PIPECTL_BUCKET``, ``PIPECTL_MLFLOW_URI``)."""

@@ -15,7 +15,7 @@ from hera.workflows import CronWorkflow
 from hera.workflows.models import Metadata, WorkflowTemplateRef
 
 from pipectl.components.train.telemetry import STARVED_SHARE
-from pipectl.components.names import PART_OF, SEMAPHORE_CONFIGMAP, STEP_LABEL, STORE_CONFIGMAP, STORE_SECRET, TEMPLATE_NAME
+from pipectl.components.names import PART_OF, SEMAPHORE_CONFIGMAP, STEP_LABEL, STORE_CONFIGMAP, STORE_SECRET, TEMPLATE_NAME, template_name
 from pipectl.pipelines.admission import (
     SUBMISSION_LABEL,
     admission_policies,
@@ -473,7 +473,7 @@ def retrain_cron(cfg: CompileConfig, pipeline: str = "training") -> CronWorkflow
         labels=dict(PART_OF),
         annotations={"workflows.argoproj.io/title": "Scheduled retraining" if builtin else f"Scheduled {pipeline}",
                      "workflows.argoproj.io/description": "Retrains and registers the model daily." if builtin
-                     else f"Runs WorkflowTemplate {pipeline}-v1 daily."},
+                     else f"Runs WorkflowTemplate {template_name(pipeline)} daily."},
         schedules=[RETRAIN_SCHEDULE],
         timezone=RETRAIN_TIMEZONE,
         concurrency_policy="Forbid",
@@ -481,7 +481,7 @@ def retrain_cron(cfg: CompileConfig, pipeline: str = "training") -> CronWorkflow
         successful_jobs_history_limit=3,
         failed_jobs_history_limit=5,
         when="{{= cronworkflow.lastScheduledTime == nil || (now() - cronworkflow.lastScheduledTime).Hours() >= 20 }}",
-        workflow_template_ref=WorkflowTemplateRef(name=TEMPLATE_NAME if builtin else f"{pipeline}-v1"),
+        workflow_template_ref=WorkflowTemplateRef(name=template_name(pipeline)),
         workflow_metadata=Metadata(labels=dict(PART_OF)),
     )
 

@@ -81,6 +81,7 @@ from pipectl.components.names import (
     STORE_SECRET,
     kebab,
     lane_object_name,
+    template_name,
 )
 from pipectl.components.pipeline_parameters import SPECS_INPUT, ParameterSpec, parameter_model, specs_json
 from pipectl.pipelines.launchers import DEFAULT_LAUNCHER, LAUNCHERS, GangConfig
@@ -529,11 +530,11 @@ def user_container_template(cfg: CompileConfig, name: str, image: str, command: 
 
 def workflow_template(cfg: CompileConfig, name: str, title: str, description: str, entry: DAG, templates: list,
                       defaults: dict[str, str] | None = None) -> WorkflowTemplate:
-    """The WorkflowTemplate ``<name>-v1`` around a pipeline's entry DAG ``entry`` (named ``name``)
+    """The WorkflowTemplate :func:`~pipectl.components.names.template_name` around a pipeline's entry DAG ``entry`` (named ``name``)
     and its step templates: service account, restricted pod security, labels, the UI's title and
     description, the typed arguments (``defaults``: the pipeline's own, by kebab-case name)."""
     return WorkflowTemplate(
-        name=f"{name}-v1",
+        name=template_name(name),
         namespace=cfg.namespace,
         entrypoint=entry.name,
         service_account_name=cfg.service_account,
