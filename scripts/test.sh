@@ -7,9 +7,11 @@
 #   venv           the project's cached virtual environment (scripts/setup.sh)       ┐ in parallel:
 #   go-cluster     the KWOK control plane's binaries (Go module proxy; cached)       │ PyPI / apt /
 #   images         the step images (scripts/images.sh)                               ┘ Go compiles
-#   tests-local    pytest tier 1: unit, golden, integration, Ceph, Alluxio — starts as soon as the
-#                  venv exists, beside the Go builds (cold) or beside tier 2 (warm): it needs no
-#                  cluster binary
+#   tests-local    pytest tier 1: unit, golden, integration — starts as soon as the venv exists,
+#                  beside the Go builds (cold) or beside tier 2 (warm): it needs no cluster binary
+#   tests-storage  pytest tier 1b: the tests marked `storage` (they use the session's Ceph or
+#                  Alluxio; tests/conftest.py marks them) and `pipeline` (whole pipelines end to
+#                  end), in a second process beside tier 1: one Ceph, one Alluxio
 #   node-images    the step images into the real node's containerd store (after images + venv)
 #   go-node        the real node's binaries (kubelet, pause, argoexec, coredns), after go-cluster,
 #                  beside tier 2
@@ -23,7 +25,7 @@
 # Every tier always runs when what it needs was prepared; the exit status is non-zero if any phase
 # failed. Each background phase writes its log to $PIPECTL_TEST_LOGS (default .pipectl/test-logs);
 # a failed one has its tail printed. The phase table goes to stdout and to $PIPECTL_TEST_LOGS/phases.txt.
-# Usage: scripts/test.sh [PYTEST_ARGS...]   (extra arguments go to the tier 1 and tier 2 runs)
+# Usage: scripts/test.sh [PYTEST_ARGS...]   (extra arguments go to the tier 1, 1b and 2 runs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS=${PIPECTL_TEST_LOGS:-.pipectl/test-logs}
@@ -37,7 +39,7 @@ rc_all=0
 WARN_TOTAL_S=${PIPECTL_TEST_WARN_S:-3600}
 # Budget of each phase in seconds (wall time; cold figures where a cache makes it a no-op warm).
 declare -A BUDGET=([system-deps]=180 [venv]=420 [images]=900 [go-cluster]=2100 [go-node]=900
-                   [node-images]=900 [tests-local]=1500 [tests-cluster]=1200
+                   [node-images]=900 [tests-local]=1200 [tests-storage]=1200 [tests-cluster]=1200
                    [tests-autoscaled]=900 [real-pods]=900)
 # Go components by tier (tests/cluster/build.sh builds each once per version).
 GO_CLUSTER=(etcd kube-apiserver kube-controller-manager kube-scheduler workflow-controller argo
@@ -148,7 +150,8 @@ export PIPECTL_BUILD_NICE=${PIPECTL_BUILD_NICE:--5}
 bg go-cluster bash tests/cluster/build.sh "${GO_CLUSTER[@]}"
 bg images bash scripts/images.sh
 reap venv || exit 1
-bg tests-local tier tests-local --ignore=tests/cluster "$@"
+bg tests-local tier tests-local --ignore=tests/cluster -m "not storage and not pipeline" "$@"
+bg tests-storage tier tests-storage --ignore=tests/cluster -m "storage or pipeline" "$@"
 images_ok=0
 reap images && images_ok=1 && bg node-images .venv/bin/python tests/cluster/node.py preload
 cluster_ok=0
@@ -171,6 +174,7 @@ else
   rc_all=1
 fi
 [[ $cluster_ok -eq 1 ]] && reap tests-autoscaled 60
-# tier 1's whole report: its failures and the slowest tests are in the last lines
+# tier 1's whole reports: their failures and the slowest tests are in the last lines
+reap tests-storage 120
 reap tests-local 120
 exit "$rc_all"

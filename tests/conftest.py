@@ -23,6 +23,24 @@ from tests.ceph.ceph import (
     missing_packages,
 )
 
+# Fixtures that start (or stand on) the session's Ceph or Alluxio. A test that asks for one, directly
+# or through another fixture, is marked `storage`: `make test` runs those in one pytest process
+# (one Ceph, one Alluxio) and everything else of tier 1 in another, side by side.
+STORAGE_FIXTURES = frozenset({"ceph_cluster", "ceph_s3", "cephfs_mount", "ceph_settings", "alluxio"})
+
+
+def uses_storage(item: pytest.Item) -> bool:
+    """Whether a collected test needs the session's Ceph or Alluxio (see STORAGE_FIXTURES)."""
+    if STORAGE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)  # store_settings picks its S3 server by parameter
+    return callspec is not None and callspec.params.get("store_settings") == "ceph-rgw"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if uses_storage(item):
+            item.add_marker(pytest.mark.storage)
 
 
 def _cephfs_possible() -> bool:

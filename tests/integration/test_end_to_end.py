@@ -15,7 +15,7 @@ import pytest
 from pipectl.components.contracts import TrainingParameters
 from tests.tools.procs import default_signals
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.pipeline]
 
 PIPECTL = str(Path(sys.executable).parent / "pipectl")
 STEPS = ["validate", "stage", "warm", "preprocess", "train", "evaluate", "register"]

@@ -19,7 +19,7 @@ import pytest
 
 from tests.tools.procs import default_signals
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.pipeline]
 
 PIPECTL = str(Path(sys.executable).parent / "pipectl")
 CHECKPOINT_EVERY = 5
