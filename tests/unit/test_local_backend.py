@@ -253,3 +253,64 @@ def test_a_dag_template_as_a_task_runs_its_tasks_with_its_inputs(tmp_path):
     assert result.phase == "Succeeded", result.node("t").message
     assert result.node("t").outputs == {"out": "X-IN"}
     assert (result.workdir / "t" / "outputs" / "out").read_text() == "X-IN"
+
+
+GANG_POD = """
+import os, pathlib, sys, time
+d, code, failing = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+me = d / ('runs-' + os.environ['VC_TASK_INDEX'])
+with me.open('a') as f:
+    f.write('x')
+run = len(me.read_text())
+if os.environ['VC_TASK_INDEX'] == '1':
+    peer, deadline = d / 'runs-0', time.monotonic() + 30
+    while (len(peer.read_text()) if peer.exists() else 0) < run and time.monotonic() < deadline:
+        time.sleep(0.01)  # inside the pod: the whole gang has started this run before pod 1 fails it
+    sys.exit(code if run <= failing else 0)
+"""
+
+
+@pytest.mark.parametrize(("code", "failing", "phase", "restarts", "runs"), [
+    (143, 1, "Succeeded", 1, 2),   # a pod stopped (eviction, node shutdown): the whole gang restarts once
+    (137, 5, "Failed", 2, 3),      # killed every time: maxRetry 3 runs, then the job fails
+    (75, 5, "Failed", 2, 3),       # transient every time: the job's budget, and the step is not retried on top
+    (1, 1, "Failed", 0, 1),        # the code failed: the job ends at once
+])
+def test_a_volcano_gang_that_loses_a_pod_restarts_whole_as_its_policy_says(tmp_path, code, failing, phase, restarts, runs):
+    """The Volcano Job's own policies, read by the local backend as Volcano applies them: a pod
+    failing with an infrastructure exit code restarts every pod of the gang (up to maxRetry runs);
+    exit 1 ends the job. Pod 1 of 2 fails its first ``failing`` runs with ``code``."""
+    from pipectl.pipelines.launchers.volcano import VOLCANO_POLICIES
+
+    job = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "{{workflow.name}}-j"},
+           "spec": {"minAvailable": 2, "maxRetry": 3, "policies": VOLCANO_POLICIES, "tasks": [{
+               "name": "worker", "replicas": 2, "template": {"spec": {"containers": [{
+                   "name": "c", "command": ["python", "-c", GANG_POD, str(tmp_path), str(code), str(failing)]}]}}}]}}
+    import json
+
+    tmpl = {"name": "gang", "retryStrategy": {"limit": 2}, "resource": {"action": "create", "manifest": json.dumps(job)}}
+    result = LocalRunner(_wf([{"name": "g", "template": "gang"}], [tmpl]), {}, {}, tmp_path / "runs").run()
+    node = result.node("g")
+    assert (node.phase, node.gang_restarts, node.attempts) == (phase, restarts, 1), node.log_path.read_text()
+    assert node.exit_code == (0 if phase == "Succeeded" else code)
+    assert [(tmp_path / f"runs-{i}").read_text() for i in (0, 1)] == ["x" * runs] * 2  # every pod, every run
+    log = node.log_path.read_text()
+    assert log.count("the job's policy restarts the whole gang") == restarts, log
+    if restarts:
+        assert f"pod worker-1 of Job {result.workflow_name}-j exited {code}: the job's policy restarts the whole gang (restart 1 of 2)" in log
+
+
+def test_a_pytorchjob_that_loses_a_pod_fails_without_a_restart(tmp_path):
+    """A PyTorchJob (backoffLimit 0, restartPolicy Never) cannot restart the gang: a pod's 143 fails it."""
+    manifest = """
+apiVersion: kubeflow.org/v1
+kind: PyTorchJob
+metadata: {name: "{{workflow.name}}-t"}
+spec:
+  runPolicy: {backoffLimit: 0}
+  pytorchReplicaSpecs:
+    Master: {replicas: 1, restartPolicy: Never, template: {spec: {containers: [{name: c, command: [python, -c, "raise SystemExit(143)"]}]}}}
+"""
+    tmpl = {"name": "gang", "resource": {"action": "create", "manifest": manifest}}
+    node = LocalRunner(_wf([{"name": "g", "template": "gang"}], [tmpl]), {}, {}, tmp_path / "runs").run().node("g")
+    assert (node.phase, node.exit_code, node.gang_restarts) == ("Failed", 143, 0)

@@ -10,7 +10,9 @@ with local processes standing in for pods:
   every pod of every replica group runs as a process, with what the launcher's operator or plugins
   would give it (``Launcher.local_env``: ``VC_TASK_INDEX`` for Volcano, ``RANK``/``MASTER_*`` for
   a PyTorchJob; the job's pod DNS names resolve to 127.0.0.1). The job is Completed when every pod
-  exits 0, Failed otherwise.
+  exits 0. When one fails, the others are stopped and the job's own policy decides, as its
+  operator would: Volcano's restarts the whole gang on an infrastructure exit code (143, 137, 75)
+  up to ``maxRetry`` runs and ends the job on 1; a PyTorchJob fails.
 
 What a container filesystem would give a pod is mapped, and only that: the image's
 ``python``/``torchrun`` are this interpreter's; the output folder ``/tmp/outputs`` is a per-task
@@ -78,6 +80,11 @@ class NodeResult:
     attempts: int = 1
     reused: bool = False
     """True when the task Succeeded in an earlier (interrupted) execution of this run and was not run again."""
+    gang_restarts: int = 0
+    """A gang job: how many times its policy restarted the whole gang after a pod failed."""
+    gang_restarts_spent: bool = False
+    """A gang job that failed although its policy restarts the gang on that failure: its restart
+    budget is spent (the job Failed, as its operator ends it); the step is not retried on top."""
 
 
 @dataclass
@@ -360,9 +367,10 @@ class LocalRunner:
                 node = self._run_resource(task, tmpl, scope, taskdir)
             else:
                 raise LocalBackendError(f"task {task}: template {tmpl['name']!r} kind is not supported locally")
-            # Locally nothing is preempted or evicted: the only retryable class is a step that
-            # declares itself transient (exit 75), within the template's retry limit.
-            if node.phase == "Succeeded" or node.exit_code != 75 or attempt >= limit:
+            # Locally no pod is deleted, refused or preempted by a scheduler: the only retryable
+            # class is a step that declares itself transient (exit 75), within the template's retry
+            # limit (a gang job restarts its gang itself first: _run_resource).
+            if node.phase == "Succeeded" or node.exit_code != 75 or attempt >= limit or node.gang_restarts_spent:
                 node.attempts = attempt + 1
                 return node
             attempt += 1
@@ -470,6 +478,10 @@ class LocalRunner:
     # ------------------------------------------------------------------ resources
 
     def _run_resource(self, task: str, tmpl: dict, scope: dict[str, str], taskdir: Path) -> NodeResult:
+        """A launcher's gang job: every pod as a process, all started and stopped together. When a
+        pod fails, the others are stopped; the job's own policy then either fails it or restarts
+        the whole gang (new processes, a new rendezvous port), within the job's restart budget
+        (:meth:`Launcher.local_gang_restarts`), as its operator would on a cluster."""
         res = tmpl["resource"]
         if res.get("action") not in ("create", "apply"):  # no object exists beforehand here: both create
             raise LocalBackendError(f"task {task}: resource action {res.get('action')!r} not supported locally")
@@ -478,11 +490,39 @@ class LocalRunner:
         if launcher is None:
             raise LocalBackendError(f"task {task}: resource {manifest.get('apiVersion')}/{manifest.get('kind')} is not a launcher's job")
         job = manifest["metadata"]["name"]
+        log_path = taskdir / "main.log"
+        (taskdir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        t0 = time.perf_counter()
+        restarts = 0
+        while True:
+            pods, names = self._gang_pods(task, manifest, launcher, taskdir)
+            code, failed = self._spawn_gang(pods, log_path)
+            budget = launcher.local_gang_restarts(manifest, code) if code != 0 else 0
+            if code == 0 or restarts >= budget:
+                break
+            restarts += 1
+            with open(log_path, "a") as log:
+                log.write(f"pipectl run: pod {names[failed]} of {launcher.kind} {job} exited {code}: the job's policy "
+                          f"restarts the whole gang (restart {restarts} of {budget})\n")
+        phase = "Succeeded" if code == 0 else "Failed"
+        node = NodeResult(
+            task, tmpl["name"], phase, code, time.perf_counter() - t0, log_path=log_path,
+            message=f"{launcher.kind} {job}: {'Completed' if code == 0 else 'Failed'} ({len(pods)} pods"
+                    f"{f', {restarts} gang restart(s)' if restarts else ''})",
+        )
+        node.gang_restarts, node.gang_restarts_spent = restarts, code != 0 and budget > 0
+        return node
+
+    def _gang_pods(self, task: str, manifest: dict, launcher: Any, taskdir: Path) -> tuple[list[tuple[list[str], dict[str, str]]], list[str]]:
+        """The job's pods as processes to start (argv, env) on a fresh rendezvous port, and their
+        names (``<group>-<index>``); their argv are written to ``argv.json``."""
+        job = manifest["metadata"]["name"]
         port = str(free_port())
         groups = launcher.replica_groups(manifest)
         min_available, _ = launcher.gang_fields(manifest)
         total = sum(g.replicas for g in groups if isinstance(g.replicas, int))
         pods: list[tuple[list[str], dict[str, str]]] = []
+        names: list[str] = []
         pod_argvs: list[list[str]] = []
         rank = 0
         for group in groups:
@@ -504,31 +544,29 @@ class LocalRunner:
                 argv = [self._map_path(expand_k8s_vars(a, env), taskdir) for a in c.get("command", []) + c.get("args", [])]
                 pod_argvs.append(argv)
                 pods.append((self._resolve_command(argv), env))
+                names.append(f"{group.name.lower()}-{index}")
         if min_available is None:
             min_available = len(pods)
         if not isinstance(min_available, int) or min_available > len(pods):
             raise LocalBackendError(f"task {task}: minAvailable {min_available!r} invalid for {len(pods)} pods")
-        log_path = taskdir / "main.log"
-        (taskdir / "manifest.json").write_text(json.dumps(manifest, indent=2))
         (taskdir / "argv.json").write_text(json.dumps(pod_argvs))
-        t0 = time.perf_counter()
-        code = self._spawn_all(pods, log_path)
-        phase = "Succeeded" if code == 0 else "Failed"
-        return NodeResult(
-            task, tmpl["name"], phase, code, time.perf_counter() - t0, log_path=log_path,
-            message=f"{launcher.kind} {job}: {'Completed' if code == 0 else 'Failed'} ({len(pods)} pods)",
-        )
+        return pods, names
 
     # ------------------------------------------------------------------ processes
 
     def _spawn_all(self, procs: list[tuple[list[str], dict[str, str]]], log_path: Path) -> int:
-        """Start every process (a gang starts together), wait for all; first non-zero exit code wins.
+        """Start every process (a gang starts together), wait for all; first non-zero exit code wins."""
+        return self._spawn_gang(procs, log_path)[0]
+
+    def _spawn_gang(self, procs: list[tuple[list[str], dict[str, str]]], log_path: Path) -> tuple[int, int]:
+        """Start every process (a gang starts together), wait for all. Returns the first non-zero
+        exit code (0 when all succeeded) and the index of the process that exited with it.
 
         If one process fails the others are stopped (a gang cannot continue without a member).
         """
         running = [spawn(argv, log_path, env) for argv, env in procs]
         try:
-            code = 0
+            code, failed = 0, -1
             pending = list(running)
             while pending:
                 for p in list(pending):
@@ -537,11 +575,11 @@ class LocalRunner:
                         continue
                     pending.remove(p)
                     if rc != 0 and code == 0:
-                        code = rc if rc > 0 else 128 - rc
+                        code, failed = (rc if rc > 0 else 128 - rc), running.index(p)
                         for other in pending:
                             stop(other)
                 time.sleep(0.05)
-            return code
+            return code, failed
         except BaseException:
             for p in running:
                 stop(p)

@@ -357,6 +357,12 @@ class Launcher(ABC):
         for the local backend: e.g. the job-name label the pods' env reads."""
         return {}
 
+    def local_gang_restarts(self, job: dict, exit_code: int) -> int:
+        """How many times the job's operator restarts the WHOLE gang when one of its pods fails
+        with ``exit_code`` (the job's own policy, as the local backend reads it); 0: the job fails.
+        Default: never (a launcher with a :attr:`gang_restart_limitation`)."""
+        return 0
+
     @abstractmethod
     def local_env(self, group: str, index: int, rank: int, pods: int, master_port: str) -> dict[str, str]:
         """What the operator or its plugins give pod ``index`` of ``group`` (global ``rank`` of

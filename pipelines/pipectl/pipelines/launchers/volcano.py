@@ -113,3 +113,17 @@ class VolcanoJob(Launcher):
 
     def local_env(self, group: str, index: int, rank: int, pods: int, master_port: str) -> dict[str, str]:
         return {"VC_TASK_INDEX": str(index), "VK_TASK_INDEX": str(index)}
+
+    def local_gang_restarts(self, job: dict, exit_code: int) -> int:
+        """The job's ``policies`` as Volcano applies them to a pod that failed with ``exit_code``
+        (first match wins: an ``exitCode`` rule, then the ``PodFailed`` event; a process that
+        ended is never a deleted pod, so ``PodEvicted`` does not apply): ``RestartJob`` allows
+        ``maxRetry - 1`` restarts (Volcano counts runs, see :func:`max_retry`; its webhook's default
+        is 3), anything else none."""
+        for policy in job["spec"].get("policies") or []:
+            events = [policy.get("event"), *(policy.get("events") or [])]
+            if policy.get("exitCode") == exit_code or "PodFailed" in events:
+                if policy.get("action") != "RestartJob":
+                    return 0
+                return max(0, int(job["spec"].get("maxRetry") or 3) - 1)
+        return 0
