@@ -69,7 +69,8 @@ cluster-build:
 	bash tests/cluster/build.sh
 
 # The step images (pipectl/step-light, pipectl/step-train) from a debootstrap Debian base with
-# Debian's Docker engine (started when not running); skipped when the content is unchanged.
+# Debian's Docker engine (started when not running), and the examples' images FROM step-train
+# (pipectl/example-<name>); each skipped when its content is unchanged.
 images:
 	bash scripts/images.sh
 

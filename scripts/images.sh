@@ -18,9 +18,15 @@
 #      `--image <target>=c-<hash>` arguments for `pipectl templates apply` and written to
 #      $PIPECTL_CACHE_DIR/images/image-args.txt.
 #
+#   4. The examples' own images (with step-train): each example with a Dockerfile `FROM ${BASE}`
+#      is built as its README tells a team, `docker build --build-arg BASE=<step-train> -t <ref> .`
+#      on the example's files (what git lists there), tagged pipectl/example-<name>:c-<hash of those
+#      files and the step-train image id>, skipped when that tag exists; written to
+#      $PIPECTL_CACHE_DIR/images/example-images.txt (<name>=<ref>) for the real-pod tests.
+#
 # Prints, per image: build seconds (or "cached") and size; a summary line per image goes to
 # $PIPECTL_CACHE_DIR/images/build-times.txt.
-# Usage: scripts/images.sh [step-light] [step-train]      (default: both)
+# Usage: scripts/images.sh [step-light] [step-train]      (default: both; the examples come with step-train)
 # Env:   PIPECTL_CACHE_DIR (default ~/.cache/pipectl), PIPECTL_DEBIAN_MIRROR (default: the host's
 #        first deb.debian.org-style URI in /etc/apt/sources.list*), PIPECTL_DOCKER_DATA_ROOT.
 set -euo pipefail
@@ -134,3 +140,44 @@ args_file=$CACHE/image-args.txt
   printf '%s\n' "${refs[@]}"; } >"$args_file.new"
 mv "$args_file.new" "$args_file"
 log "deploy with: pipectl templates apply $(tr '\n' ' ' <"$args_file")(in $args_file)"
+
+# --- 4. the examples' images -------------------------------------------------------------------
+EXAMPLES=(image-classifier)
+build_example() {  # build_example NAME STEP_TRAIN_REF: prints NAME=REF
+  local name=$1 base=$2 ectx=$ctx/examples/$1 h img took size
+  mkdir -p "$ectx"
+  (cd "$ROOT/examples/$name" && git ls-files -z --cached --others --exclude-standard -- . | xargs -0 cp --parents -t "$ectx")
+  h=$(printf '%s|%s' "$(cd "$ectx" && find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)" \
+        "$("$DOCKER" image inspect -f '{{.Id}}' "$base")" | sha256sum | cut -c1-16)
+  img=pipectl/example-$name
+  if "$DOCKER" image inspect "$img:c-$h" >/dev/null 2>&1; then
+    took=cached
+  else
+    log "building $img (examples/$name/Dockerfile FROM $base; log $CACHE/build-example-$name.log)"
+    local t0=$SECONDS
+    # what the example's README tells a team to run; nothing to download (--network none)
+    if ! "$DOCKER" build --network none --build-arg BASE="$base" --label io.pipectl.content-hash="$h" \
+         -t "$img:c-$h" "$ectx" >"$CACHE/build-example-$name.log" 2>&1; then
+      echo "images: build of examples/$name failed; tail of $CACHE/build-example-$name.log:" >&2
+      tail -30 "$CACHE/build-example-$name.log" >&2; return 1
+    fi
+    took=$((SECONDS - t0))s
+  fi
+  size=$("$DOCKER" image inspect -f '{{.Size}}' "$img:c-$h")
+  line=$(printf '%s %-38s build %-7s size %s MB' "$(date -u +%FT%TZ)" "$img:c-$h" "$took" "$((size / 1000000))")
+  log "$line"
+  echo "$line" >>"$CACHE/build-times.txt"
+  # earlier builds of this example go (each keeps an earlier step-train's GBs alive)
+  "$DOCKER" images --format '{{.Repository}}:{{.Tag}}' "$img" | grep -v -x "$img:c-$h" | xargs -r "$DOCKER" rmi >/dev/null 2>&1 || true
+  echo "$name=$img:c-$h"
+}
+train_tag=$(printf '%s\n' "${refs[@]}" | sed -n 's/^--image step-train=//p')
+if [[ -n $train_tag ]]; then
+  examples_file=$CACHE/example-images.txt
+  : >"$examples_file.new"
+  for ex in "${EXAMPLES[@]}"; do
+    build_example "$ex" "pipectl/step-train:$train_tag" >>"$examples_file.new" || exit 1
+  done
+  mv "$examples_file.new" "$examples_file"
+  log "example images: $(tr '\n' ' ' <"$examples_file")(in $examples_file)"
+fi

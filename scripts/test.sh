@@ -6,13 +6,13 @@
 #   system-deps    Debian packages (Ceph, Java/Maven, Docker, containerd, ...)       serial, first
 #   venv           the project's cached virtual environment (scripts/setup.sh)       ┐ in parallel:
 #   go-cluster     the KWOK control plane's binaries (Go module proxy; cached)       │ PyPI / apt /
-#   images         the step images (scripts/images.sh)                               ┘ Go compiles
+#   images         the step images and the example's (scripts/images.sh)             ┘ Go compiles
 #   tests-local    pytest tier 1: unit, golden, integration — starts as soon as the venv exists,
 #                  beside the Go builds (cold) or beside tier 2 (warm): it needs no cluster binary
 #   tests-storage  pytest tier 1b: the tests marked `storage` (they use the session's Ceph or
 #                  Alluxio; tests/conftest.py marks them) and `pipeline` (whole pipelines end to
 #                  end), in a second process beside tier 1: one Ceph, one Alluxio
-#   node-images    the step images into the real node's containerd store (after images + venv)
+#   node-images    the step and example images into the real node's containerd store (after images + venv)
 #   go-node        the real node's binaries (kubelet, pause, argoexec, coredns), after go-cluster,
 #                  beside tier 2
 #   tests-cluster  pytest tier 2: the KWOK control plane (tests/cluster), once go-cluster is done

@@ -7,15 +7,22 @@ template beside pipectl's (shapes/parameters.py).
     pip install -e .                                               # this project, beside pipectl
     python -m shapes.generate ./shapes-data --per-class 60         # the team's data
     pipectl run pipeline.py:pipeline -p dataset-uri=./shapes-data  # on this machine
-    docker build -t registry.example.com/ml/shapes:0.1.0 .         # the train image, FROM pipectl's
+    docker build --build-arg BASE=registry.example.com/pipectl/step-train:0.1.0 \
+        -t registry.example.com/ml/shapes:0.1.0 .                  # the team's image, FROM pipectl's train image
     pipectl templates apply pipeline.py:pipeline                   # on a cluster, then
     pipectl submit pipeline.py:pipeline -p dataset-uri=s3://team-data/shapes/
+
+The image the train and evaluate steps run is IMAGE below, or $SHAPES_IMAGE when set (a build's
+own tag, as CI deploys it): SHAPES_IMAGE=registry.example.com/ml/shapes:c-1a2b pipectl templates apply ...
 """
+
+import os
 
 from pipectl.sdk import Pipeline, evaluate, preprocess, register, stage, train
 from shapes.parameters import ShapesParameters
 
-IMAGE = "registry.example.com/ml/shapes:0.1.0"  # FROM pipectl's step-train image, with this project (Dockerfile)
+# FROM pipectl's step-train image, with this project (Dockerfile)
+IMAGE = os.environ.get("SHAPES_IMAGE") or "registry.example.com/ml/shapes:0.1.0"
 
 pipeline = Pipeline(
     "shapes-training",

@@ -14,7 +14,8 @@ Part 1 (the control plane) fakes nodes with KWOK; this module adds one node whos
                       static) and loaded into containerd
   argoexec image      quay.io/argoproj/argoexec:v4.0.5 (the controller's --executor-image), the
                       argoexec binary built from the argo-workflows module (build.sh)
-  step images         pipectl/step-light, pipectl/step-train (scripts/images.sh), loaded with
+  step images         pipectl/step-light, pipectl/step-train (scripts/images.sh), and the examples'
+                      images built FROM step-train (pipectl/example-<name>), loaded with
                       ``docker save | ctr -n k8s.io images import -``
   CoreDNS             v1.14.7 (cut-down build, build.sh) on the gateway: cluster.local from the
                       API server, so the training gang finds ``<job>-worker-0.<job>`` (Volcano
@@ -99,6 +100,19 @@ def step_images() -> list[str]:
 
     built = dict(a.split("=", 1) for a in image_args() if a != "--image")
     return [f"pipectl/{name}:{built.get(name, IMAGE_VERSION)}" for name in STEP_IMAGES]
+
+
+def example_images() -> dict[str, str]:
+    """The examples' own images of the last build (``<cache>/images/example-images.txt``, written by
+    scripts/images.sh): example folder name -> ``pipectl/example-<name>:c-<hash>``; empty when none."""
+    path = cache_root() / "images" / "example-images.txt"
+    lines = path.read_text().split() if path.exists() else []
+    return dict(line.split("=", 1) for line in lines)
+
+
+def node_images() -> list[str]:
+    """What the node runs besides its own images: the step images and the examples' images."""
+    return [*step_images(), *example_images().values()]
 CNI_BIN = "/usr/lib/cni"
 BRIDGE_MAC = "02:70:69:70:65:01"  # locally administered
 NODE_COMPONENTS = {"kubelet": K8S_VERSION, "pause": K8S_VERSION,
@@ -138,7 +152,7 @@ def missing(images: list[str] | None = None) -> list[str]:
     for name in NODE_COMPONENTS:
         if not os.access(node_binary(name), os.X_OK):
             out.append(f"binary {node_binary(name)} (run tests/cluster/build.sh {name})")
-    images = step_images() if images is None else images
+    images = node_images() if images is None else images
     if images and not out:
         try:
             have = set(subprocess.run([DOCKER, "images", "--format", "{{.Repository}}:{{.Tag}}"],
@@ -184,7 +198,7 @@ class RealNode:
         self.run_dir = Path(run_dir).absolute()
         self.start_timeout_s = start_timeout_s
         self.die_with_parent = die_with_parent
-        self.images = list(step_images() if images is None else images)
+        self.images = list(node_images() if images is None else images)
         self.logs = self.run_dir / "logs"
         self.sock = self.run_dir / "containerd.sock"
         self.containerd_root = cache_root() / "containerd"
@@ -542,7 +556,8 @@ state = "{r / 'containerd-state'}"
         return ref
 
 
-STEP_IMAGE_PREFIX = "docker.io/pipectl/step-"
+BUILT_IMAGE_PREFIXES = ("docker.io/pipectl/step-", "docker.io/pipectl/example-")
+"""Images of scripts/images.sh: a node's store keeps the build it was last given of each."""
 
 
 def import_images(sock: Path, refs: list[str]) -> tuple[list[str], float] | None:
@@ -569,11 +584,11 @@ def import_images(sock: Path, refs: list[str]) -> tuple[list[str], float] | None
             todo[ref] = (full, docker_id)
     if not todo:
         return None
-    # earlier builds of the step images: removed (and their content collected) before the import,
+    # earlier builds of the step and example images: removed (and their content collected) before the import,
     # so a node's store holds one build, not one per dependency change (GBs each)
     # (their names, and the sha256:<image id> references the kubelet's CRI made for them)
     wanted = {full for full, _ in todo.values()} | {_normalize(r) for r in refs}
-    stale = [ref for ref in have if ref.startswith(STEP_IMAGE_PREFIX) and ref not in wanted]
+    stale = [ref for ref in have if ref.startswith(BUILT_IMAGE_PREFIXES) and ref not in wanted]
     kept_ids = {docker_id for ref, docker_id in have.items() if ref not in stale} | {i for _, i in todo.values()}
     stale += [ref for ref in listed if ref.startswith("sha256:") and ref not in kept_ids]
     if stale:
@@ -593,13 +608,13 @@ def import_images(sock: Path, refs: list[str]) -> tuple[list[str], float] | None
 
 
 def preload_images(refs: list[str] | None = None) -> tuple[list[str], float] | None:
-    """Import the Debian base and the step images into the node's cached containerd store
-    (``<cache>/containerd``) ahead of any node, with a containerd of its own (CRI off) that stops
-    afterwards; a node started later finds them and imports only what changed. ``make test`` runs
+    """Import the Debian base, the step images and the examples' images into the node's cached
+    containerd store (``<cache>/containerd``) ahead of any node, with a containerd of its own (CRI
+    off) that stops afterwards; a node started later finds them and imports only what changed. ``make test`` runs
     it while the Go builds of the test cluster run. Holds the node lock. Returns as import_images."""
     import tempfile
 
-    refs = refs or [_latest_base_image(), *step_images()]
+    refs = refs or [_latest_base_image(), *node_images()]
     root = cache_root() / "containerd"
     root.mkdir(parents=True, exist_ok=True)
     lock_fd = os.open(cache_root() / "node.lock", os.O_CREAT | os.O_RDWR, 0o644)
@@ -829,9 +844,9 @@ def main(argv: list[str]) -> int:
     for c in ("up", "down"):
         sub.add_parser(c).add_argument("cluster_run_dir", type=Path)
     sub.choices["up"].add_argument("--image", action="append", dest="images",
-                                   help="docker image to load (default: the step images)")
+                                   help="docker image to load (default: the step and example images)")
     sub.add_parser("check")
-    sub.add_parser("preload", help="import the step images into the node's cached containerd store")
+    sub.add_parser("preload", help="import the step and example images into the node's cached containerd store")
     a = ap.parse_args(argv)
     if a.cmd == "preload":
         done = preload_images()

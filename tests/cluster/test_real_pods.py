@@ -269,25 +269,27 @@ def services(project, real_cluster, tmp_path_factory):
             mlflow.stop()
 
 
-def _pipectl(c, *args: str, timeout_s: float = 1800) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KUBECONFIG": str(c.kubeconfig)}
+def _pipectl(c, *args: str, timeout_s: float = 1800, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "KUBECONFIG": str(c.kubeconfig), **(env or {})}
     return subprocess.run([str(PIPECTL), *args], capture_output=True, text=True, timeout=timeout_s,
                           cwd=REPO, env=env, check=False)
 
 
-def _apply_templates_for_one_node(c) -> None:
-    """`pipectl templates apply` with the build's content-tagged images (with the release
+def _apply_templates_for_one_node(c, pipeline: str = "training", template: str = "training-v1",
+                                  env: dict[str, str] | None = None) -> None:
+    """`pipectl templates apply [PIPELINE]` with the build's content-tagged images (with the release
     tag the node ran a stale image it had cached under that tag — seen here after a rebuild: an old
     evaluate exited 2 on the new arguments), then drop ``retryStrategy.affinity`` (nodeAntiAffinity:
     a retry avoids the node the attempt failed on) from every template: this cluster has one node,
     where such a retry would stay Pending for ever. Production clusters keep it."""
-    ap = _pipectl(c, "templates", "apply", *nd.image_args(), timeout_s=300)
+    ap = _pipectl(c, "templates", "apply", *([pipeline] if pipeline != "training" else []), *nd.image_args(),
+                  timeout_s=300, env=env)
     assert ap.returncode == 0, ap.stdout + ap.stderr
     custom = _custom(c)
-    wft = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflowtemplates", "training-v1")
+    wft = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflowtemplates", template)
     for t in wft["spec"]["templates"]:
         (t.get("retryStrategy") or {}).pop("affinity", None)
-    custom.replace_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflowtemplates", "training-v1", wft)
+    custom.replace_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflowtemplates", template, wft)
 
 
 def test_training_pipeline_on_real_pods(services, project, core):
@@ -873,3 +875,82 @@ def _kill_stage_mid_copy_and_check(c, core, s3, name: str, clean: dict) -> None:
     assert after == clean, (f"{len(set(after) - set(clean))} extra, {len(set(clean) - set(after))} missing, "
                             f"{sum(1 for k in clean if k in after and after[k] != clean[k])} different")
 
+
+
+# -- a team's own image --------------------------------------------------------------------------
+
+EXAMPLE = REPO / "examples" / "image-classifier"
+
+
+def _ran(pod, container: str | None = None) -> tuple[str, str]:
+    """(image in the pod spec, imageID the container ran) of ``container`` (default: the first)."""
+    spec = next(x for x in pod.spec.containers if container in (None, x.name))
+    status = next(x for x in pod.status.container_statuses or [] if x.name == spec.name)
+    return spec.image, status.image_id
+
+
+def test_the_image_classifier_example_trains_in_its_own_image_on_real_pods(services, project, core, tmp_path):
+    """examples/image-classifier deployed as its README tells a team: its image, built FROM this
+    build's step-train image with the example's own Dockerfile (scripts/images.sh), named by
+    SHAPES_IMAGE at `pipectl templates apply pipeline.py:pipeline`; its generated images pushed
+    with `pipectl data push`; `pipectl submit pipeline.py:pipeline --wait` with a 2-worker gang and
+    2 epochs. The workflow Succeeds; the gang's pods and the evaluate pod ran that image (the pod
+    spec, and the container's imageID is this build's Docker image id); the team's train function
+    and metric ran; one version of shapes-classifier is in MLflow, from this workflow's run.
+    Last in the module: the stage test compares every dataset in the bucket with its own run's."""
+    c = project
+    image = nd.example_images().get("image-classifier")
+    assert image, "no example image recorded in example-images.txt: run scripts/images.sh"
+    image_id = subprocess.run([nd.DOCKER, "image", "inspect", "-f", "{{.Id}}", image],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    data = tmp_path / "shapes-data"
+    gen = subprocess.run([sys.executable, "-m", "shapes.generate", str(data), "--per-class", "20"],
+                         capture_output=True, text=True, timeout=120, cwd=EXAMPLE)
+    assert gen.returncode == 0, gen.stderr
+    ceph = services["ceph"]
+    push = _pipectl(c, "data", "push", str(data), timeout_s=300, env={
+        "PIPECTL_S3_ENDPOINT": ceph.s3_endpoint, "PIPECTL_S3_ACCESS_KEY": ceph.access_key,
+        "PIPECTL_S3_SECRET_KEY": ceph.secret_key})
+    assert push.returncode == 0, push.stderr
+    dataset = push.stdout.split()[-1]
+    ref = f"{EXAMPLE / 'pipeline.py'}:pipeline"
+    _apply_templates_for_one_node(c, ref, "shapes-training-v1", env={"SHAPES_IMAGE": image})
+    t0 = time.monotonic()
+    sub = _pipectl(c, "submit", ref, "--wait", "-p", f"dataset-uri={dataset}", "-p", "workers=2",
+                   "-p", "processes-per-worker=1", *ONE_NODE_GANG, "-p", "epochs=2", "-p", "promotion-threshold=0",
+                   "--output", "json", timeout_s=1200)
+    wall = time.monotonic() - t0
+    print(sub.stdout[-3000:], sub.stderr[-3000:])
+    result = _last_json(sub.stdout)
+    name = result["name"]
+    _timings_line("example image run (s)", {"workflow": name, "image": image, "wall_s": round(wall, 1),
+                                           "phase": result["phase"]})
+    wf = _custom(c).get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
+    steps = {n["displayName"]: n["phase"] for n in wf["status"]["nodes"].values()}
+    assert sub.returncode == 0 and result["phase"] == "Succeeded", steps
+    assert wf["spec"]["workflowTemplateRef"] == {"name": "shapes-training-v1"}
+    assert all(steps.get(s) == "Succeeded" for s in ("stage", "preprocess", "train", "evaluate", "register")), steps
+
+    pods = core.list_namespaced_pod(NS, label_selector=f"workflows.argoproj.io/workflow={name}").items
+    gang = sorted((p for p in pods if p.metadata.name.startswith(f"{name}-train-")
+                   and (p.metadata.labels or {}).get("pipectl.io/step") == "train"), key=lambda p: p.metadata.name)
+    evaluate = [p for p in pods if (p.metadata.annotations or {}).get("workflows.argoproj.io/node-name", "").endswith(".evaluate(0)")]
+    ran = {p.metadata.name: _ran(p) for p in gang} | {p.metadata.name: _ran(p, "main") for p in evaluate}
+    print("images the pods ran:", json.dumps(ran, indent=1), "this build:", image, image_id)
+    assert len(gang) == 2 and len(evaluate) == 1, sorted(ran)
+    assert all(p.status.phase == "Succeeded" and p.spec.node_name == nd.NODE_NAME for p in gang + evaluate)
+    assert set(ran.values()) == {(image, image_id)}, ran
+
+    rank0 = core.read_namespaced_pod_log(gang[0].metadata.name, NS)
+    assert "train function shapes.train:train, its own model" in rank0, rank0[-3000:]
+    assert "shapes: weight decay 0.0005, label smoothing 0.1, random flips True" in rank0, rank0[-3000:]
+    scored = core.read_namespaced_pod_log(evaluate[0].metadata.name, NS, container="main")
+    assert "candidate balanced_accuracy=" in scored, scored[-3000:]  # the team's metric decided
+
+    from mlflow import MlflowClient
+
+    mlflow = MlflowClient(tracking_uri=services["mlflow_url"])
+    versions = mlflow.search_model_versions("name='shapes-classifier'")
+    print("model versions:", [(v.version, v.run_id) for v in versions])
+    assert len(versions) == 1, versions
+    assert mlflow.get_run(versions[0].run_id).data.tags.get("pipectl.workflow") == name
