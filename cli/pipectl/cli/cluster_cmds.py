@@ -489,27 +489,47 @@ def retry(name: str, resubmit: bool, namespace: str, context: str | None) -> Non
     retried IN PLACE through the Argo Server: only failed steps run again, succeeded steps
     keep their outputs, and training resumes from its checkpoints (they are per workflow).
     Without it (or with --resubmit), a new Workflow with the same template and arguments is
-    created: training starts fresh; stage and register are idempotent.
+    created: training starts fresh; stage and register are idempotent. The old run's gang jobs are
+    deleted first and their pods waited for (a run terminated from the Argo UI keeps its gang), so
+    no gang of the old run holds GPUs beside the new one; a run that has not ended is refused
+    (exit 2): stop or terminate it first.
     """
     from pipectl.pipelines.backends.kube import ArgoServer
 
     server = None if resubmit else ArgoServer.from_env()
-    if server is not None:
-        cluster = _cluster(namespace, context)
-        phase = cluster.get("workflows", name).get("status", {}).get("phase")
-        if phase not in ("Failed", "Error"):
-            fail(f"workflow {name} is {phase or 'not started'}: only a Failed or Error workflow can be retried in place",
-                 "wait for it to end, or use --resubmit for a new run", code=2)
-        for job in cluster.release_gangs(name, failed_only=True):
-            console().print(f"deleted the failed gang job {job} (the retried step creates the run's job again)")
-        server.retry(namespace, name)
-        console().print(f"retrying {name} in place (Argo Server {server.base})")
-        click.echo(name)
+    if server is None:
+        _resubmit(name, namespace, context)
         return
     cluster = _cluster(namespace, context)
+    phase = cluster.get("workflows", name).get("status", {}).get("phase")
+    if phase not in ("Failed", "Error"):
+        fail(f"workflow {name} is {phase or 'not started'}: only a Failed or Error workflow can be retried in place",
+             "wait for it to end, or use --resubmit for a new run", code=2)
+    for job in cluster.release_gangs(name, failed_only=True):
+        console().print(f"deleted the failed gang job {job} (the retried step creates the run's job again)")
+    server.retry(namespace, name)
+    console().print(f"retrying {name} in place (Argo Server {server.base})")
+    click.echo(name)
+
+
+ENDED_PHASES = ("Succeeded", "Failed", "Error")
+
+
+def _resubmit(name: str, namespace: str, context: str | None) -> None:
+    """`pipectl retry --resubmit NAME`: the old run's gang released (unless it Succeeded: its
+    completed pods hold nothing and keep their logs), then a new Workflow with its arguments."""
     from pipectl.pipelines.workflows import resubmit_workflow
 
-    new_name = cluster.create_workflow(resubmit_workflow(cluster.get("workflows", name), namespace))["metadata"]["name"]
+    cluster = _cluster(namespace, context)
+    old = cluster.get("workflows", name)
+    phase = old.get("status", {}).get("phase")
+    if phase not in ENDED_PHASES:
+        fail(f"workflow {name} is {phase or 'not started'}: its gang would keep training beside the new run",
+             f"stop it first (pipectl stop {name}, or pipectl terminate {name}), then retry", code=2)
+    if phase != "Succeeded":
+        for job in cluster.release_gangs(name):
+            console().print(f"deleted gang job {job} of {name}; no gang pod of {name} is left")
+    new_name = cluster.create_workflow(resubmit_workflow(old, namespace))["metadata"]["name"]
     console().print(f"resubmitted {name} as {new_name} (a new Workflow; set ARGO_SERVER to retry in place)")
     click.echo(new_name)
 
