@@ -296,6 +296,8 @@ def test_a_volcano_gang_that_loses_a_pod_restarts_whole_as_its_policy_says(tmp_p
     assert [(tmp_path / f"runs-{i}").read_text() for i in (0, 1)] == ["x" * runs] * 2  # every pod, every run
     log = node.log_path.read_text()
     assert log.count("the job's policy restarts the whole gang") == restarts, log
+    assert node.message.endswith({"Succeeded": "(2 pods, 1 gang restart(s))", "Failed": "(2 pods, its 2 gang restart(s) spent)"}[phase]
+                                 if restarts else "(2 pods)"), node.message
     if restarts:
         assert f"pod worker-1 of Job {result.workflow_name}-j exited {code}: the job's policy restarts the whole gang (restart 1 of 2)" in log
 

@@ -504,13 +504,12 @@ class LocalRunner:
             with open(log_path, "a") as log:
                 log.write(f"pipectl run: pod {names[failed]} of {launcher.kind} {job} exited {code}: the job's policy "
                           f"restarts the whole gang (restart {restarts} of {budget})\n")
-        phase = "Succeeded" if code == 0 else "Failed"
-        node = NodeResult(
-            task, tmpl["name"], phase, code, time.perf_counter() - t0, log_path=log_path,
-            message=f"{launcher.kind} {job}: {'Completed' if code == 0 else 'Failed'} ({len(pods)} pods"
-                    f"{f', {restarts} gang restart(s)' if restarts else ''})",
-        )
-        node.gang_restarts, node.gang_restarts_spent = restarts, code != 0 and budget > 0
+        spent = code != 0 and budget > 0
+        restarted = f", its {restarts} gang restart(s) spent" if spent else f", {restarts} gang restart(s)" if restarts else ""
+        node = NodeResult(task, tmpl["name"], "Succeeded" if code == 0 else "Failed", code, time.perf_counter() - t0,
+                          log_path=log_path, message=f"{launcher.kind} {job}: {'Completed' if code == 0 else 'Failed'} "
+                                                     f"({len(pods)} pods{restarted})")
+        node.gang_restarts, node.gang_restarts_spent = restarts, spent
         return node
 
     def _gang_pods(self, task: str, manifest: dict, launcher: Any, taskdir: Path) -> tuple[list[tuple[list[str], dict[str, str]]], list[str]]:
