@@ -43,6 +43,7 @@ K8S_KINDS = [
     ("apis__rbac.authorization.k8s.io__v1_openapi.json", "rbac.authorization.k8s.io/v1", "Role", "io.k8s.api.rbac.v1.Role"),
     ("apis__rbac.authorization.k8s.io__v1_openapi.json", "rbac.authorization.k8s.io/v1", "RoleBinding", "io.k8s.api.rbac.v1.RoleBinding"),
     ("apis__scheduling.k8s.io__v1_openapi.json", "scheduling.k8s.io/v1", "PriorityClass", "io.k8s.api.scheduling.v1.PriorityClass"),
+    ("apis__apps__v1_openapi.json", "apps/v1", "Deployment", "io.k8s.api.apps.v1.Deployment"),
     ("apis__admissionregistration.k8s.io__v1_openapi.json", "admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy",
      "io.k8s.api.admissionregistration.v1.ValidatingAdmissionPolicy"),
     ("apis__admissionregistration.k8s.io__v1_openapi.json", "admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding",

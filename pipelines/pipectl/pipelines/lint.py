@@ -9,7 +9,8 @@ Policy rules on WorkflowTemplates/CronWorkflows: every parameter default is in i
 manifests, after Argo substitution with the defaults and with every lane, have integer replicas,
 ``minAvailable`` equal to the gang size, whole-number GPUs, and a lane that exists; no secret
 literal in any env; every container sets ``command``; images are pinned (no ``:latest``); no
-template holds a semaphore through a retry backoff (C10).
+template holds a semaphore through a retry backoff (C10). A Deployment's pods (the gang reaper's)
+keep the restricted Pod Security Standard, pinned images and no secret literal too.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def _gang_objects(wt: dict) -> Iterator[tuple[int, str, dict, str]]:
             values = {"workflow.name": "lint-abcde", "workflow.uid": "0", "retries": "0",
                       **{f"workflow.parameters.{n}": str(p.get("value", "lint")) for n, p in params.items()}}
             for p in tmpl.get("inputs", {}).get("parameters", []):
-                default = params.get(p["name"], {}).get("value", p.get("value", "lint"))
+                default = params.get(p["name"], {}).get("value", p.get("value", p.get("default", "lint")))
                 values[f"inputs.parameters.{p['name']}"] = str(default)
             values["inputs.parameters.lane"] = values["workflow.parameters.lane"] = lane
             try:
@@ -156,7 +157,21 @@ def check_policy(obj: dict, source: str) -> list[Finding]:
         return _rbac_findings(obj, where)
     if kind == "Namespace":
         return _namespace_findings(obj, where)
+    if kind == "Deployment":
+        return _deployment_findings(obj, where)
     return []
+
+
+def _deployment_findings(obj: dict, where: str) -> list[Finding]:
+    """A Deployment's pods (the gang reaper's) keep the same rules as a step's: restricted pod and
+    container fields, no host namespace or hostPath, pinned images, no secret literal in env."""
+    spec = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+    at = f"{where} spec.template.spec"
+    findings = [Finding(f"{at}.securityContext", m) for m in security.pod_problems(spec.get("securityContext") or {})]
+    findings += [Finding(at, m) for m in security.pod_spec_problems(spec)]
+    for i, c in enumerate([*(spec.get("initContainers") or []), *(spec.get("containers") or [])]):
+        findings += _container_findings(c, f"{at} container {c.get('name', i)!r}")
+    return findings
 
 
 def _workflow_findings(spec: dict, where: str, source: str) -> list[Finding]:

@@ -24,6 +24,7 @@ from pipectl.pipelines.admission import (
     submitter_role,
 )
 from pipectl.pipelines.autoscaling import buffer_node_pool, node_pools
+from pipectl.pipelines.gang_reaper import gang_reaper
 from pipectl.pipelines.launchers import LAUNCHERS
 from pipectl.pipelines.policy import LANES, exported
 from pipectl.pipelines.security import POD_SECURITY_LABELS, restricted_container_security_context
@@ -503,7 +504,7 @@ def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]
     with its Pod Security labels and preempting-lane quota, PriorityClasses, Volcano queues and
     scheduler configuration, Argo controller settings; applied server-side, the shared ConfigMaps
     get only pipectl's keys and other tenants' keys stay), ``namespace/`` what the namespace owner
-    applies (RBAC, config, templates, cron, monitoring), all namespaced. ``autoscaling/karpenter/``
+    applies (RBAC, the gang reaper, config, templates, cron, monitoring), all namespaced. ``autoscaling/karpenter/``
     (NodePools, the urgent lane's warm buffer among them) is a cluster-admin kustomization of its
     own, applied when the cluster runs Karpenter.
     """
@@ -517,6 +518,7 @@ def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]
         f"{admin}/controller/workflow-controller-configmap.yaml": controller_config(cfg),
         f"{admin}/admission/policies.yaml": admission_policies(),
         f"{owner}/rbac.yaml": rbac(cfg),
+        f"{owner}/gang-reaper.yaml": gang_reaper(cfg),
         f"{owner}/configmaps.yaml": config_maps(cfg),
         f"{owner}/monitoring/prometheus-rules.yaml": prometheus_rules(cfg),
         f"{owner}/monitoring/grafana-dashboard.yaml": grafana_dashboard(cfg),
