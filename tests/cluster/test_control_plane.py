@@ -1211,7 +1211,9 @@ def test_least_privilege_auth_can_i_list_per_service_account(project_applied, te
     server's own authorizer answers (`kubectl auth can-i --list --as=...`, kubectl v1.34.4): step
     pods only report results, the train step's account also creates/gets/patches the one gang job
     kind and lists/watches/deletes it and lists/watches pods (the gang-release exit handler), the
-    training pods' account nothing. The tables are printed (README shows them)."""
+    training pods' account nothing, the gang reaper's reads and watches workflows, lists, watches
+    and deletes the gang job kind and lists and watches pods. The tables are printed (docs/security.md shows them)."""
+    from pipectl.pipelines.gang_reaper import GANG_REAPER, gang_reaper
     from pipectl.pipelines.manifests import rbac
     from pipectl.pipelines.training import CompileConfig
     from tests.cluster.cluster import binary
@@ -1226,8 +1228,10 @@ def test_least_privilege_auth_can_i_list_per_service_account(project_applied, te
                                        "jobs.batch.volcano.sh": "[create get patch list watch delete]",
                                        "pods": "[list watch]"},
         cfg.training_service_account: {},
+        GANG_REAPER: {"workflows.argoproj.io": "[get list watch]", "jobs.batch.volcano.sh": "[list watch delete]",
+                      "pods": "[list watch]"},
     }
-    assert {o["metadata"]["name"] for o in rbac(cfg) if o["kind"] == "ServiceAccount"} == set(expected)
+    assert {o["metadata"]["name"] for o in rbac(cfg) + gang_reaper(cfg) if o["kind"] == "ServiceAccount"} == set(expected)
     tables = {}
     for sa, want in expected.items():
         r = subprocess.run([str(binary("kubectl")), "--kubeconfig", str(test_cluster.kubeconfig), "auth", "can-i", "--list",

@@ -139,9 +139,10 @@ def test_a_retried_run_keeps_its_new_gang_and_a_succeeded_runs_job_is_left(
     both). Retried in place (`pipectl retry` through the Argo Server, as the UI's RETRY), the run is
     Running again and its train step creates a new gang under the same name: the reaper leaves it
     (one job, one uid, from its creation to the run's success: a deleted gang fails the step) and,
-    once the run has Succeeded, leaves its completed job through a whole sweep after that."""
-    if not test_cluster.volcano_ok:
-        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    once the run has Succeeded, leaves its completed job through a whole sweep after that. Deleting
+    the workflow then takes the job and its pods with it."""
+    from kubernetes import client
+
     custom = _custom(k8s_api)
     assert _pipectl(test_cluster, "templates", "apply").returncode == 0
     train_pod_annotations({"pipectl.io/fail": "Traceback: KeyError", "pipectl.io/exit-code": "1"})
@@ -168,5 +169,9 @@ def test_a_retried_run_keeps_its_new_gang_and_a_succeeded_runs_job_is_left(
         assert not _vcjob(k8s_api, NS, job)["metadata"].get("deletionTimestamp")
         assert _reaper_deletes(test_cluster, job) == before  # no delete of the new gang's job
         print(f"retried run: reaper deletes of the failed gang {before}; new gang {uid} kept through Succeeded")
+        # the workflow deleted: the job it owns goes with it (garbage collector, and the reaper)
+        _delete_workflow(custom, name)
+        test_cluster.wait_for("the deleted run's job and pods gone",
+                              lambda: _gang_left(client.CoreV1Api(k8s_api), k8s_api, name) == ([], []), timeout_s=30)
     finally:
         _delete_workflow(custom, name)

@@ -64,7 +64,6 @@ class Reaper:
         self._lock = threading.Lock()
         self._busy: set[str] = set()  # a release of this run is running
         self._again: set[str] = set()  # ... and was asked for again meanwhile
-        self._released: dict[str, str] = {}  # run -> uid of the workflow whose gang was released
 
     # -- one run -------------------------------------------------------------------------------
 
@@ -90,11 +89,7 @@ class Reaper:
             if "release" not in asked:
                 asked["release"] = wants_release(self.workflow_now(name))
             return not asked["release"]
-        deleted = release(self.api, self.namespace, name, self.kinds, keep=keep, timeout_s=self.release_timeout_s)
-        if asked.get("release", True):
-            with self._lock:
-                self._released[name] = (workflow or {}).get("metadata", {}).get("uid", "")
-        return deleted
+        return release(self.api, self.namespace, name, self.kinds, keep=keep, timeout_s=self.release_timeout_s)
 
     def request(self, name: str) -> None:
         """Release ``name``'s gang on a worker thread; asked again while one runs, it runs once more after."""
@@ -136,17 +131,10 @@ class Reaper:
     # -- the namespace -------------------------------------------------------------------------
 
     def on_event(self, kind: str, workflow: dict) -> None:
-        """A watch event: a run that wants its gang released (or was deleted) gets a release, once
-        per workflow; a run that is running again (retried) may get one again when it next ends."""
-        name, uid = workflow["metadata"]["name"], workflow["metadata"].get("uid", "")
+        """A watch event: a run that was deleted or wants its gang released gets a release (one
+        whose gang is gone already costs a read of its workflow, its jobs and its pods)."""
         if kind == "DELETED" or wants_release(workflow):
-            with self._lock:
-                done = self._released.get(name) == uid and kind != "DELETED"
-            if not done:
-                self.request(name)
-        else:
-            with self._lock:
-                self._released.pop(name, None)
+            self.request(workflow["metadata"]["name"])
 
     def gang_runs(self) -> set[str]:
         """The runs that have a gang job of ``kinds`` now (their workflow label)."""
@@ -186,8 +174,6 @@ class Reaper:
         """List the workflows, release every gang whose workflow is gone or wants it released;
         returns the list's resourceVersion (where the watch starts)."""
         workflows, version = self.workflows()
-        with self._lock:
-            self._released = {n: uid for n, uid in self._released.items() if n in workflows}
         for name in sorted(self.gang_runs()):
             if name not in workflows or wants_release(workflows[name]):
                 self.request(name)
