@@ -88,6 +88,13 @@ def test_a_command_option_wins_over_the_site_file_and_the_environment_names_the_
     ("namespace: [ml\n", "line 2, column 1 is not valid YAML"),
     ("- namespace\n", "holds a list, not a mapping"),
     ("pipeline_parameters: []\n", "pipeline_parameters is not a site setting"),
+    ("fabric:\n  nccl_socket_ifname: eth0 $(reboot)\n", "fabric.nccl_socket_ifname: String should match pattern"),
+    ("fabric:\n  nccl_debug: LOUD\n", "fabric.nccl_debug: Input should be 'VERSION', 'WARN', 'INFO' or 'TRACE'"),
+    ("fabric:\n  nccl_ib_gid_index: 300\n", "fabric.nccl_ib_gid_index: Input should be less than or equal to 255"),
+    ("fabric:\n  rdma:\n    resource: memory\n", "rdma.resource 'memory' is not a device plugin's extended resource"),
+    ("fabric:\n  rdma:\n    resource: rdma/hca\n    ipc_lock: true\n", "refused by Pod Security 'restricted'"),
+    ("fabric:\n  nccl_ib_disable: true\n  rdma:\n    resource: rdma/hca\n", "nccl_ib_disable: true turns InfiniBand/RoCE off"),
+    ("fabric:\n  nccl_ib: mlx5_0\n", "fabric.nccl_ib: Extra inputs are not permitted"),
 ])
 def test_a_bad_site_file_exits_2_naming_the_file_and_the_key_and_writes_nothing(tmp_path, text, expected):
     site = tmp_path / "site.yaml"
@@ -111,3 +118,44 @@ def test_the_site_module_documents_an_example_that_loads():
     doc = yaml.safe_load(SITE)
     assert doc["namespace"] == "ml-vision" and doc["retry"] == {"scale_up_s": 900}
     assert SITE_ENV == "PIPECTL_SITE"
+
+
+FABRIC = """\
+fabric:
+  nccl_socket_ifname: "=eth1"
+  nccl_ib_hca: mlx5_0,mlx5_1
+  nccl_ib_gid_index: 3
+  nccl_debug: WARN
+  rdma:
+    resource: rdma/rdma_shared_device_a
+    count: 2
+"""
+
+
+def test_a_site_fabric_profile_reaches_every_gang_pod_and_nothing_else(tmp_path):
+    """The site's fabric settings become the same NCCL/gloo environment and RDMA request in every
+    gang pod of the rendered template; the steps' own pods get none of it; no fabric, no change."""
+    from tests.unit.test_training_template import _job, _pods
+
+    (tmp_path / "site.yaml").write_text(FABRIC)
+    template = _one(_render(tmp_path, "--site", tmp_path / "site.yaml"), "WorkflowTemplate", "training-v1")
+    templates = {t["name"]: t for t in template["spec"]["templates"]}
+    pods = _pods(_job(template, workers="2"))
+    assert pods
+    for pod in pods:
+        container = pod["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert {k: env.get(k) for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_DISABLE",
+                                         "NCCL_IB_GID_INDEX", "NCCL_DEBUG")} == {
+            "NCCL_SOCKET_IFNAME": "=eth1", "GLOO_SOCKET_IFNAME": "eth1", "NCCL_IB_HCA": "mlx5_0,mlx5_1",
+            "NCCL_IB_DISABLE": "0", "NCCL_IB_GID_INDEX": "3", "NCCL_DEBUG": "WARN"}
+        assert container["resources"]["limits"]["rdma/rdma_shared_device_a"] == 2
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}  # still restricted
+    for name, t in templates.items():
+        for c in [t.get("container")] + [s for s in t.get("initContainers") or []]:
+            assert c is None or not any(e["name"].startswith("NCCL_") for e in c.get("env") or []), name
+    r = _run("--site", tmp_path / "site.yaml", "lint")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (tmp_path / "plain.yaml").write_text("namespace: pipectl\n")
+    plain = _one(_render(tmp_path / "p", "--site", tmp_path / "plain.yaml"), "WorkflowTemplate", "training-v1")
+    assert "NCCL_" not in yaml.safe_dump(plain) and "rdma/" not in yaml.safe_dump(plain)

@@ -2,7 +2,8 @@
 
 Every key is a field of :class:`~pipectl.pipelines.training.CompileConfig` (the object store's
 and MLflow's endpoints, the namespace, the image registry, quotas, the retry policy and its
-``scale_up_s``, Karpenter's node pools and the urgent buffer). A key left out keeps its default;
+``scale_up_s``, Karpenter's node pools and the urgent buffer, the gang's network settings:
+:mod:`~pipectl.pipelines.fabric`). A key left out keeps its default;
 an unknown key or a bad value is refused with the file and the key named. ``pipectl site init``
 writes every key with its default and description; ``pipectl --site FILE render cluster --write
 argo`` renders the install from it (or ``PIPECTL_SITE=FILE``).

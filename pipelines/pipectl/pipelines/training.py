@@ -87,6 +87,7 @@ from pipectl.components.pipeline_parameters import SPECS_INPUT, ParameterSpec, p
 from pipectl.pipelines.launchers import DEFAULT_LAUNCHER, LAUNCHERS, GangConfig
 from pipectl.pipelines.launchers.base import TRAIN_STEP_INPUTS
 from pipectl.pipelines.autoscaling import DO_NOT_DISRUPT, AutoscalingConfig
+from pipectl.pipelines.fabric import FabricProfile
 from pipectl.pipelines.policy import RetryPolicy, lane_toleration_for, step_metrics, training_metrics
 from pipectl.pipelines.security import TMP_VOLUME_NAME, restricted_container_security_context, tmp_volume, restricted_pod_security_context
 
@@ -141,6 +142,8 @@ class CompileConfig(BaseModel):
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Retries by failure class; backoff from scale_up_s.")
     autoscaling: AutoscalingConfig = Field(default_factory=AutoscalingConfig,
                                            description="Karpenter NodePools and the urgent lane's buffer (argo/autoscaling/).")
+    fabric: FabricProfile = Field(default_factory=FabricProfile,
+                                  description="The gang's network: NCCL's interfaces, adapters, RoCE GID, log level, RDMA devices.")
     pipeline_parameters: tuple[ParameterSpec, ...] = Field(
         (), exclude=True, description="The pipeline's own parameters (set by Pipeline.build from its parameters class).")
 
@@ -183,7 +186,7 @@ class CompileConfig(BaseModel):
         return GangConfig(image=image or self.train_image, service_account=self.training_service_account, shm_gib=self.shm_gib, tmp_gib=self.step_tmp_gib,
                           max_restarts=self.retry.infra_limit, retry_oom=self.retry.retry_oom, entry=entry,
                           function=function, exports_onnx=exports_onnx,
-                          parameters=tuple(p.name for p in self.pipeline_parameters))
+                          parameters=tuple(p.name for p in self.pipeline_parameters), fabric=self.fabric)
 
 
 def _input_params(names: list[str]) -> list[Parameter]:
