@@ -1118,7 +1118,7 @@ def _gang_manifest(wt: dict, train: dict, job: str, **params: str) -> str:
     values = {f"inputs.parameters.{p['name']}": str(p.get("value", "")) for p in wt["spec"]["arguments"]["parameters"]}
     values.update({"inputs.parameters.shards-uri": "s3://pipectl/runs/x/shards/", "inputs.parameters.run-uri": "s3://pipectl/runs/x"})
     values.update({f"inputs.parameters.{k}": v for k, v in params.items()})
-    values.update({"workflow.name": workflow, "retries": "0"})
+    values.update({"workflow.name": workflow, "retries": "0", "inputs.parameters.gang-affinity": "{}"})
     manifest = train["resource"]["manifest"]
     assert manifest.count(JOB_NAME) == 1, manifest
     return re.sub(r"\{\{\s*([^}=]+?)\s*\}\}", lambda m: values[m.group(1)], manifest.replace(JOB_NAME, job))

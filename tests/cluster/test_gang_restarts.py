@@ -16,6 +16,7 @@ grace period (SIGKILL, 137: what Volcano >= 1.14 reports as PodFailed).
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -215,6 +216,45 @@ def test_a_stopped_or_terminated_run_leaves_no_gang_within_30_s(
         assert wf["status"]["phase"] in ("Failed", "Error")
         assert release == (["Succeeded"] if how == "stop" else []), release
         assert _gang_left(core, k8s_api, name) == ([], [])  # nothing came back
+    finally:
+        _delete_workflow(_custom(k8s_api), name)
+
+
+def test_a_gang_the_preflight_ended_is_retried_away_from_the_named_node(
+        project_applied, train_pod_annotations, test_cluster, k8s_api):
+    """The gang preflight finds a slow link on node X: one gang pod ends as the launcher ends it
+    (exit 76, termination message ``avoid nodes: X``, written here onto the running pod as the
+    kubelet would). Volcano ends the job (no restart onto the same nodes), the train attempt
+    Fails, ``gang-avoid`` (its command run for real by the argoexec stand-in) deletes the failed
+    job and hands the next attempt a preferred anti-affinity to X: the second job's pods carry it,
+    are bound to other nodes, and the workflow Succeeds."""
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    from kubernetes import client
+
+    from pipectl.components.gang.avoid import gang_affinity
+
+    core = client.CoreV1Api(k8s_api)
+    name, job, first = submit_two_worker_training(test_cluster, k8s_api, train_pod_annotations, run_s=600)
+    try:
+        uid = _vcjob(k8s_api, NS, job)["metadata"]["uid"]
+        slow = first[0].spec.node_name
+        train_pod_annotations({"pipectl.io/run-duration": "3s"})  # the next gang trains and completes
+        verdict = f"gang preflight: a slow link in the gang's ring: rank 0 on node {slow} (502 ms)\navoid nodes: {slow}"
+        core.patch_namespaced_pod_status(first[0].metadata.name, NS, {"status": {
+            "phase": "Failed", "containerStatuses": [{"name": "pytorch", "ready": False,
+                                                      "state": {"terminated": {**_terminated(76)["terminated"], "message": verdict}}}]}})
+        wf = _wait_phase(k8s_api, NS, name, {"Succeeded", "Failed", "Error"}, timeout_s=180)
+        pods = sorted((n["templateName"], n["phase"]) for n in wf["status"]["nodes"].values() if n["type"] == "Pod")
+        assert wf["status"]["phase"] == "Succeeded", (wf["status"].get("message"), pods)
+        assert [p for p in pods if p[0] in ("train", "gang-avoid")] == [("gang-avoid", "Succeeded"), ("train", "Failed"),
+                                                                         ("train", "Succeeded")], pods
+        second = _vcjob(k8s_api, NS, job)
+        assert second["metadata"]["uid"] != uid and second["status"]["state"]["phase"] == "Completed"
+        assert second["spec"]["tasks"][0]["template"]["spec"]["affinity"] == json.loads(gang_affinity([slow]))
+        bound = [p.spec.node_name for p in core.list_namespaced_pod(NS, label_selector=f"volcano.sh/job-name={job}").items]
+        print(f"preflight named {slow}: second gang bound to {bound}")
+        assert len(bound) == 2 and slow not in bound, bound
     finally:
         _delete_workflow(_custom(k8s_api), name)
 

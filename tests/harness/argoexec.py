@@ -9,7 +9,7 @@
   substitution, as it would for a real step). Key ``<template>.pod-annotations`` (JSON object)
   adds annotations to the pods of the resource a resource template creates: KWOK's directions
   (``pipectl.io/run-duration``, ``pipectl.io/fail``...), nothing the scheduler or Volcano reads.
-* the ``gang-release`` exit handler (:data:`RUN_FOR_REAL`): KWOK leaves its pod Running; its
+* the ``gang-release`` exit handler and ``gang-avoid`` (:data:`RUN_FOR_REAL`): KWOK leaves their pods Running; their
   command runs here, for real, against the API server, and the pod ends with its exit code.
 * resource templates (`argoexec resource create|apply`): create the manifest Argo put in the
   template (owner reference included), then evaluate the template's successCondition /
@@ -64,10 +64,11 @@ def _pod_templates(obj: dict) -> list[dict]:
     return [spec["template"]] if "template" in spec else []
 
 
-RUN_FOR_REAL = (["python", "-m", "pipectl.components.gang"],)
+RUN_FOR_REAL = (["python", "-m", "pipectl.components.gang"], ["python", "-m", "pipectl.components.gang.avoid"])
 """Container steps the stand-in runs for real (their command, from this checkout) while their pod
-runs, ending the pod when the command ends: the ``gang-release`` exit handler, whose effect on the
-cluster (the run's gang jobs deleted) is what the tests check; it needs only the API server. KWOK's
+runs, ending the pod when the command ends and reporting the output parameters it wrote: the
+``gang-release`` exit handler and ``gang-avoid``, whose effects on the cluster (the run's gang jobs
+deleted, the next gang's affinity) are what the tests check; they need only the API server. KWOK's
 pod-complete stage leaves these pods alone (tests/harness/manifests/kwok-pod-stages.yaml)."""
 
 
@@ -207,8 +208,11 @@ class TaskResultReporter:
         with tempfile.TemporaryDirectory() as outputs:
             argv = [sys.executable, *c["command"][1:], *(a if a != "/tmp/outputs" else outputs for a in c.get("args", []))]
             r = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, "KUBECONFIG": self.kubeconfig})
+            declared = [p for p in (tmpl.get("outputs") or {}).get("parameters", []) if r.returncode == 0]
+            written = [{**p, "value": Path(outputs, p["name"]).read_text()} for p in declared if Path(outputs, p["name"]).is_file()]
         print(f"ran {key} for real: exit {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}", flush=True)
-        self.finish(pod, r.returncode, "" if r.returncode == 0 else r.stderr.strip()[-500:])
+        self.finish(pod, r.returncode, "" if r.returncode == 0 else r.stderr.strip()[-500:],
+                    outputs={"parameters": written} if written else {})
 
     # -- resource templates ------------------------------------------------------------------
 
@@ -255,9 +259,9 @@ class TaskResultReporter:
         self.running[key] = {"api": rapi, "name": obj["metadata"]["name"], "ns": ns, "tmpl": tmpl, "pod": pod}
         print(f"resource {key}: created {obj['kind']} {ns}/{obj['metadata']['name']}", flush=True)
 
-    def finish(self, pod, exit_code: int, message: str, pod_reason: str = "") -> None:
-        """End a resource pod as argoexec would: its result reported, containers terminated
-        (``pod_reason``: the pod's own status.reason/message, as the kubelet sets them)."""
+    def finish(self, pod, exit_code: int, message: str, pod_reason: str = "", outputs: dict | None = None) -> None:
+        """End a resource pod as argoexec would: its result reported (``outputs``), containers
+        terminated (``pod_reason``: the pod's own status.reason/message, as the kubelet sets them)."""
         from kubernetes import client
 
         key = _key(pod)
@@ -269,7 +273,7 @@ class TaskResultReporter:
             term["message"] = message
         phase = "Succeeded" if exit_code == 0 else "Failed"
         try:
-            self.write_result(pod, {})
+            self.write_result(pod, outputs or {})
             self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": {
                 "phase": phase,
                 **({"reason": pod_reason, "message": message} if pod_reason else {}),

@@ -406,8 +406,8 @@ dist.destroy_process_group()
 @pytest.mark.parametrize("delayed_rank", [None, 2])
 def test_gang_preflight_fails_a_gang_with_a_slow_link_as_the_infrastructures(tmp_path, delayed_rank):
     """Four processes under the launcher: a healthy ring passes (no false verdict); with rank 2's
-    sends delayed 0.5 s (a slow outbound link) the preflight fails the attempt with 75 (the gang
-    restarts), naming the two ranks at the ends of the slow link and their node."""
+    sends delayed 0.5 s (a slow outbound link) the preflight fails the attempt with 76 (the job ends;
+    the next attempt avoids the nodes), naming the two ranks at the ends of the slow link and their node."""
     script = tmp_path / "preflight.py"
     script.write_text(PREFLIGHT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -419,7 +419,7 @@ def test_gang_preflight_fails_a_gang_with_a_slow_link_as_the_infrastructures(tmp
     if delayed_rank is None:
         assert r.returncode == 0 and "ring ms" in r.stdout, r.stderr[-3000:]
         return
-    assert r.returncode == 75, r.stderr[-3000:]
+    assert r.returncode == 76, r.stderr[-3000:]
     line = next(x for x in r.stderr.splitlines() if "gang preflight: a slow link" in x)
     named = {int(n) for n in re.findall(r"rank (\d+) on node", line)}
     assert named == {2, 3}, line
@@ -439,7 +439,7 @@ dist.destroy_process_group()
 def test_the_users_own_torchrun_code_runs_after_the_gang_preflight(tmp_path, case):
     """Torchrun code with no pipectl import (``train(script=...)``, ``train(module=...)``): each
     process times the gang's ring first, then runs the user's target with its own arguments; a
-    slow link ends the attempt with 75 before the user's code ever started; ``gang-preflight=false``
+    slow link ends the attempt with 76 before the user's code ever started; ``gang-preflight=false``
     skips it."""
     (tmp_path / "usertrain.py").write_text(USER_SCRIPT)
     out = tmp_path / "out"
@@ -453,7 +453,7 @@ def test_the_users_own_torchrun_code_runs_after_the_gang_preflight(tmp_path, cas
                         *target, str(out), "--flag"], capture_output=True, text=True, timeout=300, env=env)
     ran = sorted(p.name for p in out.iterdir())
     if case == "slow-link":
-        assert r.returncode == 75 and ran == [], (r.returncode, ran, r.stderr[-3000:])
+        assert r.returncode == 76 and ran == [], (r.returncode, ran, r.stderr[-3000:])
         line = next(x for x in r.stderr.splitlines() if "gang preflight: a slow link" in x)
         assert {int(n) for n in re.findall(r"rank (\d+) on node", line)} == {1, 2}, line
         return

@@ -213,7 +213,7 @@ def test_the_users_training_code_runs_in_the_gang_with_the_environment_contract(
 
     values = {f"inputs.parameters.{k}": v for k, v in TrainingParameters().as_arguments().items()}
     values |= {"inputs.parameters.shards-uri": "s3://b/runs/w/shards/", "inputs.parameters.run-uri": "s3://b/runs/w",
-               "workflow.name": "w", "retries": "0"}
+               "workflow.name": "w", "retries": "0", "inputs.parameters.gang-affinity": "{}"}
     job = yaml.safe_load(substitute(manifest, values, where="test"))
     for group in LAUNCHERS[launcher].replica_groups(job):
         c = group.pod_spec["containers"][0]

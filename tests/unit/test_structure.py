@@ -202,8 +202,9 @@ def test_a_launcher_is_named_in_one_place():
 
 
 def test_the_train_step_inputs_are_its_contracts():
+    """TrainInput's and GangShape's fields, and the gang affinity the ``gang-avoid`` step writes."""
     from pipectl.components.contracts import GangShape, TrainInput
-    from pipectl.pipelines.launchers.base import TRAIN_FIXED, TRAIN_PER_PIPELINE
+    from pipectl.pipelines.launchers.base import GANG_AFFINITY_INPUT, TRAIN_FIXED, TRAIN_PER_PIPELINE
     from pipectl.pipelines.builtin import build_training
 
     template = build_training().to_dict()
@@ -211,7 +212,7 @@ def test_the_train_step_inputs_are_its_contracts():
     inputs = [p["name"] for p in train["inputs"]["parameters"]]
     expected = ([n for n in TrainInput.model_fields if n not in TRAIN_FIXED and n not in TRAIN_PER_PIPELINE]
                 + list(GangShape.model_fields))
-    assert inputs == [n.replace("_", "-") for n in expected]
+    assert inputs == [n.replace("_", "-") for n in expected] + [GANG_AFFINITY_INPUT]
 
 
 @pytest.mark.parametrize("launcher", ["volcano", "pytorchjob"])
@@ -229,7 +230,7 @@ def test_every_gang_pod_command_parses_as_TrainInput(launcher):
     lau = LAUNCHERS[launcher]
     values = {f"inputs.parameters.{k}": v for k, v in TrainingParameters().as_arguments().items()}
     values |= {"inputs.parameters.shards-uri": "s3://b/runs/w/shards/", "inputs.parameters.run-uri": "s3://b/runs/w",
-               "workflow.name": "w", "retries": "0"}
+               "workflow.name": "w", "retries": "0", "inputs.parameters.gang-affinity": "{}"}
     for function in ("", "mypkg.train:train"):
         job = yaml.safe_load(substitute(lau.manifest(CompileConfig(launcher=launcher).gang(function=function)), values, where="test"))
         for group in lau.replica_groups(job):

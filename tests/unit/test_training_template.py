@@ -38,7 +38,7 @@ def _job(wt, **params):
     """The Volcano Job as the API server would receive it after Argo's substitution."""
     values = {f"inputs.parameters.{k}": v for k, v in TrainingParameters().as_arguments().items()}
     values.update({f"inputs.parameters.{k}": v for k, v in params.items()})
-    values.update({"inputs.parameters.shards-uri": "s3://b/s/", "inputs.parameters.run-uri": "s3://b/r", "workflow.name": "training-abcde", "retries": "0"})
+    values.update({"inputs.parameters.shards-uri": "s3://b/s/", "inputs.parameters.run-uri": "s3://b/r", "workflow.name": "training-abcde", "retries": "0", "inputs.parameters.gang-affinity": "{}"})
     return yaml.safe_load(substitute(_templates(wt)["train"]["resource"]["manifest"], values, where="test"))
 
 
@@ -373,9 +373,12 @@ def test_C10_the_lane_slot_is_held_per_attempt_and_the_backoff_is_outside_it(wt,
     assert task["template"] == "train-retry"
     step, backoff, inner = t["train-retry"], t["train-backoff"], t["train"]
     assert not any("retryStrategy" in x or "synchronization" in x for x in (step, backoff, t["train-wait"]))
-    attempt, retry = step["dag"]["tasks"]
-    assert (attempt["template"], attempt["continueOn"], retry["template"], retry["dependencies"]) == ("train", {"error": True}, "train-backoff", ["train"])
-    names = {n.replace("_", "-") for n in TRAIN_STEP_INPUTS}
+    attempt, retry, reroute = step["dag"]["tasks"]
+    assert (attempt["template"], attempt["continueOn"], retry["template"], retry["dependencies"]) == (
+        "train", {"error": True, "failed": True}, "train-backoff", ["train"])
+    # a Failed attempt: gang-avoid (the one leaf: it depends on retry, so the DAG's phase is its branch's)
+    assert (reroute["template"], reroute["dependencies"], reroute["when"]) == ("train-reroute", ["retry"], "{{tasks.train.status}} == Failed")
+    names = {n.replace("_", "-") for n in TRAIN_STEP_INPUTS} | {"gang-affinity"}
     passed = {p["name"]: p["value"] for p in attempt["arguments"]["parameters"]}
     assert passed == {n: "{{inputs.parameters.%s}}" % n for n in names}
     assert {p["name"] for p in inner["inputs"]["parameters"]} == names

@@ -55,7 +55,7 @@ def _paths(obj, prefix: str = "") -> set[str]:
 def _train_job(params: dict[str, str]) -> dict | list | str | None:
     values = {f"inputs.parameters.{k}": v for k, v in {**DEFAULTS, **params}.items()}
     values.update({"inputs.parameters.shards-uri": "s3://b/s/", "inputs.parameters.run-uri": "s3://b/r",
-                   "workflow.name": "training-abcde", "retries": "0"})
+                   "workflow.name": "training-abcde", "retries": "0", "inputs.parameters.gang-affinity": "{}"})
     try:
         return yaml.safe_load(substitute(TEMPLATES["train"]["resource"]["manifest"], values, where="test"))
     except yaml.YAMLError as e:
@@ -116,7 +116,7 @@ def test_C15_with_argos_own_substitution_the_payload_reshapes_the_job_and_valida
     def params(values):
         p = {f"inputs.parameters.{k}": v for k, v in {**DEFAULTS, **values}.items()}
         p.update({"inputs.parameters.shards-uri": "s3://b/s/", "inputs.parameters.run-uri": "s3://b/r",
-                  "workflow.name": "training-abcde", "retries": "0"})
+                  "workflow.name": "training-abcde", "retries": "0", "inputs.parameters.gang-affinity": "{}"})
         return p
 
     def job(values):

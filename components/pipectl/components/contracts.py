@@ -28,11 +28,21 @@ class ExitCode(enum.IntEnum):
     """Step exit codes (docs/pipelines.md lists them for a team's own step).
 
     ``TEMPFAIL`` is 75, ``EX_TEMPFAIL`` from BSD ``sysexits.h``: a transient failure worth retrying.
+    ``AVOID_NODES`` is 76, the gang preflight's slow link: the infrastructure's, and the gang's next
+    attempt is placed away from the nodes its termination message names (:data:`AVOID_NODES_MARK`).
     """
 
     OK = 0
     FAILED = 1
     TEMPFAIL = 75
+    AVOID_NODES = 76
+
+
+AVOID_NODES_MARK = "avoid nodes: "
+"""How a gang pod that exits :attr:`ExitCode.AVOID_NODES` names the nodes to avoid in its
+termination message: one line ``avoid nodes: node-a,node-b``."""
+NODE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+"""A Kubernetes node name (a DNS subdomain)."""
 
 
 class PromotionMetric(str, enum.Enum):
@@ -597,6 +607,28 @@ class ReleaseInput(StrictModel):
     job_kind: str = Field(pattern=r"^[a-z0-9.-]+/v[a-z0-9]+/[a-z]+$",
                           description="group/version/plural of the gang job kind (the launcher's).")
     timeout_s: float = Field(120, gt=0, le=3600, description="Seconds to wait for the gang's pods to be gone.")
+
+
+class AvoidInput(StrictModel):
+    """Input of the ``gang-avoid`` step, which runs after a train attempt Failed: was it the gang
+    preflight's slow link (a gang pod exited :attr:`ExitCode.AVOID_NODES` naming nodes)? Then the
+    failed job is deleted and the next attempt's node affinity written; otherwise the step fails."""
+
+    workflow_name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=253,
+                               description="The run (Workflow) whose train attempt failed.")
+    namespace: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    job_kind: str = Field(pattern=r"^[a-z0-9.-]+/v[a-z0-9]+/[a-z]+$",
+                          description="group/version/plural of the gang job kind (the launcher's).")
+    retries: int = Field(ge=0, description="Retries of the train step so far (after a backoff or to avoid nodes).")
+    retry_limit: int = Field(ge=0, le=50, description="Retries the policy allows (infra_limit).")
+    avoid_limit: int = Field(ge=0, le=64, description="Most nodes the gang avoids; nodes named after that are not added.")
+    gang_affinity: str = Field(max_length=16384, description="The failed attempt's gang affinity (JSON; {} for none).")
+    timeout_s: float = Field(120, gt=0, le=3600, description="Seconds to wait for the failed gang's pods to be gone.")
+
+
+class AvoidOutput(StrictModel):
+    gang_affinity: str = Field(description="The next attempt's gang affinity (JSON): a preferred node "
+                                           "anti-affinity against every node avoided so far.")
 
 
 class ReleaseOutput(StrictModel):

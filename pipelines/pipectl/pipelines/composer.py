@@ -33,7 +33,7 @@ from pipectl.pipelines.training import CompileConfig
 _NAME = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
 _PARAMETER = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 RESERVED_TEMPLATES = frozenset({"validate", "stage", "warm", "preprocess", "shards", "train", "train-retry", "train-backoff",
-                                "train-wait", "evaluate", "register", "gang-release"})
+                                "train-wait", "train-reroute", "gang-avoid", "evaluate", "register", "gang-release"})
 """Template names of pipectl's steps: a user step or a pipeline may not take one of them."""
 
 

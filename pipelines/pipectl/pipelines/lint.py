@@ -256,8 +256,9 @@ def _gang_findings(job: dict, at: str) -> list[Finding]:
     return findings
 
 
-TOKEN_HOLDERS = ("gang-release",)
-"""The only step templates whose own code talks to the Kubernetes API (it deletes the gang jobs)."""
+TOKEN_HOLDERS = ("gang-release", "gang-avoid")
+"""The only step templates whose own code talks to the Kubernetes API (they delete the gang jobs;
+``gang-avoid`` also reads the gang's pods)."""
 
 
 def _token_findings(spec: dict, where: str) -> list[Finding]:

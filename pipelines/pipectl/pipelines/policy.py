@@ -153,6 +153,8 @@ class RetryPolicy(BaseModel):
     transient_limit: int = Field(3, ge=0, le=50)
     retry_oom: bool = False
     step_timeout_s: int = Field(6 * 3600, ge=60, description="Running-time budget of one attempt.")
+    avoid_nodes_limit: int = Field(4, ge=0, le=64, description="Most nodes a run's gang avoids after its preflight "
+                                   "named them for a slow link (a preferred anti-affinity; 0: never avoid).")
 
     @model_validator(mode="after")
     def _budgets(self) -> "RetryPolicy":

@@ -55,6 +55,8 @@ from hera.workflows.models import (
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipectl.components.contracts import (
+    AvoidInput,
+    AvoidOutput,
     EvaluateInput,
     ReleaseInput,
     ReleaseOutput,
@@ -85,7 +87,7 @@ from pipectl.components.names import (
 )
 from pipectl.components.pipeline_parameters import SPECS_INPUT, ParameterSpec, parameter_model, specs_json
 from pipectl.pipelines.launchers import DEFAULT_LAUNCHER, LAUNCHERS, GangConfig
-from pipectl.pipelines.launchers.base import TRAIN_STEP_INPUTS
+from pipectl.pipelines.launchers.base import GANG_AFFINITY_INPUT, TRAIN_STEP_INPUTS
 from pipectl.pipelines.autoscaling import DO_NOT_DISRUPT, AutoscalingConfig
 from pipectl.pipelines.fabric import FabricProfile
 from pipectl.pipelines.policy import RetryPolicy, lane_toleration_for, step_metrics, training_metrics
@@ -273,6 +275,8 @@ TRAIN_RETRY_TEMPLATE = "train-retry"
 ``train``) and, when it ended in Error, the retry after a backoff (:func:`_train_retry_templates`, C10)."""
 TRAIN_BACKOFF_TEMPLATE = "train-backoff"
 TRAIN_WAIT_TEMPLATE = "train-wait"
+TRAIN_REROUTE_TEMPLATE = "train-reroute"
+GANG_AVOID_TEMPLATE = "gang-avoid"
 
 
 def _in_place_retry(cfg: CompileConfig) -> RetryStrategy:
@@ -337,7 +341,7 @@ def _train_template(cfg: CompileConfig, entry: tuple[str, ...] = (), image: str 
         manifest=launcher.manifest(cfg.gang(entry, image, function, exports_onnx)),
         success_condition=launcher.success_condition,
         failure_condition=launcher.failure_condition,
-        inputs=_input_params(list(TRAIN_STEP_INPUTS)),
+        inputs=_input_params(list(TRAIN_STEP_INPUTS)) + [Parameter(name=GANG_AFFINITY_INPUT, default="{}")],
         metrics=step_metrics("train", container=False),
         retry_strategy=_in_place_retry(cfg),
         timeout=f"{cfg.retry.attempt_timeout_s}s",
@@ -350,11 +354,13 @@ def _train_template(cfg: CompileConfig, entry: tuple[str, ...] = (), image: str 
     )
 
 
-def _train_retry_templates(train: Resource, cfg: CompileConfig) -> list[DAG | Suspend]:
-    """The train step as the pipeline's DAG sees it, ``train-retry`` (then ``train-backoff`` and
-    ``train-wait``): the attempt ``train`` (lane slot, in-place retries) and, when it ended in
-    Error, a wait and the next ``train-retry`` — Argo's retry with backoff written as recursion,
-    so no lock is held while a failed attempt waits (C10).
+def _train_retry_templates(train: Resource, cfg: CompileConfig) -> list[DAG | Suspend | Container]:
+    """The train step as the pipeline's DAG sees it, ``train-retry`` (then ``train-backoff``,
+    ``train-wait``, ``train-reroute`` and ``gang-avoid``): the attempt ``train`` (lane slot, in-place
+    retries) and, when it ended in Error, a wait and the next ``train-retry`` — Argo's retry with
+    backoff written as recursion, so no lock is held while a failed attempt waits (C10); when it
+    ended Failed, ``gang-avoid`` (:func:`gang_avoid_templates`), which retries at once, away from
+    the nodes, an attempt the gang preflight ended for a slow link, and fails for any other cause.
 
     Why not a ``retryStrategy`` with backoff: on ``train`` Argo keeps the lane semaphore through
     the backoff (operator.go executeTemplate, v4.0.5; argo-workflows#9875); on a template around
@@ -372,33 +378,70 @@ def _train_retry_templates(train: Resource, cfg: CompileConfig) -> list[DAG | Su
     past ``validate`` (C15). Failed attempts the policy retries were retried in place
     (:func:`_in_place_retry`). Delays: :meth:`RetryPolicy.delays_s` (duration x 2^n, capped at
     scale_up_s); at most ``infra_limit`` of them (no ``maxDuration``: attempts are bounded by their
-    timeout). Argo names the nodes ``train`` (this DAG) > ``train`` (``train``'s retry node) >
-    ``train(m)`` (its pod), and ``retry`` > ``wait``, ``next`` > ... for each retry.
+    timeout), counted together with the retries ``gang-avoid`` starts. Argo names the nodes
+    ``train`` (this DAG) > ``train`` (``train``'s retry node) > ``train(m)`` (its pod), and
+    ``retry`` > ``wait``, ``next`` > ... for each retry.
+
+    The DAG's phase is its one leaf's, ``reroute``, which depends on ``retry``: a task skipped by
+    its ``when`` takes the phase of the last task that ran on its branch (so a Succeeded attempt
+    leaves the DAG Succeeded, an Error with no retry left Error, a Failed one ``gang-avoid``'s).
     """
     delays = cfg.retry.delays_s()
     limit = len(delays)
     step_inputs = [kebab(n) for n in TRAIN_STEP_INPUTS]
     passed = [Parameter(name=n, value="{{inputs.parameters.%s}}" % n) for n in step_inputs]
+    affinity = Parameter(name=GANG_AFFINITY_INPUT, value="{{inputs.parameters.%s}}" % GANG_AFFINITY_INPUT)
+    inputs = _input_params(list(TRAIN_STEP_INPUTS)) + [Parameter(name="retries"), Parameter(name=GANG_AFFINITY_INPUT)]
     retries = "{{inputs.parameters.retries}}"
+    retry_on = "{{=asInt(inputs.parameters.retries) + 1 < %d ? 'Error' : 'none'}}" % limit
     wait = Suspend(name=TRAIN_WAIT_TEMPLATE, inputs=[Parameter(name="delay")], duration="{{inputs.parameters.delay}}")
-    backoff = DAG(name=TRAIN_BACKOFF_TEMPLATE, inputs=_input_params(list(TRAIN_STEP_INPUTS)) + [Parameter(name="retries")], tasks=[
+    backoff = DAG(name=TRAIN_BACKOFF_TEMPLATE, inputs=inputs, tasks=[
         Task(name="wait", template=wait,
              arguments=[Parameter(name="delay", value="{{=%s[asInt(inputs.parameters.retries)]}}" % json.dumps(delays))]),
         Task(name="next", template=TRAIN_RETRY_TEMPLATE, dependencies=["wait"], arguments=passed + [
             Parameter(name="retries", value="{{=asInt(inputs.parameters.retries) + 1}}"),
-            Parameter(name="retry-on", value="{{=asInt(inputs.parameters.retries) + 1 < %d ? 'Error' : 'none'}}" % limit)]),
+            Parameter(name="retry-on", value=retry_on), affinity]),
     ])
-    attempt = Task(name="train", template=train, arguments=passed,
-                   continue_on=ContinueOn(error=True))  # an Error is handled: by the retry below, or it ends the DAG
+    avoid = gang_avoid_templates(cfg)[0]
+    reroute = DAG(name=TRAIN_REROUTE_TEMPLATE, inputs=inputs, tasks=[
+        Task(name="avoid", template=avoid, arguments=[Parameter(name="retries", value=retries), affinity]),
+        Task(name="next", template=TRAIN_RETRY_TEMPLATE, dependencies=["avoid"], arguments=passed + [
+            Parameter(name="retries", value="{{=asInt(inputs.parameters.retries) + 1}}"),
+            Parameter(name="retry-on", value=retry_on),
+            Parameter(name=GANG_AFFINITY_INPUT, value="{{tasks.avoid.outputs.parameters.%s}}" % GANG_AFFINITY_INPUT)]),
+    ])
+    # an Error or a Failed attempt is handled: by the retry or the reroute below, or it ends the DAG
+    attempt = Task(name="train", template=train, arguments=passed + [affinity], continue_on=ContinueOn(error=True, failed=True))
     retry = Task(name="retry", template=backoff, dependencies=["train"],
                  when="{{tasks.train.status}} == {{inputs.parameters.retry-on}}",
-                 arguments=passed + [Parameter(name="retries", value=retries)])
-    # inputs besides the step's: the attempt number (0 first) and the phase that earns a retry after
-    # a backoff (Error; "none" once infra_limit retries happened)
-    step = DAG(name=TRAIN_RETRY_TEMPLATE, tasks=[attempt, retry],
+                 arguments=passed + [Parameter(name="retries", value=retries), affinity])
+    rerouted = Task(name="reroute", template=reroute, dependencies=["retry"], when="{{tasks.train.status}} == Failed",
+                    arguments=passed + [Parameter(name="retries", value=retries), affinity])
+    # inputs besides the step's: the attempt number (0 first), the phase that earns a retry after
+    # a backoff (Error; "none" once infra_limit retries happened), the gang's affinity ({} first)
+    step = DAG(name=TRAIN_RETRY_TEMPLATE, tasks=[attempt, retry, rerouted],
                inputs=_input_params(list(TRAIN_STEP_INPUTS)) + [
-                   Parameter(name="retries", default="0"), Parameter(name="retry-on", default="Error" if limit else "none")])
-    return [step, backoff, wait]
+                   Parameter(name="retries", default="0"), Parameter(name="retry-on", default="Error" if limit else "none"),
+                   Parameter(name=GANG_AFFINITY_INPUT, default="{}")])
+    return [step, backoff, wait, reroute, avoid]
+
+
+def gang_avoid_templates(cfg: CompileConfig) -> list:
+    """``gang-avoid`` (:mod:`pipectl.components.gang.avoid`), after a Failed train attempt: when the
+    gang preflight named slow nodes and a retry is left, the failed job deleted and the next
+    attempt's gang affinity written (a preferred anti-affinity to at most ``avoid_nodes_limit``
+    nodes); otherwise it fails with what the gang's pods show, which ends the step. As the
+    launcher's ServiceAccount (it lists the gang's pods and deletes its job), no store credentials;
+    its log tail is its message in Argo and the UI."""
+    kind = LAUNCHERS[cfg.launcher]
+    avoid = _step(cfg, GANG_AVOID_TEMPLATE, cfg.light_image, "gang.avoid", AvoidInput, AvoidOutput, store=False, fixed={
+        "workflow_name": "{{workflow.name}}", "namespace": "{{workflow.namespace}}",
+        "job_kind": f"{kind.api_group}/{kind.version}/{kind.resource}",
+        "retry_limit": str(cfg.retry.infra_limit), "avoid_limit": str(cfg.retry.avoid_nodes_limit)})
+    avoid.service_account_name = cfg.launcher_service_account
+    avoid.automount_service_account_token = True  # its own code reads the gang's pods and deletes its job
+    avoid.termination_message_policy = "FallbackToLogsOnError"
+    return [avoid]
 
 
 def workflow_parameters(defaults: dict[str, str] | None = None, specs: tuple[ParameterSpec, ...] = ()) -> list[Parameter]:
@@ -459,9 +502,9 @@ def train_templates(cfg: CompileConfig, entry: tuple[str, ...] = (), image: str 
     """``train-retry`` (what the DAG task runs), ``train`` (the attempt), ``train-backoff``, ``train-wait``,
     and the exit handler that ends the gang with the run (:func:`gang_release_templates`);
     ``entry``/``function``/``image``: the user's training code in the gang instead of pipectl's (:class:`GangConfig`)."""
-    step, backoff, wait = _train_retry_templates(_train_template(cfg, entry, image, function, exports_onnx), cfg)
+    step, backoff, wait, reroute, avoid = _train_retry_templates(_train_template(cfg, entry, image, function, exports_onnx), cfg)
     inner = [t.template for t in step.tasks if not isinstance(t.template, DAG)]
-    return [step, *inner, backoff, wait, *gang_release_templates(cfg)]
+    return [step, *inner, backoff, wait, reroute, avoid, *gang_release_templates(cfg)]
 
 
 GANG_RELEASE_TEMPLATE = "gang-release"

@@ -12,6 +12,8 @@ runs torchrun's own ``main`` unchanged and maps its outcome:
   the same at once when the signal comes before the workers started (importing torch, waiting in
   the rendezvous for the gang's peers: :mod:`pipectl.components.train.stop`);
 - a worker exited 75 (EX_TEMPFAIL): 75, declared transient;
+- a worker exited 76: the gang preflight found a slow link (:mod:`pipectl.components.train.preflight`):
+  76, the job ends and the next attempt avoids the nodes it named;
 - a worker killed by SIGKILL while this process lives: the kernel's OOM killer inside the
   container (the kubelet and the runtime kill the whole container, this process first): a code
   failure, 1, unless ``PIPECTL_RETRY_OOM=1`` (the retry policy's ``retry_oom``), then 137;
@@ -208,10 +210,11 @@ def infrastructure_exit(fault: Fault, recorded: str, where: str) -> int:
 
 def container_exit_code(worker_exit: int, *, retry_oom: bool = False) -> int:
     """The container's exit code for a failed worker: ``worker_exit`` is torchrun's (a negative
-    number -N for a worker killed by signal N). 75 stays 75; SIGKILL (-9: the OOM killer, see the
+    number -N for a worker killed by signal N). 75 stays 75 and 76 (the gang preflight's slow
+    link: :mod:`.preflight`) 76; SIGKILL (-9: the OOM killer, see the
     module doc) is 1, or 137 with ``retry_oom``; every other failure is 1."""
-    if worker_exit == int(ExitCode.TEMPFAIL):
-        return int(ExitCode.TEMPFAIL)
+    if worker_exit in (int(ExitCode.TEMPFAIL), int(ExitCode.AVOID_NODES)):
+        return worker_exit
     if worker_exit == -signal.SIGKILL:
         print(f"a training process was killed by SIGKILL inside the container: the kernel's OOM killer "
               f"(memory.oom_kill: {_oom_kills()}); {'retried (retry_oom)' if retry_oom else 'not retried: raise memory-gib-per-worker'}",

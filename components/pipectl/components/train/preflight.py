@@ -7,8 +7,11 @@ run, with nothing failing. After the process group is up and before training, ev
 :data:`PAYLOAD_BYTES` to the next rank of the ring and receives from the previous one, a few
 rounds; each rank's median time is gathered by all. A rank whose time is more than
 :data:`SLOW_FACTOR` times the fastest rank's (and at least :data:`MIN_SLOW_S`) is on a slow link:
-the attempt fails as the infrastructure's (exit 75: the gang restarts within its budget), the
-message naming the ranks, their pods' nodes and the times. In a ring a rank's time covers its
+the attempt fails as the infrastructure's (retried within the run's budget), the
+message naming the ranks, their pods' nodes and the times. The exit code is 76
+(:attr:`~pipectl.components.contracts.ExitCode.AVOID_NODES`) and the pod's termination message
+ends with ``avoid nodes: <node>,...``: the gang's job ends, and the train step's next attempt is
+placed away from those nodes (``gang-avoid``: :mod:`pipectl.components.gang.avoid`). In a ring a rank's time covers its
 send to the next rank and its receive from the previous one, so a slow link shows on the two
 ranks at its ends, both named — and not on the others, so the fastest rank is a healthy reference.
 
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from pipectl.components.contracts import AVOID_NODES_MARK, ExitCode
 from pipectl.components.names import NODE_NAME_ENV
 from pipectl.components.runtime import StepError
 
@@ -49,11 +53,42 @@ and below this scheduling noise dominates."""
 DELAY_RANK_ENV, DELAY_S_ENV = "PIPECTL_PREFLIGHT_DELAY_RANK", "PIPECTL_PREFLIGHT_DELAY_S"
 
 
+TERMINATION_LOG = "/dev/termination-log"
+"""Kubernetes' default terminationMessagePath: what the pod's status shows as its message."""
+
+
 @dataclass(frozen=True)
 class RankTime:
     rank: int
     node: str
     seconds: float
+
+
+class SlowLinkError(StepError):
+    """A slow link in the gang's ring: the infrastructure's, exit 76 (the next attempt avoids
+    :attr:`nodes`), not 75 (a restart of the same job would land on the same nodes)."""
+
+    def __init__(self, headline: str, hint: str, nodes: list[str]) -> None:
+        super().__init__(headline, hint, transient=True)
+        self.nodes = nodes
+
+    @property
+    def step_exit(self) -> ExitCode:
+        return ExitCode.AVOID_NODES
+
+    def termination_message(self) -> str:
+        return f"{self.headline}\n{AVOID_NODES_MARK}{','.join(self.nodes)}"
+
+
+def report_slow_link(error: SlowLinkError) -> None:
+    """The verdict as the pod's termination message (in a container: Kubernetes creates the file),
+    where ``gang-avoid`` reads the nodes; every process of the pod writes the same text."""
+    import contextlib
+
+    with contextlib.suppress(OSError):
+        if os.path.exists(TERMINATION_LOG):
+            with open(TERMINATION_LOG, "w") as f:
+                f.write(error.termination_message())
 
 
 def _round(rank: int, world: int, payload: torch.Tensor, inbox: torch.Tensor, delay_s: float) -> float:
@@ -107,11 +142,14 @@ def check_gang() -> list[RankTime]:
         dist.barrier()
         dist.destroy_process_group()
         named = ", ".join(f"rank {t.rank} on node {t.node} ({t.seconds * 1000:.0f} ms)" for t in slow)
-        raise StepError(f"gang preflight: a slow link in the gang's ring: {named}, against "
-                        f"{min(t.seconds for t in times) * 1000:.1f} ms on the fastest rank for {PAYLOAD_BYTES >> 20} MiB "
-                        "to the next rank",
-                        "check those nodes' network (link speed, errors, NCCL/RoCE settings); the gang restarts",
-                        transient=True)
+        error = SlowLinkError(f"gang preflight: a slow link in the gang's ring: {named}, against "
+                              f"{min(t.seconds for t in times) * 1000:.1f} ms on the fastest rank for {PAYLOAD_BYTES >> 20} MiB "
+                              "to the next rank",
+                              "check those nodes' network (link speed, errors, NCCL/RoCE settings); the next attempt "
+                              "is placed on other nodes where there is room",
+                              list(dict.fromkeys(t.node for t in slow)))
+        report_slow_link(error)
+        raise error
     if dist.get_rank() == 0:
         log.info("gang preflight: %d ranks, ring %.1f ms median, %.1f ms slowest", len(times), median * 1000,
                  max(t.seconds for t in times) * 1000)
@@ -123,8 +161,8 @@ def main(argv: list[str]) -> int:
     runs the user's own torchrun code (the launcher puts it in front: launch.with_preflight): the
     ring timed in a process group of its own, torn down, then the user's target — ``-m MODULE
     ARGS`` or ``SCRIPT ARGS`` — run in this same process as ``__main__`` with its own ``sys.argv``,
-    as torchrun would have run it. A slow link: exit 75 (the infrastructure's) before the user's
-    code started."""
+    as torchrun would have run it. A slow link: exit 76 (the infrastructure's; the next attempt
+    avoids its nodes) before the user's code started."""
     import runpy
     import sys
 
@@ -148,7 +186,7 @@ def main(argv: list[str]) -> int:
         check_gang()
     except StepError as e:
         print(f"error: {e.headline}\nhint: {e.hint}", file=sys.stderr, flush=True)
-        return 75
+        return int(e.step_exit)
     dist.barrier()
     dist.destroy_process_group()
     if argv[0] == "-m":

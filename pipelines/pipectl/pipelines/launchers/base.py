@@ -68,6 +68,13 @@ TRAIN_STEP_INPUTS: tuple[str, ...] = TRAIN_ARGS + tuple(GangShape.model_fields)
 """Input parameters of the train step (snake_case): TrainInput's (less the fixed ones), then GangShape's."""
 
 
+GANG_AFFINITY_INPUT = "gang-affinity"
+"""The one input of the train step besides its contracts: the gang pods' ``affinity`` as JSON
+(``{}`` on the first attempt). After the gang preflight named slow nodes, the ``gang-avoid`` step
+writes the next attempt's (:mod:`pipectl.components.gang.avoid`): the workflow's parameters never
+reach it."""
+
+
 def param(name: str) -> str:
     """``{{inputs.parameters.<kebab name>}}`` of a train-step input; KeyError for any other name."""
     if name not in TRAIN_STEP_INPUTS:
@@ -78,6 +85,11 @@ def param(name: str) -> str:
 def as_int(tag: str) -> str:
     """A placeholder for ``tag`` that :func:`dump_manifest` writes unquoted (an integer after substitution)."""
     return f"__INT__{tag}__"
+
+
+def unquoted(tag: str) -> str:
+    """A placeholder for ``tag`` that :func:`dump_manifest` writes unquoted (YAML after substitution)."""
+    return as_int(tag)
 
 
 def dump_manifest(manifest: dict) -> str:
@@ -192,6 +204,8 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
             "automountServiceAccountToken": False,
             "securityContext": restricted_pod_security_context(),
             "priorityClassName": lane_object_name(param("lane")),
+            # {} first; after the gang preflight named slow nodes, a preferred anti-affinity to them
+            "affinity": unquoted("{{inputs.parameters.%s}}" % GANG_AFFINITY_INPUT),
             "tolerations": [{"key": LANE_TAINT_KEY, "operator": "Equal", "value": param("lane"), "effect": "NoSchedule"},
                             dict(GPU_TOLERATION)],
             "containers": [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipectl.components.contracts import ExitCode
 from pipectl.components.names import lane_object_name
 from pipectl.pipelines.launchers.base import (
     JOB_NAME,
@@ -42,6 +43,10 @@ JOB_NAME_FIELD = "metadata.labels['volcano.sh/job-name']"
 # Retries are bounded by maxRetry (see max_retry: infra_limit + 1); a command the image cannot
 # run at all (126/127, a runtime StartError 128) is the spec's fault and ends the job.
 CODE_FAILURE_EXIT_CODES = (1, 126, 127, 128)
+# 76: the gang preflight found a slow link (components/pipectl/components/train/preflight.py). A
+# restart of this job would put its pods back on the same nodes, so the job ends instead; the train
+# step's next attempt is a new job placed away from the nodes the pod named (gang-avoid, training.py).
+AVOID_NODES_EXIT_CODE = int(ExitCode.AVOID_NODES)
 
 
 def max_retry(infra_limit: int) -> int:
@@ -56,6 +61,8 @@ VOLCANO_POLICIES = [
     {"event": "PodEvicted", "action": "RestartJob"},
     # the training code failed (exit 1), or the image cannot run its command: end the job now
     *({"exitCode": code, "action": "TerminateJob"} for code in CODE_FAILURE_EXIT_CODES),
+    # a slow link named by the gang preflight: end the job; the next attempt avoids those nodes
+    {"exitCode": AVOID_NODES_EXIT_CODE, "action": "TerminateJob"},
     # any other failed pod (143, 137, 75, no exit code): the infrastructure's; restart the gang
     {"event": "PodFailed", "action": "RestartJob"},
 ]
