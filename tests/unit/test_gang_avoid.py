@@ -89,6 +89,8 @@ def test_gang_avoid_runs_as_the_launcher_with_the_policys_limits_and_no_store_cr
     assert args[args.index("--avoid-limit") + 1] == str(RetryPolicy().avoid_nodes_limit)
     assert avoid["serviceAccountName"] == "pipectl-launcher" and avoid["automountServiceAccountToken"] is True
     assert "envFrom" not in avoid["container"]
+    # its verdict is final (its message quotes the pods: no infrastructure pattern may retry it)
+    assert avoid["retryStrategy"]["expression"] == 'lastRetry.status == "Error" || lastRetry.exitCode == "75"'
     assert [o["name"] for o in avoid["outputs"]["parameters"]] == ["gang-affinity"]
     nxt = next(t for t in templates["train-reroute"]["dag"]["tasks"] if t["name"] == "next")
     assert {p["name"]: p["value"] for p in nxt["arguments"]["parameters"]}["gang-affinity"] == \

@@ -34,6 +34,7 @@ from hera.workflows import (
 )
 from hera.workflows.models import (
     ArtifactLocation,
+    Backoff,
     ExecutorConfig,
     ContinueOn,
     RetryStrategy,
@@ -441,6 +442,10 @@ def gang_avoid_templates(cfg: CompileConfig) -> list:
     avoid.service_account_name = cfg.launcher_service_account
     avoid.automount_service_account_token = True  # its own code reads the gang's pods and deletes its job
     avoid.termination_message_policy = "FallbackToLogsOnError"
+    # its verdict (exit 1) is final and its message quotes the gang's pods, which may read like an
+    # infrastructure message: retried only when its own pod was lost (Error) or the API blinked (75)
+    avoid.retry_strategy = RetryStrategy(limit=3, retry_policy="Always", backoff=Backoff(duration="5s", factor=2),
+                                         expression='lastRetry.status == "Error" || lastRetry.exitCode == "75"')
     return [avoid]
 
 
