@@ -11,14 +11,15 @@
 #                  beside the Go builds (cold) or beside tier 2 (warm): it needs no cluster binary
 #   tests-storage  pytest tier 1b: the tests marked `storage` (they use the session's Ceph or
 #                  Alluxio; tests/conftest.py marks them) and `pipeline` (whole pipelines end to
-#                  end), in a second process beside tier 1: one Ceph, one Alluxio
+#                  end), in a second process beside tier 1 once go-cluster is done (at once warm):
+#                  one Ceph, one Alluxio
 #   node-images    the step and example images into the real node's containerd store (after images + venv)
 #   go-node        the real node's binaries (kubelet, pause, argoexec, coredns), after go-cluster,
 #                  beside tier 2
 #   tests-cluster  pytest tier 2: the KWOK control plane (tests/cluster), once go-cluster is done
-#   tests-autoscaled  pytest tier 2b: tests/cluster/test_autoscaler.py on its own control plane
-#                  (Karpenter creates every node), beside tier 2: its tests wait on Karpenter's
-#                  loops, not on the CPU
+#   tests-autoscaled  pytest tier 2b: Karpenter's build (cached), then tests/cluster/test_autoscaler.py
+#                  on its own control plane (Karpenter creates every node), beside tier 2: its
+#                  tests wait on Karpenter's loops, not on the CPU
 #   real-pods      pytest tier 3: tests/cluster/test_real_pods.py on the real node, once tier 2 is
 #                  done (the node loads both cores), beside what is left of tiers 1 and 2b
 #
@@ -40,10 +41,11 @@ WARN_TOTAL_S=${PIPECTL_TEST_WARN_S:-3600}
 # Budget of each phase in seconds (wall time; cold figures where a cache makes it a no-op warm).
 declare -A BUDGET=([system-deps]=180 [venv]=420 [images]=900 [go-cluster]=2100 [go-node]=900
                    [node-images]=900 [tests-local]=1200 [tests-storage]=1200 [tests-cluster]=1200
-                   [tests-autoscaled]=900 [real-pods]=900)
+                   [tests-autoscaled]=1200 [real-pods]=900)
 # Go components by tier (tests/cluster/build.sh builds each once per version).
 GO_CLUSTER=(etcd kube-apiserver kube-controller-manager kube-scheduler workflow-controller argo
-            vc-scheduler vc-controller-manager kwok karpenter kubectl)
+            vc-scheduler vc-controller-manager kwok kubectl)
+GO_AUTOSCALER=(karpenter)  # tier 2b only: built at its start, beside tier 2
 GO_NODE=(kubelet pause argoexec coredns)
 PYTEST=(.venv/bin/pytest -p no:cacheprovider)
 
@@ -141,6 +143,10 @@ tier() {  # tier NAME PYTEST_ARGS...: one pytest run with its JUnit XML kept for
   return "$rc"
 }
 
+autoscaled() {  # tier 2b: Karpenter's build (cached warm), then its tests
+  bash tests/cluster/build.sh "${GO_AUTOSCALER[@]}" && tier tests-autoscaled tests/cluster/test_autoscaler.py "$@"
+}
+
 export PIPECTL_REQUIRE_CEPH=1 PIPECTL_REQUIRE_CLUSTER=1
 bg venv bash scripts/setup.sh
 # The Go builds are the cold run's critical path (tier 2 waits for them; tier 1 does not): they
@@ -151,14 +157,16 @@ bg go-cluster bash tests/cluster/build.sh "${GO_CLUSTER[@]}"
 bg images bash scripts/images.sh
 reap venv || exit 1
 bg tests-local tier tests-local --ignore=tests/cluster -m "not storage and not pipeline" "$@"
-bg tests-storage tier tests-storage --ignore=tests/cluster -m "storage or pipeline" "$@"
 images_ok=0
 reap images && images_ok=1 && bg node-images .venv/bin/python tests/cluster/node.py preload
 cluster_ok=0
-if reap go-cluster; then
-  cluster_ok=1
+reap go-cluster && cluster_ok=1
+# Tier 1b once the Go builds are done: in a cold run they are the critical path, and a second
+# test process beside them (Ceph, Alluxio's JVM, training) took CPU from them; warm they take no time.
+bg tests-storage tier tests-storage --ignore=tests/cluster -m "storage or pipeline" "$@"
+if [[ $cluster_ok -eq 1 ]]; then
   bg go-node bash tests/cluster/build.sh "${GO_NODE[@]}"
-  bg tests-autoscaled tier tests-autoscaled tests/cluster/test_autoscaler.py "$@"
+  bg tests-autoscaled autoscaled "$@"
   run_phase tests-cluster tier tests-cluster tests/cluster --ignore=tests/cluster/test_real_pods.py \
     --ignore=tests/cluster/test_autoscaler.py "$@"
 fi
