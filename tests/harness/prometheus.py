@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from pipectl.pipelines.backends.processes import ProcessError, free_port, http_ok, spawn, stop, wait_until
+from pipectl.pipelines.backends.processes import ProcessError, free_port, http_ok, listens, spawn, stop, wait_until
 
 PROMETHEUS = "prometheus"
 PROMTOOL = "promtool"
@@ -184,7 +184,9 @@ class Prometheus:
                            f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1d",
                            "--log.level=warn"], self.log, cwd=self.run_dir)
         try:
-            wait_until("prometheus /-/ready", lambda: http_ok(self.url + "/-/ready"), self.start_timeout_s,
+            # ready when THIS Prometheus listens and answers (another process may have taken the port first)
+            wait_until("prometheus /-/ready", lambda: listens(self.proc.pid, self.port) and http_ok(self.url + "/-/ready"),
+                       self.start_timeout_s,
                        procs=[("prometheus", self.proc, self.log)])
         except ProcessError:
             self.stop()

@@ -165,6 +165,27 @@ def http_ok(url: str, timeout_s: float = 1.0) -> bool:
         return e.code < 500
 
 
+def listens(pid: int, port: int) -> bool:
+    """True when process ``pid`` or one of its descendants listens on TCP ``port``: the answer
+    on a port comes from the server started there, not from another process that took the port
+    between :func:`free_port` and the server's bind (an HTTP check alone cannot tell them apart)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return False
+    for proc in procs:
+        try:
+            conns = proc.net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns):
+            return True
+    return False
+
+
 def tcp_open(host: str, port: int, timeout_s: float = 1.0) -> bool:
     """True when a TCP connection to ``host:port`` succeeds."""
     try:

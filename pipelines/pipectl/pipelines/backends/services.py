@@ -24,9 +24,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from subprocess import Popen
-from typing import Any
+from typing import Any, Callable
 
-from pipectl.pipelines.backends.processes import ProcessError, free_port, http_ok, spawn, stop, wait_until
+from pipectl.pipelines.backends.processes import ProcessError, free_port, http_ok, listens, spawn, stop, tcp_open, wait_until
 
 S3_ACCESS_KEY = "pipectl"
 S3_SECRET_KEY = "pipectl-embedded"
@@ -46,23 +46,39 @@ class Service:
         stop(self.process, grace_s)
 
 
-def _start(name: str, what: str, argv: list[str], state_dir: Path, port: int, ready_path: str, timeout_s: float,
+PORT_TRIES = 3
+"""Ports tried per service: another process may take a port between :func:`free_port` and the
+server's bind (each start then picks a new one)."""
+
+
+def _start(name: str, what: str, argv: Callable[[int], list[str]], state_dir: Path, ready_path: str, timeout_s: float,
            env: dict[str, str] | None = None) -> Service:
+    """Start ``argv(port)`` on a free loopback port; ready when that process listens on the port
+    and answers ``ready_path``. A port another process took first: again on a new port."""
     log_path = state_dir / "logs" / f"{name}.log"
-    svc = Service(name, f"http://127.0.0.1:{port}", spawn(argv, log_path, {**os.environ, **(env or {})}), log_path)
-    try:
-        wait_until(f"{what} at {svc.url}", lambda: http_ok(svc.url + ready_path), timeout_s, procs=[(what, svc.process, log_path)])
-    except BaseException:
-        svc.stop()
-        raise
-    return svc
+    for attempt in range(1, PORT_TRIES + 1):
+        port = free_port()
+        svc = Service(name, f"http://127.0.0.1:{port}", spawn(argv(port), log_path, {**os.environ, **(env or {})}), log_path)
+        try:
+            wait_until(f"{what} at {svc.url}", lambda: listens(svc.process.pid, port) and http_ok(svc.url + ready_path),
+                       timeout_s, procs=[(what, svc.process, log_path)])
+            return svc
+        except ServiceStartError:
+            svc.stop()
+            if attempt == PORT_TRIES or not tcp_open("127.0.0.1", port):
+                raise  # not a port someone else holds: the server's own failure
+        except BaseException:
+            svc.stop()
+            raise
+    raise AssertionError("unreachable")
 
 
 def start_s3(state_dir: Path, timeout_s: float = 30.0) -> Service:
     """Start moto's S3 server on a free loopback port. Returns the running :class:`Service`."""
-    port = free_port()
-    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-    return _start("s3", "S3 server (moto)", argv, state_dir, port, "/moto-api/", timeout_s)
+    def argv(port: int) -> list[str]:
+        return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+
+    return _start("s3", "S3 server (moto)", argv, state_dir, "/moto-api/", timeout_s)
 
 
 def mlflow_store_exists(state_dir: Path) -> bool:
@@ -72,20 +88,22 @@ def mlflow_store_exists(state_dir: Path) -> bool:
 
 def start_mlflow(state_dir: Path, timeout_s: float = 90.0) -> Service:
     """Start an MLflow tracking server (sqlite store, artifacts under ``state_dir/mlflow``)."""
-    port = free_port()
     root = (state_dir / "mlflow").resolve()
     root.mkdir(parents=True, exist_ok=True)
     mlflow_bin = Path(sys.executable).parent / "mlflow"
-    argv = [
-        str(mlflow_bin) if mlflow_bin.exists() else "mlflow",
-        "server",
-        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-        "--artifacts-destination", (root / "artifacts").as_uri(),
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--workers", "1",
-    ]
-    return _start("mlflow", "MLflow server", argv, state_dir, port, "/health", timeout_s,
+
+    def argv(port: int) -> list[str]:
+        return [
+            str(mlflow_bin) if mlflow_bin.exists() else "mlflow",
+            "server",
+            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination", (root / "artifacts").as_uri(),
+            "--host", "127.0.0.1",
+            "--port", str(port),
+            "--workers", "1",
+        ]
+
+    return _start("mlflow", "MLflow server", argv, state_dir, "/health", timeout_s,
                   env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
 
 
