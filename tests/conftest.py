@@ -30,11 +30,10 @@ STORAGE_FIXTURES = frozenset({"ceph_cluster", "ceph_s3", "cephfs_mount", "ceph_s
 
 
 def uses_storage(item: pytest.Item) -> bool:
-    """Whether a collected test needs the session's Ceph or Alluxio (see STORAGE_FIXTURES)."""
-    if STORAGE_FIXTURES & set(getattr(item, "fixturenames", ())):
-        return True
-    callspec = getattr(item, "callspec", None)  # store_settings picks its S3 server by parameter
-    return callspec is not None and callspec.params.get("store_settings") == "ceph-rgw"
+    """Whether a collected test asks for the session's Ceph or Alluxio (see STORAGE_FIXTURES). A
+    fixture that picks Ceph by its parameter marks that parameter itself:
+    ``pytest.param("ceph-rgw", marks=pytest.mark.storage)``."""
+    return bool(STORAGE_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 
 def pytest_collection_modifyitems(items):
@@ -59,9 +58,18 @@ def ceph_cluster(tmp_path_factory):
         yield c
 
 
+def require_storage_mark(request) -> None:
+    """Fail a test that reached Ceph without the ``storage`` mark (through a parameter of a
+    fixture that picks Ceph): ``make test`` would start a second Ceph for it in the other process."""
+    if request.node.get_closest_marker("storage") is None:
+        pytest.fail(f"{request.node.nodeid} uses Ceph but is not marked storage: mark the parameter that picks "
+                    "Ceph, pytest.param(\"ceph-rgw\", marks=pytest.mark.storage)")
+
+
 @pytest.fixture()
-def ceph_s3(ceph_cluster):
+def ceph_s3(request, ceph_cluster):
     """A boto3 S3 client for the cluster's RADOS Gateway (path-style, checksums when required)."""
+    require_storage_mark(request)
     return ceph_cluster.s3_client()
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from pipectl.components.contracts import StoreSettings
 from pipectl.pipelines.backends.services import S3_ACCESS_KEY, S3_SECRET_KEY, EmbeddedServices
+from tests.conftest import require_storage_mark
 
 
 @pytest.fixture(scope="session")
@@ -34,12 +35,13 @@ def settings(services) -> StoreSettings:
 
 
 @pytest.fixture()
-def ceph_settings(services, ceph_cluster) -> StoreSettings:
+def ceph_settings(request, services, ceph_cluster) -> StoreSettings:
     """Store settings for the session's real Ceph RADOS Gateway (and the session's MLflow)."""
+    require_storage_mark(request)
     return _settings(ceph_cluster.s3_endpoint, ceph_cluster.access_key, ceph_cluster.secret_key, services.mlflow_url)
 
 
-@pytest.fixture(params=["moto", "ceph-rgw"])
+@pytest.fixture(params=["moto", pytest.param("ceph-rgw", marks=pytest.mark.storage)])
 def store_settings(request) -> StoreSettings:
     """Parametrised over both S3 servers: moto (the embedded default) and Ceph RGW (production)."""
     return request.getfixturevalue("settings" if request.param == "moto" else "ceph_settings")
