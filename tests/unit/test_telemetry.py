@@ -45,6 +45,9 @@ def test_a_straggler_is_named_with_its_node_over_enough_steps():
     assert len(found) == 1 and found[0].startswith("straggler: rank 2 on node node-2"), found
     assert verdicts([_rank(0), _rank(1), _rank(2, compute=0.65), _rank(3)]) == []  # 1.06x: within the rule
     assert verdicts([_rank(0, steps=10), _rank(1, compute=0.9, steps=10)]) == []  # fewer than 20 steps
+    on_a_cluster = [_rank(0), _rank(1, compute=1.2)]
+    on_a_cluster[1].pod = "training-abcde-train-worker-1"
+    assert verdicts(on_a_cluster)[0].startswith("straggler: rank 1 on node node-1 (pod training-abcde-train-worker-1) takes")
 
 
 def _mem(values: list[float]) -> list[RankEpoch]:

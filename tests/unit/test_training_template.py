@@ -249,6 +249,9 @@ def test_gang_pods_are_told_to_stop_through_a_process_that_is_not_pid_1(wt, wt_p
         for pod in _pods(_job(tmpl, workers="2")):
             assert pod["spec"]["shareProcessNamespace"] is True
             assert pod["spec"]["terminationGracePeriodSeconds"] == GRACE_PERIOD_S
+            env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in pod["spec"]["containers"][0]["env"]}
+            # the verdicts name a slow rank's node and pod
+            assert (env["PIPECTL_NODE_NAME"], env["PIPECTL_POD_NAME"]) == ("spec.nodeName", "metadata.name")
 
 
 def test_C07_step_and_executor_containers_request_cpu_and_memory(wt):

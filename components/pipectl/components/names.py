@@ -106,3 +106,6 @@ OOM killer ended, and the gang restarts instead of ending."""
 NODE_NAME_ENV = "PIPECTL_NODE_NAME"
 """The node a gang pod runs on (the downward API's ``spec.nodeName``): named in the message of an
 infrastructure fault (components/pipectl/components/train/faults.py)."""
+POD_NAME_ENV = "PIPECTL_POD_NAME"
+"""A gang pod's own name (the downward API's ``metadata.name``): named with its node in the step
+anatomy's verdicts (components/pipectl/components/train/telemetry.py)."""

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipectl.components.names import NODE_NAME_ENV
+from pipectl.components.names import NODE_NAME_ENV, POD_NAME_ENV
 
 PARTS = ("data", "compute", "sync", "optimizer", "checkpoint")
 
@@ -58,6 +58,13 @@ class RankEpoch:
     memory_mib: float = 0.0
     """At the epoch's end: GPU memory allocated (a GPU rank) or resident memory (a CPU rank)."""
     memory_kind: str = "resident memory"
+    pod: str = ""
+    """The rank's pod on a cluster (empty on one machine, where the node says it all)."""
+
+    @property
+    def where(self) -> str:
+        """``node N`` or ``node N (pod P)``: where to look for this rank."""
+        return f"node {self.node}" + (f" (pod {self.pod})" if self.pod and self.pod != self.node else "")
 
     @property
     def total(self) -> float:
@@ -115,7 +122,8 @@ class StepClock:
         """This rank's totals since the last call; the clock starts again."""
         node = os.environ.get(NODE_NAME_ENV) or socket.gethostname()
         memory, kind = current_memory_mib()
-        out = RankEpoch(rank, node, self.steps, self.images, dict(self.seconds), self.hooked, memory, kind)
+        out = RankEpoch(rank, node, self.steps, self.images, dict(self.seconds), self.hooked, memory, kind,
+                        os.environ.get(POD_NAME_ENV, ""))
         self.seconds, self.steps, self.images = dict.fromkeys(PARTS, 0.0), 0, 0
         return out
 
@@ -145,7 +153,7 @@ def growing_memory(history: list[RankEpoch]) -> str | None:
     if not all(b > a for a, b in zip(values, values[1:])) or grown < max(LEAK_MIN_MIB, LEAK_MIN_FRACTION * values[0]):
         return None
     r = last[-1]
-    return (f"memory growing: rank {r.rank} on node {r.node}: {r.memory_kind} grew at each of the last {LEAK_EPOCHS} epochs, "
+    return (f"memory growing: rank {r.rank} on {r.where}: {r.memory_kind} grew at each of the last {LEAK_EPOCHS} epochs, "
             f"{values[0]:.0f} -> {values[-1]:.0f} MiB (+{grown / LEAK_EPOCHS:.0f} MiB per epoch; rule: every epoch, "
             f">= {LEAK_MIN_MIB:.0f} MiB and {LEAK_MIN_FRACTION:.0%} in all) — likely a leak: tensors kept across steps "
             "(a loss appended without .item(), a list that grows, a graph kept alive); it ends in an out-of-memory kill")
@@ -205,7 +213,7 @@ def verdicts(ranks: list[RankEpoch]) -> list[str]:
 def _stragglers(ranks: list[RankEpoch]) -> list[str]:
     own = [r.own_per_step for r in ranks]
     median = statistics.median(own) if own else 0.0
-    return [f"straggler: rank {r.rank} on node {r.node} takes {r.own_per_step * 1000:.0f} ms of its own per step, "
+    return [f"straggler: rank {r.rank} on {r.where} takes {r.own_per_step * 1000:.0f} ms of its own per step, "
             f"{r.own_per_step / median:.1f}x the gang's median (rule: >= {STRAGGLER_RATIO}x over >= {STRAGGLER_STEPS} steps); "
             "every other rank waits for it at each all-reduce — check that node (GPU clocks, thermal, noisy neighbours) "
             "or its shards"

@@ -32,6 +32,7 @@ from pipectl.components.train.preemption import GRACE_PERIOD_S
 from pipectl.components.names import (
     LANE_TAINT_KEY,
     NODE_NAME_ENV,
+    POD_NAME_ENV,
     OUTPUTS_DIR,
     PUBLISH_ONNX_ENV,
     RETRY_OOM_ENV,
@@ -213,7 +214,8 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
                     "name": "pytorch",
                     "image": cfg.image,
                     "command": command,
-                    "env": env + [{"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": NODE_NAME_FIELD}}}]
+                    "env": env + [{"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": NODE_NAME_FIELD}}},
+                                  {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
                     + ([{"name": RETRY_OOM_ENV, "value": "1"}] if cfg.retry_oom else []) + fabric.env(),
                     "envFrom": [
                         {"configMapRef": {"name": STORE_CONFIGMAP, "optional": True}},
