@@ -444,7 +444,7 @@ def gang_avoid_templates(cfg: CompileConfig) -> list:
     avoid.termination_message_policy = "FallbackToLogsOnError"
     # its verdict (exit 1) is final and its message quotes the gang's pods, which may read like an
     # infrastructure message: retried only when its own pod was lost (Error) or the API blinked (75)
-    avoid.retry_strategy = RetryStrategy(limit=3, retry_policy="Always", backoff=Backoff(duration="5s", factor=2),
+    avoid.retry_strategy = RetryStrategy(limit=3, retry_policy="Always", backoff=Backoff(duration="5s", factor=2, cap=f"{cfg.retry.backoff_cap_s}s"),
                                          expression='lastRetry.status == "Error" || lastRetry.exitCode == "75"')
     return [avoid]
 
