@@ -52,6 +52,9 @@ from pipectl.components.names import OUTPUTS_DIR as CONTAINER_OUTPUTS_DIR
 from pipectl.pipelines.backends.processes import free_port, spawn, stop
 from pipectl.pipelines.launchers import launcher_for
 from pipectl.pipelines.launchers.base import NODE_NAME_FIELD
+
+POD_NAME_FIELD = "metadata.name"
+"""The downward API's pod name (a gang pod's ``fieldRef``): locally ``<job>-<group>-<index>``."""
 from pipectl.pipelines.substitution import TemplateError, evaluate_when, expand_k8s_vars, substitute
 
 class LocalBackendError(TemplateError):
@@ -530,20 +533,23 @@ class LocalRunner:
             if len(group.pod_spec["containers"]) != 1:
                 raise LocalBackendError(f"task {task}: local pods must have exactly one container")
             c = group.pod_spec["containers"][0]
+            downward = {item["name"] for item in c.get("env", []) or [] if "valueFrom" in item}
             for index in range(group.replicas):
-                fields = {**launcher.pod_fields(job), NODE_NAME_FIELD: platform.node()}  # the node: this machine
+                name = f"{group.name.lower()}-{index}"
+                fields = {**launcher.pod_fields(job), NODE_NAME_FIELD: platform.node(),  # the node: this machine
+                          POD_NAME_FIELD: f"{job}-{name}"}  # the operator's pod name: <job>-<group>-<index>
                 env = self._container_env(c, f"task {task} pod {group.name}-{index}", fields, taskdir)
                 env.update(launcher.local_env(group.name, index, rank, total, port))
                 rank += 1
                 for k, v in list(env.items()):
-                    if re.fullmatch(rf"{re.escape(job)}-[a-z0-9-]+-\d+(\.{re.escape(job)})?(\..*)?", v):
+                    if k not in downward and re.fullmatch(rf"{re.escape(job)}-[a-z0-9-]+-\d+(\.{re.escape(job)})?(\..*)?", v):
                         env[k] = "127.0.0.1"  # the job's headless Service, on loopback
                 if "MASTER_PORT" in env:
                     env["MASTER_PORT"] = port
                 argv = [self._map_path(expand_k8s_vars(a, env), taskdir) for a in c.get("command", []) + c.get("args", [])]
                 pod_argvs.append(argv)
                 pods.append((self._resolve_command(argv), env))
-                names.append(f"{group.name.lower()}-{index}")
+                names.append(name)
         if min_available is None:
             min_available = len(pods)
         if not isinstance(min_available, int) or min_available > len(pods):
