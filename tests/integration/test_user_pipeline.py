@@ -5,13 +5,19 @@ the team's own package) trains, writes its report into the run's folder and regi
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
+
+from tests.tools.procs import default_signals
 
 pytestmark = pytest.mark.integration
 
@@ -272,3 +278,255 @@ def test_a_torchrun_script_that_writes_onnx_is_evaluated_and_registered_as_pipec
     assert [s["task"] for s in summary["steps"]] == ["validate", "stage", "preprocess", "train", "evaluate", "register"]
     assert "published the training code's model as models:/" in train_log, train_log[-3000:]
     assert summary["model"]["version"] == "1" and summary["metrics"]["accuracy"] > 0.5, summary
+
+
+CHECKPOINTING_TRAINER = '''
+"""A torchrun script with no pipectl import that checkpoints through the environment contract only:
+rank 0 writes step-<n>.pt to PIPECTL_TRAIN_CHECKPOINTS_URI every PIPECTL_TRAIN_CHECKPOINT_EVERY_STEPS
+steps, and at start every rank resumes from the newest one there. Rank 0 writes model.onnx at the end."""
+import io, json, os, re
+import boto3, numpy as np, torch, torch.distributed as dist
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
+
+env = os.environ
+s3 = boto3.client("s3", endpoint_url=env["PIPECTL_S3_ENDPOINT"], aws_access_key_id=env["PIPECTL_S3_ACCESS_KEY"],
+                  aws_secret_access_key=env["PIPECTL_S3_SECRET_KEY"], region_name="us-east-1")
+
+
+def split(uri):
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return bucket, key
+
+
+def get(uri):
+    bucket, key = split(uri)
+    return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def newest_checkpoint():
+    bucket, prefix = split(env["PIPECTL_TRAIN_CHECKPOINTS_URI"])
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
+    steps = sorted(int(m[1]) for k in keys if (m := re.search(r"step-(\\d+)\\.pt$", k)))
+    return f"s3://{bucket}/{prefix}step-{steps[-1]:08d}.pt" if steps else None
+
+
+@record
+def main():
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    index = json.loads(get(env["PIPECTL_TRAIN_SHARDS_URI"].rstrip("/") + "/index.json"))
+    shards = [np.load(io.BytesIO(get(u))) for u in index["train"]]
+    x = torch.from_numpy(np.concatenate([z["images"] for z in shards]).astype("float32"))
+    y = torch.from_numpy(np.concatenate([z["labels"] for z in shards]))
+    seed, batch = int(env["PIPECTL_TRAIN_SEED"]), int(env["PIPECTL_TRAIN_BATCH_SIZE"])
+    every, epochs = int(env["PIPECTL_TRAIN_CHECKPOINT_EVERY_STEPS"]), int(env["PIPECTL_TRAIN_EPOCHS"])
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Conv2d(x.shape[1], 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(32, len(index["labels"])))
+    optimizer = torch.optim.Adam(model.parameters(), lr=float(env["PIPECTL_TRAIN_LEARNING_RATE"]))
+    net = nn.parallel.DistributedDataParallel(model)
+    per_epoch, step = len(x) // (batch * world), 0
+    total, found = per_epoch * epochs, newest_checkpoint()
+    if found:
+        state = torch.load(io.BytesIO(get(found)), weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = state["step"]
+    print(f"ckpttrain: rank {rank} starts at step {step} of {total} ({found or 'no checkpoint'})", flush=True)
+    while step < total:
+        epoch, i = divmod(step, per_epoch)
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed + epoch))
+        mine = order[(i * world + rank) * batch:(i * world + rank + 1) * batch]
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(net(x[mine]), y[mine]).backward()
+        optimizer.step()
+        step += 1
+        if rank == 0 and step % every == 0 and step < total:
+            buf = io.BytesIO()
+            torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, buf)
+            bucket, prefix = split(env["PIPECTL_TRAIN_CHECKPOINTS_URI"])
+            s3.put_object(Bucket=bucket, Key=f"{prefix}step-{step:08d}.pt", Body=buf.getvalue())
+            print(f"ckpttrain: checkpoint step {step} written", flush=True)
+    if rank == 0:
+        os.makedirs(env["PIPECTL_TRAIN_OUTPUTS_DIR"], exist_ok=True)
+        torch.onnx.export(model.eval(), (x[:2],), env["PIPECTL_TRAIN_OUTPUTS_DIR"] + "/model.onnx", dynamo=True,
+                          dynamic_shapes=({0: torch.export.Dim("batch")},))
+    dist.destroy_process_group()
+
+
+main()
+'''
+CHECKPOINT_WRITTEN = re.compile(r"ckpttrain: checkpoint step (\d+) written")
+GANG_RESTARTED = re.compile(r"pipectl run: pod worker-\d of Job \S+ exited (\d+): the job's policy restarts the whole gang "
+                            r"\(restart 1 of \d+\)")
+
+
+def _gang_pod(run: psutil.Process, index: int) -> psutil.Process | None:
+    """The process standing in for gang pod ``index`` (its launcher) under the ``pipectl run`` process."""
+    for p in run.children(recursive=True):
+        try:
+            if "pipectl.components.train.launch" in p.cmdline() and p.environ().get("VC_TASK_INDEX") == str(index):
+                return p
+        except psutil.Error:  # ended meanwhile
+            continue
+    return None
+
+
+def _evict(pod: psutil.Process, grace_s: float) -> None:
+    """End a gang pod as a kubelet's eviction does: SIGTERM, then SIGKILL to what is left after ``grace_s``."""
+    from pipectl.pipelines.backends.processes import kill_tree
+
+    tree = [pod, *pod.children(recursive=True)]
+    pod.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(tree, timeout=grace_s)
+    for p in alive:
+        kill_tree(p.pid)
+
+
+def test_a_script_that_checkpoints_through_the_contract_resumes_after_a_gang_member_is_evicted(tmp_path, small_digits_dir):
+    """train(module=..., exports_onnx=True), 2 pods x 1 process: once the script wrote a checkpoint,
+    pod 1 is evicted (SIGTERM, SIGKILL after a grace period). The Volcano Job's policy restarts
+    the whole gang; the script, started again, resumes from the newest checkpoint in
+    PIPECTL_TRAIN_CHECKPOINTS_URI (the last one it wrote, step > 0), finishes, and the run registers
+    exactly one model version."""
+    (tmp_path / "ckpttrain.py").write_text(CHECKPOINTING_TRAINER)
+    (tmp_path / "pipeline.py").write_text(
+        "from pipectl.sdk import Pipeline, evaluate, preprocess, register, stage, train\n"
+        "pipeline = Pipeline('script-resume', [stage(), preprocess(), train('ckpttrain', exports_onnx=True), evaluate(), register()])\n")
+    state, out = tmp_path / "state", tmp_path / "run.json"
+    with out.open("w") as stdout, (tmp_path / "run.stderr").open("w") as stderr:
+        proc = subprocess.Popen([PIPECTL, "run", "pipeline.py:pipeline", "--output", "json", "--state-dir", str(state),
+                                 "-p", f"dataset-uri={small_digits_dir}", "-p", "workers=2", "-p", "processes-per-worker=1",
+                                 "-p", "epochs=8", "-p", "batch-size=8", "-p", "checkpoint-every-steps=5",
+                                 "-p", "promotion-threshold=0", "-p", "model-name=script-resume"],
+                                stdout=stdout, stderr=stderr, cwd=tmp_path, preexec_fn=default_signals)
+    try:
+        deadline, written = time.monotonic() + 300, []
+        while not written:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "run.stderr").read_text()[-3000:]
+            logs = list(state.glob("runs/*/train/main.log"))
+            written = CHECKPOINT_WRITTEN.findall(logs[0].read_text(errors="replace")) if logs else []
+            time.sleep(0.05)
+        pod = _gang_pod(psutil.Process(proc.pid), 1)
+        assert pod is not None, "gang pod 1 is not running"
+        _evict(pod, grace_s=10)
+        assert proc.wait(timeout=600) == 0, (tmp_path / "run.stderr").read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    summary = json.loads(out.read_text())
+    train = next(s for s in summary["steps"] if s["task"] == "train")
+    assert train["phase"] == "Succeeded" and train["message"].endswith("(2 pods, 1 gang restart(s))"), train
+    train_log = Path(train["log"]).read_text(errors="replace")
+    assert GANG_RESTARTED.search(train_log), train_log[-4000:]
+    first, restarted = train_log.split("the job's policy restarts the whole gang", 1)
+    assert "restarts the whole gang" not in restarted, train_log[-4000:]  # one restart
+    assert "ckpttrain: rank 0 starts at step 0 of " in first
+    last_written = int(CHECKPOINT_WRITTEN.findall(first)[-1])
+    resumed = re.search(r"ckpttrain: rank 0 starts at step (\d+) of (\d+) \(s3://\S+/checkpoints/step-(\d+)\.pt\)", restarted)
+    assert resumed, restarted[-3000:]
+    assert 0 < int(resumed[1]) == int(resumed[3]) == last_written < int(resumed[2])
+    assert re.search(rf"ckpttrain: rank 1 starts at step {last_written} of ", restarted)  # every rank resumed there
+    assert "published the training code's model as models:/" in restarted
+    assert [(s["task"], s["phase"]) for s in summary["steps"]][-1] == ("register", "Succeeded")
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{state / 'mlflow' / 'mlflow.db'}")
+    assert [str(v.version) for v in client.search_model_versions("name = 'script-resume'")] == ["1"]
+    assert summary["model"]["version"] == "1"
+
+
+PACKAGED_TRAIN = '''
+"""The team's train function: a linear classifier through TrainContext."""
+import torch
+from torch import nn
+
+
+def train(ctx):
+    model = nn.Sequential(nn.Flatten(), nn.LazyLinear(ctx.num_classes)).to(ctx.device)
+    model(torch.zeros(1, ctx.channels, ctx.image_size, ctx.image_size, device=ctx.device))
+    optimizer = torch.optim.Adam(model.parameters(), lr=ctx.params.learning_rate)
+    net = ctx.wrap(model)
+    for images, labels in ctx.batches(model, optimizer):
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(net(images), labels)
+        loss.backward()
+        optimizer.step()
+        ctx.record_loss(loss)
+    return model
+'''
+
+
+def test_a_pipeline_named_as_package_module_renders_and_runs(tmp_path, small_digits_dir):
+    """`pipectl render|run teampipes.pipelines:pipeline`, the package on PYTHONPATH (not in the
+    working folder): the template renders and the run succeeds, its gang importing the package's
+    train function. A reference to a name the module does not define, or to an object that is not
+    a Pipeline, is exit 2 naming what is wrong, before anything runs."""
+    pkg = tmp_path / "site" / "teampipes"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text(PACKAGED_TRAIN)
+    (pkg / "pipelines.py").write_text(
+        "from pipectl.sdk import Pipeline, preprocess, stage, train\n"
+        "pipeline = Pipeline('pkg-training', [stage(), preprocess(), train(function='teampipes.train:train')])\n"
+        "epochs = 3\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path / "site"), os.environ.get("PYTHONPATH")) if p)}
+
+    def pipectl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([PIPECTL, *args], capture_output=True, text=True, timeout=timeout, cwd=work, env=env)
+    r = pipectl("render", "teampipes.pipelines:pipeline")
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load(r.stdout)["metadata"]["name"] == "pkg-training-v1"
+    for command in ("render", "run"):
+        state = ["--state-dir", str(work / "state")] if command == "run" else []
+        r = pipectl(command, "teampipes.pipelines:nosuch", *state)
+        assert r.returncode == 2 and "teampipes.pipelines has no 'nosuch'" in r.stderr and "pipelines it defines: pipeline" in r.stderr, r.stderr
+        r = pipectl(command, "teampipes.pipelines:epochs", *state)
+        assert r.returncode == 2 and "teampipes.pipelines:epochs: epochs is a int, not a pipectl.sdk.Pipeline" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and r.stdout == ""
+    assert not (work / "state").exists()  # refused before anything was written
+
+    r = pipectl("run", "teampipes.pipelines:pipeline", "--output", "json", "--state-dir", str(work / "state"),
+                "-p", f"dataset-uri={small_digits_dir}", "-p", "epochs=1", timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    summary = json.loads(r.stdout)
+    assert summary["phase"] == "Succeeded" and summary["workflow"].startswith("pkg-training-")
+    assert [s["task"] for s in summary["steps"]] == ["validate", "stage", "preprocess", "train"]
+    train_log = Path(summary["steps"][-1]["log"]).read_text()
+    assert "train function teampipes.train:train, its own model" in train_log, train_log[-3000:]
+
+
+def test_a_train_function_whose_module_fails_to_import_in_the_gang_shows_the_users_traceback(tmp_path, small_digits_dir):
+    """The team's train function imports a helper that imports a package missing where the gang
+    runs (at definition time a missing dependency is allowed: it may be in the image only). In
+    the gang the import fails: the train step's log shows the user's frames (file and line of
+    both modules) and none of pipectl's or the import machinery's, and the run fails as the
+    code's (exit 1, not retried)."""
+    (tmp_path / "teamtrain.py").write_text('"""The team\'s train function."""\nfrom teamhelpers import augment\n\n\n'
+                                           "def train(ctx):\n    return augment(ctx)\n")
+    (tmp_path / "teamhelpers.py").write_text("import math\nimport nosuch_augmentations_xyz\n\n\ndef augment(x):\n    return x\n")
+    (tmp_path / "pipeline.py").write_text(
+        "from pipectl.sdk import Pipeline, preprocess, stage, train\n"
+        "pipeline = Pipeline('fn-broken', [stage(), preprocess(), train(function='teamtrain:train')])\n")
+    r = subprocess.run([PIPECTL, "run", "pipeline.py:pipeline", "--output", "json", "--state-dir", str(tmp_path / "state"),
+                        "-p", f"dataset-uri={small_digits_dir}", "-p", "epochs=1"],
+                       capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert r.returncode == 1, r.stderr[-4000:]
+    summary = json.loads(r.stdout)
+    train = summary["steps"][-1]
+    assert (train["task"], train["phase"], train["exit_code"]) == ("train", "Failed", 1)
+    log = Path(train["log"]).read_text()
+    traceback = log.split("importing teamtrain failed:\n", 1)[1].split("ModuleNotFoundError", 1)[0]
+    frames = re.findall(r'File "([^"]+)", line (\d+)', traceback)
+    assert frames == [(str(tmp_path / "teamtrain.py"), "2"), (str(tmp_path / "teamhelpers.py"), "2")], traceback
+    assert "import nosuch_augmentations_xyz" in traceback
+    assert "ModuleNotFoundError: No module named 'nosuch_augmentations_xyz'" in log
+    assert "error: pipectl.components.train: train function teamtrain:train: importing teamtrain failed" in log, log[-3000:]
+    shown = set(re.findall(r'File "([^"]+)", line \d+', log))  # every frame of every traceback in the log
+    assert shown == {str(tmp_path / "teamtrain.py"), str(tmp_path / "teamhelpers.py")}, log[-4000:]
+    record = json.loads(next((tmp_path / "state" / "runs").glob("*/run.json")).read_text())
+    assert record["tasks"]["train"]["attempts"] == 1

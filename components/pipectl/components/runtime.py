@@ -292,6 +292,36 @@ def step_main(
 
 # ---------------------------------------------------------------- the user's code, by reference
 
+def _pipectl_or_import_frame(filename: str) -> bool:
+    """A frame of pipectl's own code (a loaded ``pipectl.*`` module) or of Python's import machinery."""
+    import importlib
+
+    if filename.startswith("<frozen importlib"):
+        return True
+    path = os.path.realpath(filename)
+    if os.path.dirname(path) == os.path.dirname(os.path.realpath(importlib.__file__)):
+        return True
+    return any(os.path.realpath(m.__file__) == path for n, m in list(sys.modules.items())
+               if (n == "pipectl" or n.startswith("pipectl.")) and getattr(m, "__file__", None))
+
+
+def user_traceback(exc: BaseException) -> str:
+    """``exc`` as Python prints it, chained exceptions included, with only the user's frames: the
+    import machinery's and pipectl's own are left out, so the first frame shown is the user's
+    module and the last the line that raised."""
+    shown = traceback.TracebackException.from_exception(exc)
+    seen: set[int] = set()
+    pending = [shown]
+    while pending:
+        te = pending.pop()
+        if id(te) in seen:
+            continue
+        seen.add(id(te))
+        te.stack = traceback.StackSummary.from_list([f for f in te.stack if not _pipectl_or_import_frame(f.filename)])
+        pending += [c for c in (te.__cause__, te.__context__) if c is not None]
+    return "".join(shown.format())
+
+
 def resolve_callable(ref: str, what: str, arity: int, example: str) -> Callable[..., Any]:
     """The function ``module.path:name`` (``ref``: imported from the step's image, or the run's
     code path locally) that takes ``arity`` positional arguments. StepError naming what is wrong
@@ -304,7 +334,7 @@ def resolve_callable(ref: str, what: str, arity: int, example: str) -> Callable[
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # the user's module: its own traceback, then a failure of the code
-        log.error("importing %s failed:\n%s", module_name, "".join(traceback.format_exception(e)))
+        log.error("importing %s failed:\n%s", module_name, user_traceback(e))
         raise StepError(f"{what} {ref}: importing {module_name} failed: {type(e).__name__}: {e}",
                         "install your package in the step's image (FROM pipectl's step image); "
                         "locally, run from the pipeline file's folder") from e
