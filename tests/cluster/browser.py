@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.binaries import VERSIONS
+
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("PIPECTL_CHROMIUM", "/usr/bin/chromium")
 SHOTS = Path(os.environ.get("PIPECTL_TEST_LOGS", REPO / ".pipectl" / "test-logs")) / "ui"
@@ -48,6 +50,12 @@ class UI:
 
     def __init__(self, browser, base: str, test: str) -> None:
         self.ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+        # a returning user: the first-visit modal ("Tell us what you want to use Argo for") and the
+        # new-version one were dismissed before (the UI's localStorage keys, ui/src/modals/
+        # modal-switch.tsx); either could open after dismiss_modals() and take a later click
+        seen = VERSIONS["workflow-controller"].rsplit(".", 1)[0]  # the UI's majorMinor(): v4.0.5 -> v4.0
+        self.ctx.add_init_script("localStorage.setItem('modal/ftu', JSON.stringify('dismissed'));"
+                                 f"localStorage.setItem('modal/version', JSON.stringify('{seen}'));")
         self.page = self.ctx.new_page()
         self.errors: list[str] = []
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))

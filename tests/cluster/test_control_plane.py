@@ -376,6 +376,17 @@ def _pipectl(test_cluster, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(PIPECTL), *args], capture_output=True, text=True, timeout=120, env=env)
 
 
+def submit_a_run_whose_gang_fails(test_cluster, train_pod_annotations) -> str:
+    """Apply the template and submit a 2-worker training whose gang pods exit 1 (a code failure);
+    wait until it Failed (pipectl submit --wait: exit 1). Returns the workflow's name."""
+    assert _pipectl(test_cluster, "templates", "apply").returncode == 0
+    train_pod_annotations({"pipectl.io/fail": "Traceback: KeyError", "pipectl.io/exit-code": "1"})
+    r = _pipectl(test_cluster, "submit", "training", "-p", "workers=2", "-p", "gpus-per-worker=1",
+                 "-p", "processes-per-worker=1", "--wait", "--output", "json")
+    assert r.returncode == 1, r.stderr
+    return _last_json(r.stdout)["name"]
+
+
 def test_cli_templates_cron_and_submit_against_the_api_server(project_applied, test_cluster, k8s_api):
     assert _pipectl(test_cluster, "templates", "apply").returncode == 0
     r = _pipectl(test_cluster, "cron", "apply")
@@ -613,13 +624,14 @@ def _lane_gang(name: str, lane: str, workers: int, gpus: int, run_duration: str)
     """The train gang exactly as the training template renders it (pipelines/pipectl/pipelines/launchers/volcano.py),
     with the Argo tags a workflow of ``lane`` would substitute, plus how long KWOK keeps its pods running."""
     from pipectl.pipelines.launchers import LAUNCHERS
+    from pipectl.pipelines.launchers.base import GANG_AFFINITY_INPUT
     from pipectl.pipelines.training import CompileConfig
 
     text = LAUNCHERS["volcano"].manifest(CompileConfig().gang())
     values = {JOB_NAME: name, "{{workflow.name}}": name, "{{inputs.parameters.lane}}": lane,
               "{{inputs.parameters.workers}}": str(workers), "{{inputs.parameters.gpus-per-worker}}": str(gpus),
               "{{inputs.parameters.processes-per-worker}}": str(gpus), "{{inputs.parameters.cpu-per-worker}}": "2.0",
-              "{{inputs.parameters.memory-gib-per-worker}}": "8"}
+              "{{inputs.parameters.memory-gib-per-worker}}": "8", "{{inputs.parameters.%s}}" % GANG_AFFINITY_INPUT: "{}"}
     for tag, value in values.items():
         text = text.replace(tag, value)
     job = yaml.safe_load(text)
@@ -1071,12 +1083,7 @@ def test_pipectl_retry_in_place_through_the_argo_server_and_resubmit(
 
     if not test_cluster.volcano_ok:
         pytest.skip(f"Volcano did not start: {test_cluster.errors}")
-    assert _pipectl(test_cluster, "templates", "apply").returncode == 0
-    train_pod_annotations({"pipectl.io/fail": "Traceback: KeyError", "pipectl.io/exit-code": "1"})
-    r = _pipectl(test_cluster, "submit", "training", "-p", "workers=2", "-p", "gpus-per-worker=1",
-                 "-p", "processes-per-worker=1", "--wait", "--output", "json")
-    assert r.returncode == 1, r.stderr
-    name = _last_json(r.stdout)["name"]
+    name = submit_a_run_whose_gang_fails(test_cluster, train_pod_annotations)
     train_pod_annotations({})  # the "fix"
     env = {**os.environ, "KUBECONFIG": str(test_cluster.kubeconfig),
            "ARGO_SERVER": test_cluster.argo_server_url.split("://", 1)[1], "ARGO_SECURE": "false"}

@@ -26,11 +26,10 @@ from tests.cluster.test_control_plane import (  # noqa: F401 - fixtures
     _custom,
     _delete_workflow,
     _gang_jobs,
-    _last_json,
-    _pipectl,
     _vcjob,
     _wait_phase,
     project_applied,
+    submit_a_run_whose_gang_fails,
     submit_two_worker_training,
     train_pod_annotations,
     training_outputs_supplied,
@@ -144,12 +143,7 @@ def test_a_retried_run_keeps_its_new_gang_and_a_succeeded_runs_job_is_left(
     from kubernetes import client
 
     custom = _custom(k8s_api)
-    assert _pipectl(test_cluster, "templates", "apply").returncode == 0
-    train_pod_annotations({"pipectl.io/fail": "Traceback: KeyError", "pipectl.io/exit-code": "1"})
-    r = _pipectl(test_cluster, "submit", "training", "-p", "workers=2", "-p", "gpus-per-worker=1",
-                 "-p", "processes-per-worker=1", "--wait", "--output", "json")
-    assert r.returncode == 1, r.stderr
-    name = _last_json(r.stdout)["name"]
+    name = submit_a_run_whose_gang_fails(test_cluster, train_pod_annotations)
     try:
         job = f"{name}-train"
         test_cluster.wait_for("the failed run's gang gone", lambda: not _gang_jobs(k8s_api, name), timeout_s=30)
