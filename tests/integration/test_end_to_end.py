@@ -81,7 +81,7 @@ def test_default_run_registers_a_champion_above_095_on_digits(tmp_path):
     # accuracy is the candidate's (the same model on the same split, scored by evaluate through ONNX)
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'state' / 'mlflow' / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'state' / 'mlflow' / 'mlflow.db'}", registry_uri=f"sqlite:///{tmp_path / 'state' / 'mlflow' / 'mlflow.db'}")  # a registry URI set by an earlier test must not win
     held_out = {m: sorted((x.step, x.value) for x in client.get_metric_history(summary["mlflow_run_id"], m))
                 for m in ("val_loss", "val_accuracy")}
     assert [e for e, _ in held_out["val_accuracy"]] == list(range(15)), held_out

@@ -129,7 +129,7 @@ def test_an_interrupted_run_resumes_without_redoing_finished_steps(tmp_path):
 
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{state / 'mlflow' / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=f"sqlite:///{state / 'mlflow' / 'mlflow.db'}", registry_uri=f"sqlite:///{state / 'mlflow' / 'mlflow.db'}")  # a registry URI set by an earlier test must not win
     versions = client.search_model_versions("name = 'digits-cnn'")
     assert [(str(v.version), v.run_id) for v in versions] == [("1", summary["mlflow_run_id"])]
     assert summary["model"]["version"] == "1"

@@ -433,7 +433,7 @@ def test_a_script_that_checkpoints_through_the_contract_resumes_after_a_gang_mem
     assert [(s["task"], s["phase"]) for s in summary["steps"]][-1] == ("register", "Succeeded")
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{state / 'mlflow' / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=f"sqlite:///{state / 'mlflow' / 'mlflow.db'}", registry_uri=f"sqlite:///{state / 'mlflow' / 'mlflow.db'}")  # a registry URI set by an earlier test must not win
     assert [str(v.version) for v in client.search_model_versions("name = 'script-resume'")] == ["1"]
     assert summary["model"]["version"] == "1"
 
