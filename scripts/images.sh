@@ -38,6 +38,13 @@ INCLUDE=python3,python3-venv
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/pyproject.toml" | head -1)
 DOCKER=/usr/bin/docker; [[ -x $DOCKER ]] || DOCKER=docker
 log() { printf '[images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+record_build() {  # record_build IMAGE:TAG TOOK: a line (time, image, build seconds or "cached", size) to the log and build-times.txt
+  local size line
+  size=$("$DOCKER" image inspect -f '{{.Size}}' "$1")
+  line=$(printf '%s %-38s build %-7s size %s MB' "$(date -u +%FT%TZ)" "$1" "$2" "$((size / 1000000))")
+  log "$line"
+  echo "$line" >>"$CACHE/build-times.txt"
+}
 
 # --- 1. engine ---------------------------------------------------------------------------------
 if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
@@ -117,10 +124,7 @@ for target in "${targets[@]}"; do
     fi
     took=$((SECONDS - t0))s
   fi
-  size=$("$DOCKER" image inspect -f '{{.Size}}' "$img:c-$h")
-  line=$(printf '%s %-38s build %-7s size %s MB' "$(date -u +%FT%TZ)" "$img:c-$h" "$took" "$((size / 1000000))")
-  log "$line"
-  echo "$line" >>"$CACHE/build-times.txt"
+  record_build "$img:c-$h" "$took"
   refs+=("--image $target=c-$h")
 done
 # Earlier builds' content tags of the images just built go (each holds GBs once its dependencies
@@ -144,7 +148,7 @@ log "deploy with: pipectl templates apply $(tr '\n' ' ' <"$args_file")(in $args_
 # --- 4. the examples' images -------------------------------------------------------------------
 EXAMPLES=(image-classifier)
 build_example() {  # build_example NAME STEP_TRAIN_REF: prints NAME=REF
-  local name=$1 base=$2 ectx=$ctx/examples/$1 h img took size
+  local name=$1 base=$2 ectx=$ctx/examples/$1 h img took
   mkdir -p "$ectx"
   (cd "$ROOT/examples/$name" && git ls-files -z --cached --others --exclude-standard -- . | xargs -0 cp --parents -t "$ectx")
   h=$(printf '%s|%s' "$(cd "$ectx" && find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)" \
@@ -163,10 +167,7 @@ build_example() {  # build_example NAME STEP_TRAIN_REF: prints NAME=REF
     fi
     took=$((SECONDS - t0))s
   fi
-  size=$("$DOCKER" image inspect -f '{{.Size}}' "$img:c-$h")
-  line=$(printf '%s %-38s build %-7s size %s MB' "$(date -u +%FT%TZ)" "$img:c-$h" "$took" "$((size / 1000000))")
-  log "$line"
-  echo "$line" >>"$CACHE/build-times.txt"
+  record_build "$img:c-$h" "$took"
   # earlier builds of this example go (each keeps an earlier step-train's GBs alive)
   "$DOCKER" images --format '{{.Repository}}:{{.Tag}}' "$img" | grep -v -x "$img:c-$h" | xargs -r "$DOCKER" rmi >/dev/null 2>&1 || true
   echo "$name=$img:c-$h"
