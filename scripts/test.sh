@@ -34,6 +34,7 @@ mkdir -p "$LOGS"
 rm -f "$LOGS"/*.xml
 : >"$LOGS/phases.tsv"
 T0=$SECONDS
+STAT0=$(head -1 /proc/stat 2>/dev/null || true)
 N_ARGS=$#  # extra pytest arguments given by hand
 rc_all=0
 # The whole run warns past this (seconds): the CI gate stops at 90 minutes.
@@ -63,23 +64,37 @@ run_phase() {  # run_phase NAME CMD...: in the foreground, output to the termina
   record "$name" "$t" "$rc"
   return "$rc"
 }
-slowest() {  # the ten slowest tests of every tier (from their JUnit XML)
+slowest() {  # the ten slowest and the ten most CPU-hungry tests of every tier (their JUnit XML)
   compgen -G "$LOGS/*.xml" >/dev/null || return 0
   [[ -x .venv/bin/python ]] || return 0
   .venv/bin/python - "$LOGS"/*.xml <<'PY'
+import collections
 import sys
 import xml.etree.ElementTree as ET
-rows = []
+rows, cpu_by_tier = [], collections.Counter()
 for path in sys.argv[1:]:
     tier = path.rsplit("/", 1)[-1].removesuffix(".xml")
     for case in ET.parse(path).iter("testcase"):
-        rows.append((float(case.get("time", 0)), tier, f"{case.get('classname')}::{case.get('name')}"))
-rows.sort(reverse=True)
-print("\nTen slowest tests (seconds, tier, test):")
-for t, tier, name in rows[:10]:
-    print(f"  {t:8.1f}  {tier:<13} {name}")
-print(f"  ({len(rows)} tests in all)")
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        cpu = float(props.get("cpu_s", 0))
+        cpu_by_tier[tier] += cpu
+        rows.append((float(case.get("time", 0)), cpu, tier, f"{case.get('classname')}::{case.get('name')}"))
+for title, key in (("slowest (wall", 0), ("most CPU-hungry (CPU", 1)):
+    print(f"\nTen {title} seconds, tier, test):")
+    for row in sorted(rows, key=lambda r: r[key], reverse=True)[:10]:
+        print(f"  {row[key]:8.1f}  {row[2]:<16} {row[3]}")
+print(f"  ({len(rows)} tests in all; CPU seconds by tier: "
+      + ", ".join(f"{t} {c:,.0f}" for t, c in cpu_by_tier.most_common()) + ")")
 PY
+}
+cpu_busy() {  # the machine's CPU busy share since the run started (all cores, from /proc/stat)
+  [[ -n ${STAT0:-} ]] || return 0
+  local now
+  now=$(head -1 /proc/stat)
+  awk -v a="$STAT0" -v b="$now" 'BEGIN { n = split(a, x); split(b, y); t = 0
+    for (i = 2; i <= n; i++) t += y[i] - x[i]
+    idle = (y[5] - x[5]) + (y[6] - x[6])
+    if (t > 0) printf "CPU busy %.0f%% of the run (%d cores; idle and I/O wait are the room that overlap can win)\n", 100 * (t - idle) / t, '"$(nproc)"' }'
 }
 table() {
   local total=$((SECONDS - T0))
@@ -95,6 +110,7 @@ table() {
     done <"$LOGS/phases.tsv"
     printf '  %-14s %7s %8ss %7ss  %s\n' total "" "$total" "$WARN_TOTAL_S" "$([[ $rc_all -eq 0 ]] && echo ok || echo FAILED)"
     slowest
+    cpu_busy
     if [[ $total -gt $WARN_TOTAL_S ]]; then
       echo "WARNING: this run took $((total / 60)) min, over the $((WARN_TOTAL_S / 60))-minute warning line (the CI gate stops at 90 min)"
     fi

@@ -9,6 +9,9 @@ import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
+# Each test's CPU time goes into the JUnit XML (scripts/test.sh lists the hungriest).
+pytest_plugins = ["tests.tools.cpu_account"]
+
 # Benchmarks are run by `make bench` (python -m tests.bench.run), never collected as tests.
 collect_ignore = ["bench"]
 
