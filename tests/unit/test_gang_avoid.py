@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from pipectl.components.contracts import ExitCode, TrainingParameters
-from pipectl.components.gang.avoid import avoided_nodes, gang_affinity, named_nodes, next_avoided
+from pipectl.components.gang.avoid import avoided_nodes, gang_affinity, named_nodes, next_avoided, placement
 
 
 def _pod(exit_code: int, message: str) -> dict:
@@ -46,6 +46,22 @@ def test_the_affinity_prefers_every_node_but_the_avoided_ones_and_reads_back():
                    gang_affinity(["gpu-1"]).replace("gpu-1", "gpu-1: {x}"), "[]"):
         with pytest.raises(ValueError, match="not a gang affinity"):
             avoided_nodes(forged)
+
+
+def test_the_sites_placement_is_kept_beside_the_avoided_nodes():
+    """A gang affinity that starts as the site's topology placement (a pod affinity) keeps it when
+    nodes are avoided; only the two parts pipectl writes are read."""
+    site = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": {
+        "labelSelector": {"matchLabels": {"pipectl.io/step": "train"}}, "topologyKey": "example.com/rack"}}]}}
+    first = json.dumps(site)
+    assert avoided_nodes(first) == [] and placement(first) == site and placement("{}") == {}
+    nxt = gang_affinity(["gpu-1"], placement(first))
+    assert json.loads(nxt)["podAffinity"] == site["podAffinity"] and avoided_nodes(nxt) == ["gpu-1"]
+    assert placement(gang_affinity(["gpu-1", "gpu-2"], placement(nxt))) == site
+    assert gang_affinity([], site) == json.dumps(site, separators=(",", ":"))
+    for forged in ('{"podAntiAffinity": {}}', '{"podAffinity": []}', "null"):
+        with pytest.raises(ValueError, match="not a gang affinity"):
+            placement(forged)
 
 
 def test_at_most_the_limit_of_nodes_is_avoided_and_the_rest_is_reported():

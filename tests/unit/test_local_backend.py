@@ -316,3 +316,12 @@ spec:
     tmpl = {"name": "gang", "resource": {"action": "create", "manifest": manifest}}
     node = LocalRunner(_wf([{"name": "g", "template": "gang"}], [tmpl]), {}, {}, tmp_path / "runs").run().node("g")
     assert (node.phase, node.exit_code, node.gang_restarts) == ("Failed", 143, 0)
+
+
+def test_a_templates_own_input_default_has_the_workflows_globals_resolved_first_as_argo_does(tmp_path):
+    """Argo replaces global tags in a template's inputs before it uses them (SubstituteParams:
+    globals first); the train step's first gang affinity names the run that way."""
+    echo = {**ECHO, "inputs": {"parameters": [{"name": "text", "default": "{{workflow.name}}-x"}]}}
+    result = LocalRunner(_wf([{"name": "a", "template": "echo"}], [echo]), {}, {}, tmp_path / "runs").run()
+    assert result.phase == "Succeeded"
+    assert result.node("a").outputs["out"] == f"{result.workflow_name}-X".upper()

@@ -95,6 +95,7 @@ def test_a_command_option_wins_over_the_site_file_and_the_environment_names_the_
     ("fabric:\n  rdma:\n    resource: rdma/hca\n    ipc_lock: true\n", "refused by Pod Security 'restricted'"),
     ("fabric:\n  nccl_ib_disable: true\n  rdma:\n    resource: rdma/hca\n", "nccl_ib_disable: true turns InfiniBand/RoCE off"),
     ("fabric:\n  nccl_ib: mlx5_0\n", "fabric.nccl_ib: Extra inputs are not permitted"),
+    ("topology:\n  key: kubernetes.io/hostname\n", "topology: Value error, topology.key kubernetes.io/hostname would put every gang pod on one node"),
 ])
 def test_a_bad_site_file_exits_2_naming_the_file_and_the_key_and_writes_nothing(tmp_path, text, expected):
     site = tmp_path / "site.yaml"

@@ -628,7 +628,8 @@ class AvoidInput(StrictModel):
 
 class AvoidOutput(StrictModel):
     gang_affinity: str = Field(description="The next attempt's gang affinity (JSON): a preferred node "
-                                           "anti-affinity against every node avoided so far.")
+                                           "anti-affinity against every node avoided so far, and the site's "
+                                           "placement of the gang (its pod affinity), kept.")
 
 
 class ReleaseOutput(StrictModel):

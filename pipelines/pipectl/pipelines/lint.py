@@ -123,7 +123,7 @@ def _gang_objects(wt: dict) -> Iterator[tuple[int, str, dict, str]]:
     workflow parameter defaults and each lane of the lane enum."""
     import yaml
 
-    from pipectl.pipelines.substitution import TemplateError, substitute
+    from pipectl.pipelines.substitution import TemplateError, resolve_known, substitute
 
     params = {p["name"]: p for p in wt["spec"].get("arguments", {}).get("parameters", [])}
     lanes = params.get("lane", {}).get("enum") or [params.get("lane", {}).get("value", "standard")]
@@ -136,7 +136,7 @@ def _gang_objects(wt: dict) -> Iterator[tuple[int, str, dict, str]]:
                       **{f"workflow.parameters.{n}": str(p.get("value", "lint")) for n, p in params.items()}}
             for p in tmpl.get("inputs", {}).get("parameters", []):
                 default = params.get(p["name"], {}).get("value", p.get("value", p.get("default", "lint")))
-                values[f"inputs.parameters.{p['name']}"] = str(default)
+                values[f"inputs.parameters.{p['name']}"] = resolve_known(str(default), values)
             values["inputs.parameters.lane"] = values["workflow.parameters.lane"] = lane
             try:
                 yield i, lane, yaml.safe_load(substitute(res["manifest"], values, where=f"templates[{i}]")), ""

@@ -81,6 +81,14 @@ def substitute(text: str, values: dict[str, str], *, where: str) -> str:
     return _TAG.sub(repl, text)
 
 
+def resolve_known(text: str, values: dict[str, str]) -> str:
+    """Argo's first pass over a template (workflow/common/util.go ``SubstituteParams``, v4.0.5:
+    globals first, "because globals could be referenced in the inputs"): the tags ``values`` holds
+    are replaced, every other tag is left for the later pass. What a template's own input value or
+    default (the train step's ``gang-affinity``: the run's name) goes through before use."""
+    return _TAG.sub(lambda m: values.get(m.group(1), m.group(0)), text)
+
+
 def expand_k8s_vars(text: str, env: dict[str, str]) -> str:
     """Kubernetes' ``$(VAR)`` expansion in command/args: defined vars expand, others stay as is."""
     return _K8S_VAR.sub(lambda m: env.get(m.group(1), m.group(0)), text.replace("$$(", "\0")).replace("\0", "$(")

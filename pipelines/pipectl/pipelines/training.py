@@ -88,9 +88,10 @@ from pipectl.components.names import (
 )
 from pipectl.components.pipeline_parameters import SPECS_INPUT, ParameterSpec, parameter_model, specs_json
 from pipectl.pipelines.launchers import DEFAULT_LAUNCHER, LAUNCHERS, GangConfig
-from pipectl.pipelines.launchers.base import GANG_AFFINITY_INPUT, TRAIN_STEP_INPUTS
+from pipectl.pipelines.launchers.base import GANG_AFFINITY_INPUT, TRAIN_STEP_INPUTS, job_labels
 from pipectl.pipelines.autoscaling import DO_NOT_DISRUPT, AutoscalingConfig
 from pipectl.pipelines.fabric import FabricProfile
+from pipectl.pipelines.topology import Topology
 from pipectl.pipelines.policy import RetryPolicy, lane_toleration_for, step_metrics, training_metrics
 from pipectl.pipelines.security import TMP_VOLUME_NAME, restricted_container_security_context, tmp_volume, restricted_pod_security_context
 
@@ -147,6 +148,8 @@ class CompileConfig(BaseModel):
                                            description="Karpenter NodePools and the urgent lane's buffer (argo/autoscaling/).")
     fabric: FabricProfile = Field(default_factory=FabricProfile,
                                   description="The gang's network: NCCL's interfaces, adapters, RoCE GID, log level, RDMA devices.")
+    topology: Topology | None = Field(None, description="The gang's pods in one network domain: the node label naming "
+                                      "a node's rack or block, preferred or required (none: no placement constraint).")
     pipeline_parameters: tuple[ParameterSpec, ...] = Field(
         (), exclude=True, description="The pipeline's own parameters (set by Pipeline.build from its parameters class).")
 
@@ -182,6 +185,13 @@ class CompileConfig(BaseModel):
         if v not in LAUNCHERS:
             raise ValueError(f"unknown launcher {v!r}: one of {', '.join(LAUNCHERS)}")
         return v
+
+    def gang_affinity(self) -> str:
+        """The train step's first ``gang-affinity`` (JSON, one line): the site's :attr:`topology`
+        placement for the run's gang pods, ``{}`` without one."""
+        if self.topology is None:
+            return "{}"
+        return json.dumps(self.topology.affinity(job_labels()), separators=(",", ":"))
 
     def gang(self, entry: tuple[str, ...] = (), image: str | None = None, function: str = "",
              exports_onnx: bool = False) -> GangConfig:
@@ -342,7 +352,7 @@ def _train_template(cfg: CompileConfig, entry: tuple[str, ...] = (), image: str 
         manifest=launcher.manifest(cfg.gang(entry, image, function, exports_onnx)),
         success_condition=launcher.success_condition,
         failure_condition=launcher.failure_condition,
-        inputs=_input_params(list(TRAIN_STEP_INPUTS)) + [Parameter(name=GANG_AFFINITY_INPUT, default="{}")],
+        inputs=_input_params(list(TRAIN_STEP_INPUTS)) + [Parameter(name=GANG_AFFINITY_INPUT, default=cfg.gang_affinity())],
         metrics=step_metrics("train", container=False),
         retry_strategy=_in_place_retry(cfg),
         timeout=f"{cfg.retry.attempt_timeout_s}s",
@@ -423,7 +433,7 @@ def _train_retry_templates(train: Resource, cfg: CompileConfig) -> list[DAG | Su
     step = DAG(name=TRAIN_RETRY_TEMPLATE, tasks=[attempt, retry, rerouted],
                inputs=_input_params(list(TRAIN_STEP_INPUTS)) + [
                    Parameter(name="retries", default="0"), Parameter(name="retry-on", default="Error" if limit else "none"),
-                   Parameter(name=GANG_AFFINITY_INPUT, default="{}")])
+                   Parameter(name=GANG_AFFINITY_INPUT, default=cfg.gang_affinity())])
     return [step, backoff, wait, reroute, avoid]
 
 

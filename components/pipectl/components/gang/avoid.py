@@ -9,7 +9,8 @@ ServiceAccount: it reads the run's gang pods, and
   the ones the run already avoids (at most ``avoid_limit``; nodes named after that are logged and
   not added), deletes the failed gang job and waits until its pods are gone
   (:func:`~pipectl.components.gang.core.release`), and writes the next attempt's gang affinity: a
-  *preferred* node anti-affinity against every avoided node;
+  *preferred* node anti-affinity against every avoided node, beside the site's placement of the
+  gang in one network domain, which it keeps (:mod:`pipectl.pipelines.topology`);
 - otherwise it fails, naming what the attempt's pods show: the attempt was not the preflight's
   (a code failure, a timeout) and is not retried here.
 
@@ -45,19 +46,39 @@ and packing scores."""
 _NODE = re.compile(NODE_NAME_PATTERN)
 
 
-def gang_affinity(nodes: list[str]) -> str:
-    """The gang pods' ``affinity`` (JSON, one line) that prefers any node but ``nodes``; ``{}`` for none."""
-    if not nodes:
-        return "{}"
-    term = {"weight": PREFERENCE_WEIGHT, "preference": {"matchFields": [
-        {"key": NODE_NAME_FIELD, "operator": "NotIn", "values": list(nodes)}]}}
-    return json.dumps({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}}, separators=(",", ":"))
+def gang_affinity(nodes: list[str], placement: dict | None = None) -> str:
+    """The gang pods' ``affinity`` (JSON, one line): ``placement`` (the site's pod affinity, from the
+    first attempt's; kept as it is) and a preference for any node but ``nodes``; ``{}`` for neither."""
+    affinity = dict(placement or {})
+    if nodes:
+        term = {"weight": PREFERENCE_WEIGHT, "preference": {"matchFields": [
+            {"key": NODE_NAME_FIELD, "operator": "NotIn", "values": list(nodes)}]}}
+        affinity["nodeAffinity"] = {"preferredDuringSchedulingIgnoredDuringExecution": [term]}
+    return json.dumps(affinity, separators=(",", ":")) if affinity else "{}"
+
+
+def _parsed(affinity: str) -> dict:
+    """The affinity as a mapping of the two parts a gang affinity has; ValueError for anything else."""
+    try:
+        data = json.loads(affinity)
+    except ValueError as e:
+        raise ValueError(f"not a gang affinity pipectl writes: {affinity[:200]}") from e
+    if not isinstance(data, dict) or set(data) - {"nodeAffinity", "podAffinity"} or not isinstance(data.get("podAffinity", {}), dict):
+        raise ValueError(f"not a gang affinity pipectl writes: {affinity[:200]}")
+    return data
+
+
+def placement(affinity: str) -> dict:
+    """The site's placement a gang affinity carries (``{"podAffinity": ...}``, the topology of
+    :mod:`pipectl.pipelines.topology`), or ``{}``; ValueError for an affinity pipectl does not write."""
+    data = _parsed(affinity)
+    return {"podAffinity": data["podAffinity"]} if "podAffinity" in data else {}
 
 
 def avoided_nodes(affinity: str) -> list[str]:
     """The nodes a gang affinity written by :func:`gang_affinity` avoids; ValueError for anything else."""
-    data = json.loads(affinity)
-    if data == {}:
+    data = _parsed(affinity)
+    if "nodeAffinity" not in data:
         return []
     try:
         (term,) = data["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
@@ -132,7 +153,7 @@ def run(inp: AvoidInput, settings: StoreSettings) -> AvoidOutput:
                         f"and its {inp.retry_limit} retries are used up",
                         "check those nodes' network, or cordon them (kubectl cordon NODE), then retry the run")
     try:
-        avoided = avoided_nodes(inp.gang_affinity)
+        avoided, kept = avoided_nodes(inp.gang_affinity), placement(inp.gang_affinity)
     except ValueError as e:
         raise StepError(f"gang-avoid: {e}", "this input is written by the previous gang-avoid step only") from e
     nodes, left_out = next_avoided(avoided, named, inp.avoid_limit)
@@ -147,7 +168,7 @@ def run(inp: AvoidInput, settings: StoreSettings) -> AvoidOutput:
         raise StepError(f"the failed gang of workflow {inp.workflow_name} is not gone after {inp.timeout_s:g} s: {e}",
                         "check the pods' nodes (a node that stopped reporting keeps its pods Terminating)", transient=True) from e
     print(f"deleted the failed gang job {', '.join(deleted) or '(none left)'}; retry {inp.retries + 1} of {inp.retry_limit}", flush=True)
-    return AvoidOutput(gang_affinity=gang_affinity(nodes))
+    return AvoidOutput(gang_affinity=gang_affinity(nodes, kept))
 
 
 if __name__ == "__main__":

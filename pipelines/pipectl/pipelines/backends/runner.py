@@ -55,7 +55,7 @@ from pipectl.pipelines.launchers.base import NODE_NAME_FIELD
 
 POD_NAME_FIELD = "metadata.name"
 """The downward API's pod name (a gang pod's ``fieldRef``): locally ``<job>-<group>-<index>``."""
-from pipectl.pipelines.substitution import TemplateError, evaluate_when, expand_k8s_vars, substitute
+from pipectl.pipelines.substitution import TemplateError, evaluate_when, expand_k8s_vars, resolve_known, substitute
 
 class LocalBackendError(TemplateError):
     """The compiled workflow uses something the local backend cannot execute, or is malformed
@@ -161,6 +161,12 @@ class RunRecord:
 
     def succeeded(self, task: str) -> bool:
         return (self.tasks.get(task) or {}).get("phase") == "Succeeded"
+
+
+def _globals(values: dict[str, str]) -> dict[str, str]:
+    """The workflow's global values in a scope (``workflow.*``): what Argo resolves in a template's
+    own input values before anything else (:func:`~pipectl.pipelines.substitution.resolve_known`)."""
+    return {k: v for k, v in values.items() if k.startswith("workflow.")}
 
 
 def _topological(tasks: list[dict]) -> list[dict]:
@@ -351,8 +357,8 @@ class LocalRunner:
         for p in tmpl.get("inputs", {}).get("parameters", []):
             if p["name"] in args:
                 inputs[p["name"]] = args[p["name"]]
-            elif "value" in p or "default" in p:
-                inputs[p["name"]] = str(p.get("value", p.get("default")))
+            elif "value" in p or "default" in p:  # the template's own: its globals resolved first, as Argo does
+                inputs[p["name"]] = resolve_known(str(p.get("value", p.get("default"))), _globals(values))
             else:
                 raise LocalBackendError(f"task {task}: input parameter {p['name']!r} has no value")
         if "dag" in tmpl:

@@ -71,9 +71,9 @@ TRAIN_STEP_INPUTS: tuple[str, ...] = TRAIN_ARGS + tuple(GangShape.model_fields)
 
 GANG_AFFINITY_INPUT = "gang-affinity"
 """The one input of the train step besides its contracts: the gang pods' ``affinity`` as JSON
-(``{}`` on the first attempt). After the gang preflight named slow nodes, the ``gang-avoid`` step
-writes the next attempt's (:mod:`pipectl.components.gang.avoid`): the workflow's parameters never
-reach it."""
+(on the first attempt the site's topology placement, :mod:`pipectl.pipelines.topology`, or ``{}``).
+After the gang preflight named slow nodes, the ``gang-avoid`` step writes the next attempt's
+(:mod:`pipectl.components.gang.avoid`): the workflow's parameters never reach it."""
 
 
 def param(name: str) -> str:
@@ -205,7 +205,8 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
             "automountServiceAccountToken": False,
             "securityContext": restricted_pod_security_context(),
             "priorityClassName": lane_object_name(param("lane")),
-            # {} first; after the gang preflight named slow nodes, a preferred anti-affinity to them
+            # the site's topology placement or {} first; after the gang preflight named slow nodes, a
+            # preferred anti-affinity to them beside it
             "affinity": unquoted("{{inputs.parameters.%s}}" % GANG_AFFINITY_INPUT),
             "tolerations": [{"key": LANE_TAINT_KEY, "operator": "Equal", "value": param("lane"), "effect": "NoSchedule"},
                             dict(GPU_TOLERATION)],
