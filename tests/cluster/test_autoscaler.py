@@ -429,3 +429,40 @@ def test_a_partial_scale_up_binds_none_of_the_gang(scaling_cluster):
     finally:
         custom.delete_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", "gang-partial")
         _gpu_limit(custom, 64)
+
+
+def test_doctor_checks_karpenters_node_pools_and_node_class(scaling_cluster, tmp_path):
+    """Where Karpenter runs, `pipectl doctor` checks the NodePools argo/autoscaling/karpenter
+    installs and the node class they launch with, as the site file sets them: this cluster's pools
+    (applied without the urgent buffer) and its KWOKNodeClass pass; the buffer's pool, a node class
+    the cluster lacks and a node class kind it does not know are each named, with the fix."""
+    import yaml
+
+    from pipectl.pipelines.autoscaling import AutoscalingConfig, NodeClassRef
+
+    def karpenter_rows(cfg: AutoscalingConfig) -> dict[str, dict]:
+        site = tmp_path / "site.yaml"
+        site.write_text(yaml.safe_dump({"autoscaling": cfg.model_dump(mode="json")}))
+        r = _pipectl(scaling_cluster, "--site", str(site), "doctor", "-n", NS, "-o", "json")
+        assert r.returncode in (0, 1), r.stderr
+        return {row["check"]: row for row in json.loads(r.stdout) if row["check"].startswith("Karpenter")}
+
+    rows = karpenter_rows(karpenter.autoscaling_config(nodes=0))
+    assert rows == {"Karpenter NodePools": {"check": "Karpenter NodePools", "status": "ok", "detail": "pipectl-cpu, pipectl-gpu", "fix": ""},
+                    "Karpenter node class": {"check": "Karpenter node class", "status": "ok", "fix": "",
+                                             "detail": "KWOKNodeClass default (karpenter.kwok.sh)"}}, rows
+
+    rows = karpenter_rows(karpenter.autoscaling_config(nodes=1))
+    assert rows["Karpenter NodePools"]["status"] == "fail", rows
+    assert rows["Karpenter NodePools"]["detail"] == "missing: pipectl-urgent-buffer", rows
+    assert rows["Karpenter NodePools"]["fix"] == "kubectl apply --server-side -k argo/autoscaling/karpenter", rows
+
+    other = karpenter.autoscaling_config(nodes=0).model_copy(
+        update={"node_class": NodeClassRef(group="karpenter.kwok.sh", kind="KWOKNodeClass", name="gpu-class")})
+    row = karpenter_rows(other)["Karpenter node class"]
+    assert row["status"] == "fail" and row["detail"] == "KWOKNodeClass gpu-class (karpenter.kwok.sh) missing", row
+    assert "autoscaling.node_class.name" in row["fix"], row
+
+    aws = karpenter.autoscaling_config(nodes=0).model_copy(update={"node_class": NodeClassRef()})
+    row = karpenter_rows(aws)["Karpenter node class"]
+    assert row["status"] == "fail" and row["detail"] == "EC2NodeClass (karpenter.k8s.aws) is not a kind of this cluster", row

@@ -14,8 +14,19 @@ NS = "pipectl"
 pytestmark = pytest.mark.usefixtures("project_applied")
 
 
-def _doctor(test_cluster, *args: str) -> tuple[int, dict[str, dict]]:
-    r = _pipectl(test_cluster, "doctor", "-n", NS, "-o", "json", *args)
+def _doctor(test_cluster, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, dict]]:
+    """`pipectl doctor -o json` (``env``: added to this process's, less ARGO_SERVER unless given)."""
+    if env is None:
+        r = _pipectl(test_cluster, "doctor", "-n", NS, "-o", "json", *args)
+    else:
+        import os
+        import subprocess
+
+        from tests.cluster.test_control_plane import PIPECTL
+
+        base = {k: v for k, v in os.environ.items() if not k.startswith("ARGO_")}
+        r = subprocess.run([str(PIPECTL), "doctor", "-n", NS, "-o", "json", *args], capture_output=True, text=True,
+                           timeout=120, env={**base, "KUBECONFIG": str(test_cluster.kubeconfig), **env})
     assert r.returncode in (0, 1), r.stderr
     return r.returncode, {row["check"]: row for row in json.loads(r.stdout)}
 
@@ -139,3 +150,33 @@ def test_doctor_warns_when_no_gpu_node_is_reserved_for_the_urgent_lane_and_count
         assert _doctor(test_cluster)[1]["urgent reserve"]["status"] == "warn"
     finally:
         core.patch_node(node.metadata.name, {"spec": {"unschedulable": False, "taints": [t.to_dict() for t in node.spec.taints or []] or None}})
+
+
+def test_doctor_reads_argos_version_from_the_argo_server_or_the_controllers_deployment(test_cluster, k8s_api, ready):
+    """Argo Workflows >= 3.6: asked of the Argo Server when ARGO_SERVER is set (the test cluster's
+    v4.0.5); without it, read from the image tag of a Deployment labelled app=workflow-controller
+    (here one with no replicas naming v3.5.8: fail, with the version and the upgrade); neither: a
+    warning (this cluster's controller runs as a process, not a Deployment)."""
+    from kubernetes import client
+
+    check = "Argo Workflows version"
+    server = test_cluster.argo_server_url.split("://", 1)[1]
+    code, rows = _doctor(test_cluster, env={"ARGO_SERVER": server, "ARGO_SECURE": "false"})
+    assert code == 0 and rows[check]["status"] == "ok", rows[check]
+    assert rows[check]["detail"].startswith("v4.0.5") and f"Argo Server http://{server}" in rows[check]["detail"], rows[check]
+    code, rows = _doctor(test_cluster, env={})
+    assert code == 0 and rows[check]["status"] == "warn" and "ARGO_SERVER" in rows[check]["fix"], rows[check]
+
+    apps = client.AppsV1Api(k8s_api)
+    old = {"metadata": {"name": "workflow-controller", "labels": {"app": "workflow-controller"}},
+           "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "workflow-controller"}},
+                    "template": {"metadata": {"labels": {"app": "workflow-controller"}},
+                                 "spec": {"containers": [{"name": "workflow-controller",
+                                                          "image": "quay.io/argoproj/workflow-controller:v3.5.8"}]}}}}
+    apps.create_namespaced_deployment(NS, old)
+    try:
+        code, rows = _doctor(test_cluster, env={})
+        assert code == 1 and rows[check]["status"] == "fail", rows[check]
+        assert rows[check]["detail"] == f"v3.5.8 (Deployment {NS}/workflow-controller)" and ">= 3.6" in rows[check]["fix"], rows[check]
+    finally:
+        apps.delete_namespaced_deployment("workflow-controller", NS)

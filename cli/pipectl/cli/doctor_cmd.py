@@ -19,8 +19,10 @@ _STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]fa
 @output_option
 def doctor(namespace: str, context: str | None, launcher: str | None, output_format: str) -> None:
     """Check the cluster and namespace against what pipectl needs: Kubernetes version, Argo and
-    gang-launcher CRDs, what argo/ installs (PriorityClasses, queues, admission policies, RBAC,
-    config, the WorkflowTemplate), the store's Secret, GPU nodes, the store and MLflow answering.
+    gang-launcher CRDs, Argo Workflows' version (asked of the Argo Server when ARGO_SERVER is set,
+    else read from the controller's Deployment), what argo/ installs (PriorityClasses, queues,
+    admission policies, RBAC, config, the WorkflowTemplate), the store's Secret, GPU nodes,
+    Karpenter's NodePools and node class where Karpenter runs, the store and MLflow answering.
     Prints a fix for each failing row; exit 1 when one fails, 3 when the cluster cannot be reached.
 
     \b
@@ -34,11 +36,12 @@ def doctor(namespace: str, context: str | None, launcher: str | None, output_for
     from urllib3.exceptions import HTTPError
 
     from pipectl.pipelines.backends.doctor import Doctor
-    from pipectl.pipelines.backends.kube import ArgoCluster, Unreachable
+    from pipectl.pipelines.backends.kube import ArgoCluster, ArgoServer, Unreachable
 
     cluster = ArgoCluster(namespace, context)  # loads the kubeconfig (or in-cluster credentials)
     try:
-        rows = Doctor(client.ApiClient(), compile_config(namespace=namespace, launcher=launcher)).rows()
+        rows = Doctor(client.ApiClient(), compile_config(namespace=namespace, launcher=launcher),
+                      argo_server=ArgoServer.from_env()).rows()
     except (ApiException, HTTPError, OSError) as e:
         raise Unreachable(f"the API server {cluster.host} did not answer the checks: {getattr(e, 'reason', e)}",
                           "check the kubeconfig, the network and your RBAC (read access to CRDs, nodes, the namespace)") from e

@@ -2,12 +2,14 @@
 
 Compares the cluster with what ``argo/`` installs (the same :func:`~pipectl.pipelines.manifests.cluster_manifests`
 that renders it) and checks what ``argo/`` cannot install: the API server's version, the Argo and
-gang-launcher CRDs, the store's Secret, GPU nodes, and whether the store and MLflow answer. Each
+gang-launcher CRDs, Argo Workflows' version, Karpenter and the NodePools of ``argo/autoscaling/``
+where Karpenter runs, the store's Secret, GPU nodes, and whether the store and MLflow answer. Each
 check is one :class:`Row` with a fix; ``fail`` rows make the command exit 1, ``warn`` rows do not.
 """
 
 from __future__ import annotations
 
+import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -20,6 +22,12 @@ MIN_KUBERNETES = (1, 30)
 """ValidatingAdmissionPolicy (``argo/cluster/admission/``) is GA from Kubernetes 1.30."""
 ARGO_CRDS = ("workflows.argoproj.io", "workflowtemplates.argoproj.io", "cronworkflows.argoproj.io",
              "workflowtaskresults.argoproj.io")
+MIN_ARGO = (3, 6)
+"""What pipectl renders (Hera 7: CronWorkflow ``schedules``, ``mutexes``/``semaphores`` lists) needs
+Argo Workflows >= 3.6; an older controller drops those fields."""
+ARGO_CONTROLLER_SELECTOR = "app=workflow-controller"
+"""The label Argo's install manifests give the controller's Deployment."""
+KARPENTER_CRDS = ("nodepools.karpenter.sh", "nodeclaims.karpenter.sh")
 ADMIN_APPLY = "kubectl apply --server-side -k argo/cluster (cluster admin)"
 OWNER_APPLY = "kubectl apply --server-side -k argo/namespace (namespace owner)"
 
@@ -53,15 +61,19 @@ def _rendered(cfg: Any) -> list[tuple[str, dict]]:
 class Doctor:
     """The checks against one cluster (``api``: a kubernetes ApiClient) for a :class:`CompileConfig`."""
 
-    def __init__(self, api: Any, cfg: Any, *, network_timeout_s: float = 5.0) -> None:
+    def __init__(self, api: Any, cfg: Any, *, argo_server: Any = None, network_timeout_s: float = 5.0) -> None:
+        """``argo_server``: a :class:`~pipectl.pipelines.backends.kube.ArgoServer` to ask for Argo's
+        version (None: the controller's Deployment is looked for instead)."""
         from kubernetes import dynamic
 
-        self.api, self.cfg, self.timeout = api, cfg, network_timeout_s
+        self.api, self.cfg, self.timeout, self.argo_server = api, cfg, network_timeout_s, argo_server
         self.dynamic = dynamic.DynamicClient(api)
+        self._crd_list: list[Any] | None = None
 
     def rows(self) -> list[Row]:
-        checks: list[Callable[[], list[Row]]] = [self._version, self._crds, self._objects, self._namespace_labels,
-                                                 self._secret, self._gpu_nodes, self._services]
+        checks: list[Callable[[], list[Row]]] = [self._version, self._crds, self._argo_version, self._objects,
+                                                 self._namespace_labels, self._secret, self._gpu_nodes,
+                                                 self._karpenter, self._services]
         out: list[Row] = []
         for check in checks:
             out += check()
@@ -76,13 +88,19 @@ class Doctor:
         return [Row("Kubernetes", "ok" if ok else "fail", f"{v.git_version}",
                     "" if ok else f"the admission policies need Kubernetes >= {MIN_KUBERNETES[0]}.{MIN_KUBERNETES[1]}")]
 
-    def _crds(self) -> list[Row]:
+    def _crd_objects(self) -> list[Any]:
+        """The cluster's CustomResourceDefinitions (listed once)."""
         from kubernetes import client
 
+        if self._crd_list is None:
+            self._crd_list = client.ApiextensionsV1Api(self.api).list_custom_resource_definition().items
+        return self._crd_list
+
+    def _crds(self) -> list[Row]:
         from pipectl.pipelines.launchers import LAUNCHERS
 
         launcher = LAUNCHERS[self.cfg.launcher]
-        have = {c.metadata.name for c in client.ApiextensionsV1Api(self.api).list_custom_resource_definition().items}
+        have = {c.metadata.name for c in self._crd_objects()}
         rows = []
         for what, names, fix in (
             ("Argo Workflows CRDs", ARGO_CRDS, "install Argo Workflows (>= 3.6; pipectl renders for v4)"),
@@ -93,6 +111,53 @@ class Doctor:
             rows.append(Row(what, "fail" if missing else "ok", f"missing: {', '.join(missing)}" if missing else ", ".join(names),
                             fix if missing else ""))
         return rows
+
+    def _argo_version(self) -> list[Row]:
+        """Argo Workflows' version, from the Argo Server when one is given (``ARGO_SERVER``), else
+        from the image tag of the controller's Deployment (:data:`ARGO_CONTROLLER_SELECTOR`)."""
+        check, least = "Argo Workflows version", f">= {MIN_ARGO[0]}.{MIN_ARGO[1]}"
+        found = self._argo_server_version() or self._controller_version()
+        if found is None:
+            return [Row(check, "warn", f"not found: no Argo Server given and no Deployment labelled {ARGO_CONTROLLER_SELECTOR} to read",
+                        f"check that `argo version` says {least}, or set ARGO_SERVER (and ARGO_TOKEN) so doctor asks the Argo Server")]
+        version, where = found
+        release = _release(version)
+        if release is None:
+            return [Row(check, "warn", f"{version} ({where}): not a release number", f"check that it is {least}")]
+        if release < MIN_ARGO:
+            return [Row(check, "fail", f"{version} ({where})",
+                        f"upgrade Argo Workflows to {least}: older controllers drop fields pipectl renders "
+                        "(CronWorkflow schedules, mutex and semaphore lists)")]
+        return [Row(check, "ok", f"{version} ({where})")]
+
+    def _argo_server_version(self) -> tuple[str, str] | None:
+        from pipectl.components.errors import PipectlError
+
+        if self.argo_server is None:
+            return None
+        try:
+            version = self.argo_server.version().get("version", "")
+        except PipectlError:
+            return None  # not answering: the controller's Deployment may still tell
+        return (version, f"Argo Server {self.argo_server.base}") if version else None
+
+    def _controller_version(self) -> tuple[str, str] | None:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            deployments = client.AppsV1Api(self.api).list_deployment_for_all_namespaces(
+                label_selector=ARGO_CONTROLLER_SELECTOR).items
+        except ApiException as e:
+            if e.status == 403:  # may not list Deployments cluster-wide: not known
+                return None
+            raise
+        for d in deployments:
+            for c in d.spec.template.spec.containers:
+                name, _, tag = (c.image or "").partition("@")[0].rpartition(":")
+                if "workflow-controller" in name and tag and "/" not in tag:
+                    return tag, f"Deployment {d.metadata.namespace}/{d.metadata.name}"
+        return None
 
     def _get(self, obj: dict) -> bool:
         from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
@@ -166,6 +231,35 @@ class Doctor:
         return [Row("GPU nodes", "warn", f"none of {len(nodes)} nodes has nvidia.com/gpu now",
                     "fine with an autoscaler that adds GPU nodes (argo/autoscaling/); else install the NVIDIA device plugin")]
 
+    def _karpenter(self) -> list[Row]:
+        """Where Karpenter runs: the NodePools ``argo/autoscaling/karpenter`` installs and the node
+        class they launch with (the site's ``autoscaling.node_class``)."""
+        from pipectl.pipelines.manifests import KARPENTER_DIR, cluster_manifests
+
+        crds = {c.metadata.name: c for c in self._crd_objects()}
+        if not all(n in crds for n in KARPENTER_CRDS):
+            return [Row("Karpenter", "ok", f"not installed: {KARPENTER_DIR} does not apply (GPU nodes come from elsewhere)")]
+        pools = cluster_manifests(self.cfg)[f"{KARPENTER_DIR}/nodepools.yaml"]
+        missing = [p["metadata"]["name"] for p in pools if not self._get(p)]
+        rows = [Row("Karpenter NodePools", "fail" if missing else "ok",
+                    f"missing: {', '.join(missing)}" if missing else ", ".join(p["metadata"]["name"] for p in pools),
+                    f"kubectl apply --server-side -k argo/{KARPENTER_DIR}" if missing else "")]
+        return rows + [self._node_class(list(crds.values()))]
+
+    def _node_class(self, crds: list[Any]) -> Row:
+        ref, check = self.cfg.autoscaling.node_class, "Karpenter node class"
+        what = f"{ref.kind} {ref.name} ({ref.group})"
+        crd = next((c for c in crds if c.spec.group == ref.group and c.spec.names.kind == ref.kind), None)
+        if crd is None:
+            return Row(check, "fail", f"{ref.kind} ({ref.group}) is not a kind of this cluster",
+                       "name your Karpenter provider's node class in the site file (autoscaling.node_class), "
+                       "then render argo/ again")
+        served = next(v.name for v in crd.spec.versions if v.storage)
+        if not self._get({"apiVersion": f"{ref.group}/{served}", "kind": ref.kind, "metadata": {"name": ref.name}}):
+            return Row(check, "fail", f"{what} missing",
+                       "create it (your Karpenter provider's docs), or name yours in the site file: autoscaling.node_class.name")
+        return Row(check, "ok", what)
+
     def _services(self) -> list[Row]:
         """The store and MLflow named in the namespace's store ConfigMap, asked over HTTP from this
         machine (a cluster-internal name may not resolve here: warn, not fail)."""
@@ -198,6 +292,12 @@ class Doctor:
             return Row(what, "warn", f"{url} did not answer from this machine ({reason})",
                        "a cluster-internal name does not resolve outside the cluster; check from a pod in the namespace")
         return Row(what, "ok", f"{url} answers")
+
+
+def _release(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a version such as ``v4.0.5``, ``v3.6.2+abc`` or ``3.6``; None when it is none (``latest``)."""
+    m = re.match(r"v?(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def _gpus(node: Any) -> int:

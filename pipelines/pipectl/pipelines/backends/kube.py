@@ -450,6 +450,10 @@ class ArgoServer:
             raise ValidationFailed(f"{what}: {detail}", "only a Failed or Error workflow can be retried in place")
         raise PipectlError(f"{what}: Argo Server error {r.status_code}: {detail}")
 
+    def version(self) -> dict[str, Any]:
+        """The Argo Server's build (GET /api/v1/version): ``version`` (e.g. ``v4.0.5``), ``gitCommit``, ``buildDate``..."""
+        return self._call("version", "GET", "/api/v1/version")
+
     def workflow_url(self, namespace: str, name: str) -> str:
         """The page of workflow ``name`` in the Argo UI, which the Argo Server serves at its own
         address (the UI's route ``/workflows/{namespace}/{name}``)."""
