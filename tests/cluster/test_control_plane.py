@@ -491,7 +491,8 @@ TRAINING_STEP_OUTPUTS = {
                    "corrupt": 0, "images-per-s": 20000.0, "device": "cpu"},
     "evaluate": {"mlflow-run-id": "r1", "model-uri": "runs:/r1/model", "metrics": "{}", "metric": 0.98,
                  "champion-version": "", "champion-metric": "", "decision": "promote", "metric-name": "accuracy",
-                 "model-sha256": "0" * 64, "training-images-per-s": 640.0, "training-data-share": 0.05,
+                 "model-sha256": "0" * 64, "evaluation-set": "s3://pipectl/runs/x/shards/", "evaluation-set-sha256": "1" * 64,
+                 "training-images-per-s": 640.0, "training-data-share": 0.05,
                  "training-sync-share": 0.12, "training-slowest-rank-ratio": 1.04},
     "register": {"model-name": "digits-cnn", "version": "1", "alias": "champion", "created": "true",
                  "champion-version": "1"},
@@ -558,8 +559,10 @@ def test_training_pipeline_reaches_succeeded_under_submit_wait(project_applied, 
 
 def test_a_user_pipeline_with_its_own_step_reaches_succeeded_on_the_cluster(project_applied, test_cluster, k8s_api):
     """The example project's pipeline (pipectl's steps less warm, plus the team's `report` step) by
-    reference: `templates apply FILE.py:NAME`, then `submit FILE.py:NAME --wait`; the user's step
-    runs between train and evaluate and receives the run's folder; its output is kept."""
+    reference: `templates apply FILE.py:NAME`, then `submit FILE.py:NAME --log`; the user's step
+    runs between train and evaluate and receives the run's folder; its output is kept. `--log`
+    followed every pod of the run to its end (KWOK pods serve no log text: each followed pod shows
+    one `(log unavailable ...)` line, which names it; the text itself: tests/cluster/test_real_pods.py)."""
     if not test_cluster.volcano_ok:
         pytest.skip(f"Volcano did not start: {test_cluster.errors}")
     from kubernetes import client
@@ -574,11 +577,15 @@ def test_a_user_pipeline_with_its_own_step_reaches_succeeded_on_the_cluster(proj
         r = _pipectl(test_cluster, "templates", "apply", ref)
         assert r.returncode == 0 and "applied WorkflowTemplate team-training-v1" in r.stderr, r.stdout + r.stderr
         r = _pipectl(test_cluster, "submit", ref, "--lane", "standard", "-p", "workers=2", "-p", "gpus-per-worker=1", "-p", "processes-per-worker=1",
-                     "--wait", "--output", "json")
+                     "--log", "--output", "json")
         assert r.returncode == 0, r.stdout + r.stderr
     finally:
         core.delete_namespaced_config_map(TEST_OUTPUTS_CONFIGMAP, "pipectl")
-    name = json.loads(r.stdout)["name"]
+    name = _last_json(r.stdout)["name"]
+    followed = {line.split(": ", 1)[0] for line in r.stdout.splitlines() if line.startswith(f"{name}-")}
+    pods = {p.metadata.name for p in core.list_namespaced_pod("pipectl", label_selector=f"workflows.argoproj.io/workflow={name}").items}
+    assert pods and pods <= followed, (sorted(pods - followed), r.stdout)
+    assert "report Succeeded" in r.stderr and "register Succeeded" in r.stderr, r.stderr
     wf = _training_wf(_custom(k8s_api), name)
     assert wf["status"]["phase"] == "Succeeded" and wf["spec"]["workflowTemplateRef"] == {"name": "team-training-v1"}
     nodes = {n["displayName"].removesuffix("(0)"): n for n in wf["status"]["nodes"].values() if n["type"] == "Pod"}

@@ -289,6 +289,32 @@ def test_follow_prints_durations_and_links(capsys, monkeypatch):
     assert "/#/runs/0123abcd" in err, err
 
 
+def test_submit_log_prints_each_pods_lines_then_each_steps_outcome_and_links(capsys, monkeypatch):
+    """`submit --log` on a workflow dict (no cluster; the log following itself runs against the
+    control plane in tests/cluster): log lines on stdout prefixed with their pod, as `logs -f`;
+    then on stderr each step's outcome with its duration and the links, as `submit --wait` ends."""
+    from pipectl.cli.cluster_cmds import _follow_logs
+
+    monkeypatch.delenv("ARGO_SERVER", raising=False)
+    monkeypatch.delenv("PIPECTL_SITE", raising=False)
+
+    class Cluster:
+        namespace = "team-a"
+
+        def follow_logs(self, name, emit, step="", **window):
+            assert (name, step, window) == ("training-x7k2p", "", {})
+            emit("training-x7k2p-train-1", "epoch 3 loss 0.21")
+            emit("training-x7k2p-stage-2", "[/] staged 80 files")  # remote text, never markup
+            return _finished_workflow()
+
+    final = _follow_logs(Cluster(), "training-x7k2p")
+    out, err = capsys.readouterr()
+    assert final["metadata"]["name"] == "training-x7k2p"
+    assert out.splitlines() == ["training-x7k2p-train-1: epoch 3 loss 0.21", "training-x7k2p-stage-2: [/] staged 80 files"]
+    assert "✓ train Succeeded (3m07s)" in err and "✗ train(0) Failed (55s) pod deleted" in err, err
+    assert "… register Running" in err and "/#/runs/0123abcd" in err, err
+
+
 def test_submit_and_run_with_a_pipeline_list_its_parameters_in_help():
     """`pipectl submit PIPELINE --help` (and `run`): every parameter of the contract, with its type,
     bounds, choices, default and description; options before the pipeline do not hide it."""

@@ -56,16 +56,23 @@ def _print_objects(objects: list[dict]) -> None:
 @lane_option
 @click.option("--dry-run", is_flag=True, help="Print the Workflow that would be created; send nothing.")
 @click.option("--wait", is_flag=True, help="Follow the workflow; exit 1 unless it Succeeded.")
+@click.option("--log", "follow_log", is_flag=True,
+              help="Follow the logs of every pod of the run (steps and gang pods, each line prefixed with its pod) "
+                   "until it ends, as `argo submit --log`; then each step's outcome; exit 1 unless it Succeeded.")
 @click.option("--name", "wf_name", default=None, help="The workflow's name (default: generated, <pipeline>-xxxxx).")
 @click.option("--labels", default="", help="Labels to add, k=v[,k=v...] (e.g. team=vision,ticket=ml-142).")
 @cluster_options
 @listing_output_option
 def submit(pipeline: str, params: tuple[str, ...], parameter_file: Any, lane: str | None, dry_run: bool, wait: bool,
-           wf_name: str | None, labels: str, namespace: str, context: str | None, output_format: str) -> None:
+           follow_log: bool, wf_name: str | None, labels: str, namespace: str, context: str | None, output_format: str) -> None:
     """Submit PIPELINE: a Workflow referencing its WorkflowTemplate (put there by `pipectl templates
     apply PIPELINE`), with validated parameters (--parameter-file, then -p, then --lane: the last wins).
 
-    PIPELINE: a built-in pipeline (training), or your own: path/to/file.py:NAME or package.module:NAME."""
+    PIPELINE: a built-in pipeline (training), or your own: path/to/file.py:NAME or package.module:NAME.
+
+    \b
+    Example:
+      pipectl submit training -p epochs=20 --log"""
     from pipectl.cli.pipeline_ref import load_pipeline
     from pipectl.pipelines.workflows import workflow_for
 
@@ -86,10 +93,10 @@ def submit(pipeline: str, params: tuple[str, ...], parameter_file: Any, lane: st
     name = created["metadata"]["name"]
     console().print(f"submitted workflow {name} (lane {parameters.lane.value}, priority {wf['spec']['priority']})")
     record = {"name": name, "namespace": namespace, "lane": parameters.lane.value, "priority": wf["spec"]["priority"]}
-    if not wait:
+    if not (wait or follow_log):
         _record(record, output_format, text=name)
         return
-    final = _follow(cluster, name)
+    final = _follow_logs(cluster, name) if follow_log else _follow(cluster, name)
     phase = final.get("status", {}).get("phase")
     _record({**record, "phase": phase, "message": final.get("status", {}).get("message")}, output_format, text=f"{name} {phase}")
     if phase != "Succeeded":
@@ -428,20 +435,40 @@ def logs(name: str, follow: bool, step: str, tail: int | None, since: str | None
     window = {k: v for k, v in (("tail_lines", tail), ("since_seconds", since and max(1, int(_duration_s(since))))) if v is not None}
     cluster = _cluster(namespace, context)
     if follow:
-        import threading
-
-        lock = threading.Lock()
-
-        def emit(pod: str, line: str) -> None:
-            with lock:
-                click.echo(f"{pod}: {line}")
-
-        final = cluster.follow_logs(name, emit, step=step, **window)
+        final = _stream_logs(cluster, name, step=step, **window)
         console().print(f"workflow {name}: {final.get('status', {}).get('phase')}", markup=False)
         return
     for pod, text in cluster.logs(name, step, **window):
         click.echo(f"==> {pod} <==")
         click.echo(text, nl=not text.endswith("\n"))
+
+
+def _stream_logs(cluster: Any, name: str, step: str = "", **window: Any) -> dict:
+    """Every log line of workflow ``name``'s pods on stdout as ``<pod>: <line>`` while they are
+    written (pods run side by side), until the workflow has ended; returns the ended workflow."""
+    import threading
+
+    lock = threading.Lock()
+
+    def emit(pod: str, line: str) -> None:
+        with lock:
+            click.echo(f"{pod}: {line}")
+
+    return cluster.follow_logs(name, emit, step=step, **window)
+
+
+def _follow_logs(cluster: Any, name: str) -> dict:
+    """`submit --log`: the run's logs as they are written (:func:`_stream_logs`), then on stderr each
+    step's outcome with its duration and the workflow's links, as `submit --wait` ends."""
+    from rich.text import Text
+
+    final = _stream_logs(cluster, name)
+    out = console()
+    for node in _step_nodes(final):
+        out.print(Text.from_markup(_MARKS.get(node.get("phase", ""), "…")) + Text(f" {_step_line(node)}"), soft_wrap=True)
+    for line in _workflow_links(final, getattr(cluster, "namespace", ""), _argo_server_base(), _mlflow_uri()):
+        out.print(line, markup=False, soft_wrap=True)
+    return final
 
 
 def _shutdown_command(strategy: str, doc: str) -> click.Command:
@@ -630,20 +657,27 @@ def _follow(cluster: Any, name: str, timeout_s: float | None = None) -> dict:
     shown: dict[str, str] = {}
 
     def on_change(wf: dict) -> None:
-        for node in sorted((wf.get("status", {}).get("nodes") or {}).values(), key=lambda n: n.get("startedAt") or ""):
-            if node.get("type") not in ("Pod", "Retry"):
-                continue
+        for node in _step_nodes(wf):
             key, phase = node.get("displayName", "?"), node.get("phase", "")
             if shown.get(key) != phase:
                 shown[key] = phase
-                mark = {"Succeeded": "[green]✓[/]", "Failed": "[red]✗[/]", "Error": "[red]✗[/]"}.get(phase, "…")
                 # names and messages are remote text (a parameter value can reach a message): no markup
-                out.print(Text.from_markup(mark) + Text(f" {_step_line(node)}"), soft_wrap=True)
+                out.print(Text.from_markup(_MARKS.get(phase, "…")) + Text(f" {_step_line(node)}"), soft_wrap=True)
 
     final = cluster.wait(name, on_change, timeout_s)
     for line in _workflow_links(final, getattr(cluster, "namespace", ""), _argo_server_base(), _mlflow_uri()):
         out.print(line, markup=False, soft_wrap=True)
     return final
+
+
+_MARKS = {"Succeeded": "[green]✓[/]", "Failed": "[red]✗[/]", "Error": "[red]✗[/]"}
+"""A step's mark by phase (… while it runs)."""
+
+
+def _step_nodes(wf: dict) -> list[dict]:
+    """The workflow's steps (its Pod and Retry nodes), in the order they started."""
+    nodes = (wf.get("status", {}).get("nodes") or {}).values()
+    return [n for n in sorted(nodes, key=lambda n: n.get("startedAt") or "") if n.get("type") in ("Pod", "Retry")]
 
 
 def _step_line(node: dict) -> str:
