@@ -14,20 +14,28 @@ _STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]fa
 
 
 @click.command()
+@click.option("--from-pod", is_flag=True,
+              help="Also start one short pod in the namespace with the step-light image, as a step runs, and ask the "
+                   "store and MLflow from there: shows the image can be pulled and the services answer the pods.")
+@click.option("--pod-timeout", type=click.IntRange(min=10), default=180, show_default=True,
+              help="Seconds --from-pod waits for its pod (a first pull of a step image is GBs).")
 @cluster_options
 @launcher_option
 @output_option
-def doctor(namespace: str, context: str | None, launcher: str | None, output_format: str) -> None:
+def doctor(from_pod: bool, pod_timeout: int, namespace: str, context: str | None, launcher: str | None,
+           output_format: str) -> None:
     """Check the cluster and namespace against what pipectl needs: Kubernetes version, Argo and
     gang-launcher CRDs, Argo Workflows' version (asked of the Argo Server when ARGO_SERVER is set,
     else read from the controller's Deployment), what argo/ installs (PriorityClasses, queues,
     admission policies, RBAC, config, the WorkflowTemplate), the store's Secret, GPU nodes,
     Karpenter's NodePools and node class where Karpenter runs, the store and MLflow answering.
-    Prints a fix for each failing row; exit 1 when one fails, 3 when the cluster cannot be reached.
+    The store and MLflow are asked from this machine; --from-pod asks them from a pod of the
+    namespace too. Prints a fix for each failing row; exit 1 when one fails, 3 when the cluster
+    cannot be reached.
 
     \b
     Example:
-      pipectl doctor -n pipectl
+      pipectl doctor -n pipectl --from-pod
     """
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
@@ -37,11 +45,14 @@ def doctor(namespace: str, context: str | None, launcher: str | None, output_for
 
     from pipectl.pipelines.backends.doctor import Doctor
     from pipectl.pipelines.backends.kube import ArgoCluster, ArgoServer, Unreachable
+    from pipectl.pipelines.backends.probe import from_pod as probe_from_pod
 
     cluster = ArgoCluster(namespace, context)  # loads the kubeconfig (or in-cluster credentials)
+    cfg = compile_config(namespace=namespace, launcher=launcher)
     try:
-        rows = Doctor(client.ApiClient(), compile_config(namespace=namespace, launcher=launcher),
-                      argo_server=ArgoServer.from_env()).rows()
+        rows = Doctor(client.ApiClient(), cfg, argo_server=ArgoServer.from_env()).rows()
+        if from_pod:
+            rows += probe_from_pod(client.ApiClient(), cfg, pod_timeout)
     except (ApiException, HTTPError, OSError) as e:
         raise Unreachable(f"the API server {cluster.host} did not answer the checks: {getattr(e, 'reason', e)}",
                           "check the kubeconfig, the network and your RBAC (read access to CRDs, nodes, the namespace)") from e

@@ -262,7 +262,8 @@ class Doctor:
 
     def _services(self) -> list[Row]:
         """The store and MLflow named in the namespace's store ConfigMap, asked over HTTP from this
-        machine (a cluster-internal name may not resolve here: warn, not fail)."""
+        machine (a cluster-internal name may not resolve here: warn, not fail; from the namespace's
+        own network: :mod:`~pipectl.pipelines.backends.probe`)."""
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
@@ -290,8 +291,9 @@ class Doctor:
         except (OSError, ValueError) as e:
             reason = getattr(e, "reason", e)
             return Row(what, "warn", f"{url} did not answer from this machine ({reason})",
-                       "a cluster-internal name does not resolve outside the cluster; check from a pod in the namespace")
-        return Row(what, "ok", f"{url} answers")
+                       "a cluster-internal name does not resolve outside the cluster: pipectl doctor --from-pod asks from a pod "
+                       "in the namespace")
+        return Row(what, "ok", f"{url} answers from this machine")
 
 
 def _release(version: str) -> tuple[int, int] | None:
