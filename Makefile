@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv
 
-.PHONY: setup demo test test-unit bench render golden schemas ceph-up ceph-down cluster-build cluster-up cluster-down images node-up node-down test-node test-node-only clean
+.PHONY: setup demo test test-unit bench render golden schemas ceph-up ceph-down cluster-build cluster-up cluster-down images images-push node-up node-down test-node test-node-only clean
 
 setup:
 	bash scripts/setup.sh
@@ -73,6 +73,13 @@ cluster-build:
 # (pipectl/example-<name>); each skipped when its content is unchanged.
 images:
 	bash scripts/images.sh
+
+# Your cluster's step images: built with plain `docker build` on a public Python base (by digest),
+# pushed to your registry; prints the site file's `registry` and `images` (the pushed digests).
+#   make images-push REGISTRY=registry.example.com/ml
+images-push:
+	@test -n "$(REGISTRY)" || { echo "usage: make images-push REGISTRY=registry.example.com/ml" >&2; exit 2; }
+	bash scripts/push-images.sh $(REGISTRY)
 
 # A real node (containerd, runc, CNI, kubelet; pause/argoexec/step images loaded) on top of
 # `make cluster-up`; needs root. Pods run for real: `pipectl submit training --wait` works on it.

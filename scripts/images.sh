@@ -8,9 +8,11 @@
 #      python:3.11-slim-bookworm). Tarball cached under $PIPECTL_CACHE_DIR/images/ keyed by
 #      suite + mirror + package list; imported as pipectl/debian-base:<key>.
 #   3. Step images from images/Dockerfile (targets step-light, step-train) with
-#      --build-arg BASE_IMAGE=pipectl/debian-base:<key>. The build context is assembled in a temp
-#      folder: Dockerfile, requirements, project sources, and the host CA bundle (builder stages
-#      only: pip on this network needs it). Tagged pipectl/<target>:c-<content hash> only (the
+#      --build-arg BASE_IMAGE=pipectl/debian-base:<key>. The build context is laid out as the
+#      repository (what `docker build -f images/Dockerfile .` sends) in a temp folder: images/,
+#      the project sources git lists, a stub README, and the host CA bundle as
+#      images/build-ca.crt (builder stages only: pip on this network needs it). Tagged
+#      pipectl/<target>:c-<content hash> only (the
 #      release tag <version> that argo/ names is given when a release is pushed, never by a
 #      build); a build is skipped when the content-hash tag exists (hash over the context, the
 #      base image id and the target).
@@ -88,15 +90,15 @@ base_id=$("$DOCKER" image inspect -f '{{.Id}}' "$BASE")
 # --- 3. step images ----------------------------------------------------------------------------
 ctx=$(mktemp -d /tmp/pipectl-images-ctx.XXXXXX)
 trap 'rm -rf "$ctx"' EXIT
-cp "$ROOT/images/Dockerfile" "$ROOT"/images/requirements-*.txt "$ctx/"
-mkdir -p "$ctx/src"
+mkdir -p "$ctx/images"
+cp "$ROOT/images/Dockerfile" "$ROOT"/images/requirements-*.txt "$ctx/images/"
 (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard -- pyproject.toml README.md cli pipelines components \
-   | xargs -0 cp --parents -t "$ctx/src")
+   | xargs -0 cp --parents -t "$ctx")
 # pyproject.toml names README.md as the long description: a stub keeps documentation edits from
 # rebuilding the images (and re-loading GBs into the node's containerd).
-printf '# pipectl\n\nStep image of pipectl; documentation: the project README.\n' >"$ctx/src/README.md"
+printf '# pipectl\n\nStep image of pipectl; documentation: the project README.\n' >"$ctx/README.md"
 ca=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}
-cp "$ca" "$ctx/build-ca.crt"
+cp "$ca" "$ctx/images/build-ca.crt"
 ctx_hash=$(cd "$ctx" && find . -type f ! -name build-ca.crt -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 
 targets=("$@"); [[ ${#targets[@]} -gt 0 ]] || targets=(step-light step-train)
@@ -105,7 +107,7 @@ refs=()
 # them and the next build reinstalls GBs: keep them tagged (pipectl/build-cache:deps-train holds
 # deps-light as its parent). Cheap when cached.
 log "tagging the dependency stages (pipectl/build-cache:deps-train)"
-"$DOCKER" build --network host -f "$ctx/Dockerfile" --target deps-train --build-arg BASE_IMAGE="$BASE" \
+"$DOCKER" build --network host -f "$ctx/images/Dockerfile" --target deps-train --build-arg BASE_IMAGE="$BASE" \
   -t pipectl/build-cache:deps-train "$ctx" >"$CACHE/build-deps.log" 2>&1 \
   || { echo "images: build of the dependency stages failed; tail of $CACHE/build-deps.log:" >&2; tail -30 "$CACHE/build-deps.log" >&2; exit 1; }
 for target in "${targets[@]}"; do
@@ -116,7 +118,7 @@ for target in "${targets[@]}"; do
   else
     log "building $img ($target, content hash $h; log $CACHE/build-$target.log)"
     t0=$SECONDS
-    if ! "$DOCKER" build --network host -f "$ctx/Dockerfile" --target "$target" \
+    if ! "$DOCKER" build --network host -f "$ctx/images/Dockerfile" --target "$target" \
          --build-arg BASE_IMAGE="$BASE" --build-arg PIPECTL_VERSION="$VERSION" --build-arg CONTENT_HASH="$h" \
          -t "$img:c-$h" "$ctx" >"$CACHE/build-$target.log" 2>&1; then
       echo "images: build of $target failed; tail of $CACHE/build-$target.log:" >&2
