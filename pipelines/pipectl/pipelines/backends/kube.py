@@ -305,28 +305,70 @@ class ArgoCluster:
             yield pod.metadata.name, self._call(f"logs of {pod.metadata.name}", self.core.read_namespaced_pod_log, pod.metadata.name,
                                                 self.namespace, container=_log_container(pod), **window)
 
-    def follow_logs(self, workflow: str, emit: Callable[[str, str], None], poll_s: float = 1.0, step: str = "",
-                    **window: Any) -> dict[str, Any]:
+    def follow_logs(self, workflow: str, emit: Callable[[str, str], None], step: str = "", **window: Any) -> dict[str, Any]:
         """Stream the log of every pod of ``workflow`` while it is written (``logs -f``), pods that
         start later included (the next step, a retry, gang pods), until the workflow has ended and
         every stream has closed. ``emit(pod, line)`` gets each line without its newline, from one
         thread per pod (the caller serialises). A pod whose log cannot be read gets one line
-        ``(log unavailable: ...)``. Returns the ended Workflow. Errors of the polls as :meth:`_call`."""
+        ``(log unavailable: ...)``. Pods are found by a watch of the workflow's pods, the end by a
+        watch of the workflow (:meth:`wait`); one listing after the end takes any pod the pods' watch
+        had not delivered yet. Returns the ended Workflow. Errors of the API as :meth:`_call`."""
         streams: dict[str, threading.Thread] = {}
-        while True:
-            wf = self.get("workflows", workflow)
-            pods = self._call("list pods", self.core.list_namespaced_pod, self.namespace, label_selector=f"{WORKFLOW_LABEL}={workflow}")
+        lock = threading.Lock()
+        selector = f"{WORKFLOW_LABEL}={workflow}"
+
+        def start(pod: Any) -> None:
+            if (step and pod_step(pod) != step) or pod.status.phase not in ("Running", "Succeeded", "Failed"):
+                return
+            with lock:
+                if pod.metadata.name in streams:
+                    return
+                streams[pod.metadata.name] = t = threading.Thread(target=self._stream_log, args=(pod, emit), kwargs=window,
+                                                                  daemon=True, name=f"log-{pod.metadata.name}")
+            t.start()
+
+        def listed() -> str:
+            pods = self._call("list pods", self.core.list_namespaced_pod, self.namespace, label_selector=selector)
             for pod in sorted(pods.items, key=lambda p: p.metadata.creation_timestamp):
-                if step and pod_step(pod) != step:
-                    continue
-                if pod.metadata.name not in streams and pod.status.phase in ("Running", "Succeeded", "Failed"):
-                    t = threading.Thread(target=self._stream_log, args=(pod, emit), kwargs=window, daemon=True,
-                                         name=f"log-{pod.metadata.name}")
-                    t.start()
-                    streams[pod.metadata.name] = t
-            if wf.get("status", {}).get("phase") in TERMINAL and not any(t.is_alive() for t in streams.values()):
-                return wf
-            time.sleep(poll_s)
+                start(pod)
+            return pods.metadata.resource_version
+
+        ended = threading.Event()
+        threading.Thread(target=self._watch_pods, args=(selector, listed(), start, listed, ended), daemon=True,
+                         name=f"pods-{workflow}").start()
+        try:
+            final = self.wait(workflow, lambda wf: None)
+        finally:
+            ended.set()
+        listed()
+        for t in list(streams.values()):
+            t.join()
+        return final
+
+    def _watch_pods(self, selector: str, version: str, start: Callable[[Any], None], relist: Callable[[], str],
+                    ended: threading.Event) -> None:
+        """``start(pod)`` for every change of the pods matching ``selector`` from ``version`` on, until
+        ``ended`` is set; a watch the server ends is resumed, one whose version expired (410) starts
+        from ``relist()``. In its own thread: an API error ends it (the caller's last listing still
+        finds the pods)."""
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        while not ended.is_set():
+            try:
+                for event in watch.Watch().stream(self.core.list_namespaced_pod, self.namespace, label_selector=selector,
+                                                  resource_version=version, timeout_seconds=30, _request_timeout=60):
+                    version = event["object"].metadata.resource_version
+                    start(event["object"])
+                    if ended.is_set():
+                        return
+            except ApiException as e:
+                if e.status != 410:
+                    return
+                version = relist()
+            except (HTTPError, OSError, PipectlError):  # the caller's last listing covers what this thread misses
+                return
 
     def _stream_log(self, pod: Any, emit: Callable[[str, str], None], **window: Any) -> None:
         from kubernetes.client.exceptions import ApiException
