@@ -87,6 +87,13 @@ def test_default_run_registers_a_champion_above_095_on_digits(tmp_path):
     assert [e for e, _ in held_out["val_accuracy"]] == list(range(15)), held_out
     assert held_out["val_accuracy"][-1][1] == pytest.approx(summary["metrics"]["accuracy"], abs=0.01), held_out
     assert held_out["val_accuracy"][-1][1] > held_out["val_accuracy"][0][1] and held_out["val_loss"][-1][1] < held_out["val_loss"][0][1]
+    # the version carries the held-out split it was evaluated on (evaluate's outputs, handed to
+    # register by the rendered template): a later candidate is compared with it there
+    from pipectl.components.contracts import EVALUATION_SET_DIGEST_TAG, EVALUATION_SET_TAG
+
+    tags = client.get_model_version("digits-cnn", "1").tags
+    assert re.fullmatch(r"s3://pipectl/runs/[^/]+/shards/", tags[EVALUATION_SET_TAG]), tags
+    assert re.fullmatch(r"[0-9a-f]{64}", tags[EVALUATION_SET_DIGEST_TAG]), tags
     ui = re.search(r"MLflow UI of this folder's runs: (\S*pipectl) ui --state-dir", r.stderr)
     assert ui and shutil.which(ui.group(1)), r.stderr[-2000:]  # a command that runs from here (PATH or its path)
     assert not [v for v in summary["verdicts"] if v.startswith("memory growing")], summary["verdicts"]  # 15 epochs, no leak

@@ -157,6 +157,9 @@ def test_the_image_classifier_example_trains_its_own_resnet_function_and_evaluat
     assert "train function pipectl, architecture small-cnn" in log_of(cnn, "train")
     scored = re.search(r"candidate balanced_accuracy=([0-9.]+), champion \(v1\) ([0-9.]+)", log_of(resnet, "evaluate"))
     assert scored, log_of(resnet, "evaluate")[-2000:]  # the CNN champion was scored beside the ResNet, by the team's metric
+    # on the CNN champion's own held-out split (its run's shards, kept by the state folder between runs)
+    assert re.search(r"on the champion's evaluation set s3://pipectl/runs/training-[a-z0-9]+/shards/: candidate [0-9.]+\)",
+                     log_of(resnet, "evaluate")), log_of(resnet, "evaluate")[-2000:]
     assert float(scored.group(1)) == pytest.approx(resnet["metrics"]["balanced_accuracy"], abs=1e-4)
     assert set(resnet["metrics"]) == {"accuracy", "f1_macro", "balanced_accuracy"} and set(cnn["metrics"]) == {"accuracy", "f1_macro"}
 

@@ -24,6 +24,34 @@ def test_promotion_rule(metric, threshold, champion, expected):
     assert decide(metric, threshold, champion) is expected
 
 
+@pytest.mark.parametrize(
+    "metric,threshold,champion,challenger,expected",
+    [
+        (0.99, 0.95, 0.96, 0.90, Decision.keep),     # best on its own split, worse on the champion's
+        (0.96, 0.95, 0.96, 0.97, Decision.promote),  # better on the champion's set
+        (0.94, 0.95, 0.50, 0.99, Decision.keep),     # the threshold still holds on its own split
+        (0.97, 0.95, 0.96, 0.96, Decision.keep),     # a tie on the champion's set keeps the champion
+    ],
+)
+def test_the_champion_is_compared_on_the_set_it_was_scored_on(metric, threshold, champion, challenger, expected):
+    assert decide(metric, threshold, champion, challenger) is expected
+
+
+def test_a_champion_set_with_other_labels_or_images_is_incomparable():
+    from pipectl.components.contracts import ShardIndex
+    from pipectl.components.evaluate.champion import incomparable
+
+    def index(labels: list[str], size: int = 28, channels: int = 3) -> ShardIndex:
+        return ShardIndex(labels=labels, image_size=size, channels=channels, mean=[0.0], std=[1.0], train=[],
+                          validation=["s3://b/v.npz"], train_count=0, validation_count=1)
+
+    assert incomparable(index(["a", "b"]), index(["a", "b"])) == ""
+    assert "labels [b, a] (2), the candidate's [a, b] (2)" in incomparable(index(["a", "b"]), index(["b", "a"]))
+    many = [f"c{i}" for i in range(20)]
+    assert ", …] (20)" in incomparable(index(many), index(many[:3]))
+    assert "3x32x32 images, the candidate was trained on 3x28x28" in incomparable(index(["a"]), index(["a"], size=32))
+
+
 def test_split_is_a_function_of_content_and_close_to_the_fraction():
     import hashlib
 

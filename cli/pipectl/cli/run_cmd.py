@@ -264,7 +264,8 @@ def _print_summary(summary: dict[str, Any], console: Any) -> None:
     table.add_row("alias", model.get("alias") or (f"(none; champion is version {champion})" if champion else "(none; no champion yet)"))
     for k, v in summary.get("metrics", {}).items():
         table.add_row(k, f"{v:.4f}")
-    table.add_row("decision", str(summary.get("decision")))
+    reason = summary.get("decision_reason")
+    table.add_row("decision", str(summary.get("decision")) + (f" ({escape(reason)})" if reason else ""))
     table.add_row("mlflow run", str(summary.get("mlflow_run_id")))
     if summary.get("pictures"):
         table.add_row("pictures", escape(", ".join(summary["pictures"])) + " (the run's artifacts in the MLflow UI)")

@@ -560,8 +560,26 @@ class EvaluateOutput(StrictModel):
     register registers that model and no other."""
     pictures: list[str] = Field(default_factory=list, description="Artifacts of the MLflow run with the confusion matrix "
                                 "and the learning curve (evaluation/...png).")
+    challenger_metric: float | None = None
+    """The candidate's deciding metric on the split the champion was scored on (``compared_on``),
+    when that is not the candidate's own: what ``champion_metric`` is compared with."""
+    evaluation_set: str = ""
+    """The candidate's held-out split (its shards' ``index.json`` folder): registered with the version
+    (:data:`EVALUATION_SET_TAG`), so a later candidate is compared with it on these images."""
+    evaluation_set_sha256: str = ""
+    """Digest of that split's content as evaluate read it (:data:`EVALUATION_SET_DIGEST_TAG`)."""
+    compared_on: str = ""
+    """The split candidate and champion were both scored on: the champion's registered evaluation
+    set, or (a champion registered without one) the candidate's own; empty: no champion scored."""
+    decision_reason: str = ""
+    """Why the candidate was kept without being compared with the champion (e.g. the champion's
+    evaluation set has other labels, or changed since it was registered); empty otherwise."""
 
 
+EVALUATION_SET_TAG = "pipectl.evaluation_set"
+"""Model version tag: the held-out split the version was evaluated on (``s3://…/shards/``)."""
+EVALUATION_SET_DIGEST_TAG = "pipectl.evaluation_set_sha256"
+"""Model version tag: the digest of that split's content (labels, image shape, every image and label)."""
 _SHA256 = r"^[0-9a-f]{64}$"
 
 
@@ -580,13 +598,17 @@ class RegisterInput(StrictModel):
     metric: float = Field(description="The deciding metric's value (evaluate's output).")
     metric_name: str = Field("", description="The deciding metric's name (evaluate's output).")
     champion_version: str = Field("", description="The champion evaluate compared against; empty: none.")
+    evaluation_set: str = Field("", description="The candidate's held-out split (evaluate's output): tagged on the version.")
+    evaluation_set_sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$",
+                                       description="Digest of that split's content (evaluate's output): tagged on the version.")
 
     def evaluation(self) -> "EvaluateOutput":
         """Evaluate's outputs as :class:`EvaluateOutput` (what register decides from)."""
         return EvaluateOutput(mlflow_run_id=self.mlflow_run_id, model_uri=self.model_uri, metrics={self.metric_name or
                               self.promotion_metric.value: self.metric}, metric=self.metric,
                               champion_version=self.champion_version or None, champion_metric=None,
-                              decision=self.decision, metric_name=self.metric_name, model_sha256=self.model_sha256)
+                              decision=self.decision, metric_name=self.metric_name, model_sha256=self.model_sha256,
+                              evaluation_set=self.evaluation_set, evaluation_set_sha256=self.evaluation_set_sha256)
 
 
 class RegisterOutput(StrictModel):

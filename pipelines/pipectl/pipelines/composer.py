@@ -307,7 +307,8 @@ def register() -> Step:
         **{n: _out(ctx.makers[DECISION], n) for n in EVALUATION_HANDED_OVER}})
 
 
-EVALUATION_HANDED_OVER = ("mlflow_run_id", "model_uri", "model_sha256", "decision", "metric", "metric_name", "champion_version")
+EVALUATION_HANDED_OVER = ("mlflow_run_id", "model_uri", "model_sha256", "decision", "metric", "metric_name", "champion_version",
+                          "evaluation_set", "evaluation_set_sha256")
 """Evaluate's outputs register takes as its inputs (:class:`~pipectl.components.contracts.RegisterInput`)."""
 
 

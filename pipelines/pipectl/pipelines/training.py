@@ -557,7 +557,9 @@ def evaluate_templates(cfg: CompileConfig, metric: str = "", image: str | None =
 
 
 def register_templates(cfg: CompileConfig) -> list:
-    register = _step(cfg, "register", cfg.light_image, "register", RegisterInput, RegisterOutput)
+    # every field: what evaluate hands over with a default (the champion it compared against, the
+    # deciding metric's name, the evaluation set) reaches the step too
+    register = _step(cfg, "register", cfg.light_image, "register", RegisterInput, RegisterOutput, every_field=True)
     # C08: promotions of one model run one at a time (the step also verifies after writing)
     register.synchronization = Synchronization(mutexes=[Mutex(name=REGISTER_MUTEX)])
     return [register]

@@ -3,15 +3,18 @@
 The metric that decides is ``promotion_metric`` (accuracy or F1 macro), or the pipeline's own metric
 function (``evaluate(metric="mypkg.metrics:name")``) when it has one.
 
-Decision rule: ``promote`` when the candidate's deciding metric is >= the threshold and
-strictly greater than the champion's on the same held-out images (or there is no champion);
-``keep`` otherwise. Ties keep the champion (no churn for equal models).
+Decision rule: ``promote`` when the candidate's deciding metric on its own held-out split is >= the
+threshold and, when there is a champion, the candidate scores strictly higher than the champion on
+the same images: the champion's registered evaluation set (:mod:`pipectl.components.evaluate.champion`,
+which also says when a candidate that cannot be compared there is kept); ``keep`` otherwise. Ties
+keep the champion (no churn for equal models).
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,6 +28,16 @@ from pipectl.components.contracts import (
     StoreSettings,
     TrainOutput,
 )
+from pipectl.components.evaluate.champion import (
+    CHAMPION_ALIAS,
+    Champion,
+    champion_model,
+    champion_version,
+    hash_shard,
+    incomparable,
+    load_champion,
+    split_hasher,
+)
 from pipectl.components.evaluate.pictures import log_pictures
 from pipectl.components.models import classification_metrics, load_scorer, model_sha256
 from pipectl.components.models.portable import Scorer, predict
@@ -33,36 +46,19 @@ from pipectl.components.shard_stream import ShardStream
 
 log = logging.getLogger("pipectl.evaluate")
 
-CHAMPION_ALIAS = "champion"
+__all__ = ["CHAMPION_ALIAS", "champion_model", "champion_version", "decide", "evaluate", "run"]
 
 
-def decide(metric: float, threshold: float, champion_metric: float | None) -> Decision:
-    """The promotion rule of the module doc, as a pure function."""
+def decide(metric: float, threshold: float, champion_metric: float | None, challenger_metric: float | None = None) -> Decision:
+    """The promotion rule of the module doc, as a pure function: ``metric`` (the candidate's, on its
+    own split) against ``threshold``; ``challenger_metric`` (the candidate's on the split the
+    champion was scored on; default ``metric``) against ``champion_metric`` (None: no champion scored)."""
     if metric < threshold:
         return Decision.keep
-    if champion_metric is not None and metric <= champion_metric:
+    challenger = metric if challenger_metric is None else challenger_metric
+    if champion_metric is not None and challenger <= champion_metric:
         return Decision.keep
     return Decision.promote
-
-
-def champion_version(client: Any, model_name: str) -> str | None:
-    """The version number holding the champion alias, or None (no model, or no alias)."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return str(client.get_model_version_by_alias(model_name, CHAMPION_ALIAS).version)
-    except MlflowException as e:
-        if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
-            return None
-        raise
-
-
-def champion_model(client: Any, model_name: str) -> tuple[str, str]:
-    """(model URI, training run id) of the version holding the ``champion`` alias. The run is the
-    version's run_id, or (MLflow 3 registers ``models:/m-...`` URIs without one) its logged
-    model's source run."""
-    mv = client.get_model_version_by_alias(model_name, CHAMPION_ALIAS)
-    return mv.source, mv.run_id or client.get_logged_model(mv.model_id).source_run_id
 
 
 Metric = Callable[[np.ndarray, np.ndarray], dict[str, float]]
@@ -85,13 +81,14 @@ def _metrics(inp: EvaluateInput, num_classes: int) -> tuple[Metric, str]:
     return every, name
 
 
-def _score_split(data: ShardStream, scorers: dict[str, Scorer]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def _score_split(data: ShardStream, scorers: dict[str, Scorer], hasher: Any) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Logits of every scorer and the labels, over the split shard by shard (one shard in memory,
-    the next being fetched). A scorer that fails on a shard (an incompatible champion) is dropped,
-    except the candidate's."""
+    the next being fetched), each shard added to ``hasher`` (:func:`~pipectl.components.evaluate.champion.hash_shard`).
+    A scorer that fails on a shard (an incompatible champion) is dropped, except the candidate's."""
     logits: dict[str, list[np.ndarray]] = {name: [] for name in scorers}
     labels: list[np.ndarray] = []
     for images, y in data.shards():
+        hash_shard(hasher, images, y)
         labels.append(y)
         for name in list(scorers):
             try:
@@ -99,7 +96,7 @@ def _score_split(data: ShardStream, scorers: dict[str, Scorer]) -> tuple[dict[st
             except Exception as e:
                 if name == "candidate":
                     raise
-                log.warning("the %s could not be scored on this split (%s); threshold only", name, e)
+                log.warning("the %s could not be scored on this split (%s)", name, e)
                 del scorers[name], logits[name]
     return {name: np.concatenate(parts) for name, parts in logits.items()}, np.concatenate(labels)
 
@@ -118,47 +115,108 @@ def _champion_metric(score_all: Metric, logits: np.ndarray | None, labels: np.nd
         return None
 
 
-def evaluate(inp: EvaluateInput, s3: Any, client: Any) -> EvaluateOutput:
-    """Score candidate and champion on the validation split; log to the candidate's MLflow run."""
+@dataclass
+class Comparison:
+    """Candidate against champion on one split (``compared_on``); ``reason``: why they could not be."""
 
+    champion_metric: float | None = None
+    challenger_metric: float | None = None
+    compared_on: str = ""
+    reason: str = ""
+
+
+def _on_champion_set(s3: Any, champ: Champion, candidate: Scorer, own: ShardStream, score_all: Metric,
+                     decider: str) -> Comparison:
+    """Candidate and champion scored on the champion's registered evaluation set (module doc of
+    :mod:`~pipectl.components.evaluate.champion`): a Comparison with a reason when they cannot be."""
+    where = f"the champion's (v{champ.version}) evaluation set {champ.evaluation_set}"
+    try:
+        theirs = ShardStream(s3, champ.evaluation_set, "validation")
+    except Exception as e:
+        return Comparison(reason=f"{where} cannot be read ({type(e).__name__}: {str(e)[:200]})")
+    if why := incomparable(own.index, theirs.index):
+        return Comparison(reason=why)
+    hasher = split_hasher(theirs.index)
+    scorers = {"candidate": candidate, "champion": champ.scorer} if champ.scorer else {"candidate": candidate}
+    logits, labels = _score_split(theirs, scorers, hasher)
+    if hasher.hexdigest() != champ.evaluation_set_sha256:
+        return Comparison(reason=f"{where} is not the content registered with it (sha256 {hasher.hexdigest()[:12]}…, "
+                                 f"registered {champ.evaluation_set_sha256[:12]}…): it changed in the store since")
+    champion_metric = _champion_metric(score_all, logits.get("champion"), labels, decider, champ.version)
+    if champion_metric is None:
+        return Comparison(reason=f"the champion could not be scored on its own evaluation set {champ.evaluation_set}")
+    return Comparison(champion_metric, score_all(logits["candidate"], labels)[decider], champ.evaluation_set)
+
+
+def _compare(s3: Any, champ: Champion | None, candidate: Scorer, own: ShardStream, own_uri: str,
+             own_logits: dict[str, np.ndarray], own_labels: np.ndarray, score_all: Metric, decider: str) -> Comparison:
+    """Candidate against champion: on the champion's registered set when it has one, else (a
+    champion registered without one) on the candidate's own split (``own_uri``), already scored in ``own_logits``."""
+    if champ is None or champ.scorer is None:
+        return Comparison()
+    if champ.evaluation_set:
+        return _on_champion_set(s3, champ, candidate, own, score_all, decider)
+    log.info("champion version %s was registered without an evaluation set: compared on the candidate's split", champ.version)
+    metric = _champion_metric(score_all, own_logits.get("champion"), own_labels, decider, champ.version)
+    return Comparison(metric, None, own_uri if metric is not None else "")
+
+
+def _log(client: Any, run_id: str, metrics: dict[str, float], decider: str, comparison: Comparison, decision: Decision) -> None:
+    """The evaluation on the candidate's MLflow run."""
+    for name, value in metrics.items():
+        client.log_metric(run_id, f"eval_{name}", value)
+    if comparison.champion_metric is not None:
+        client.log_metric(run_id, f"champion_{decider}", comparison.champion_metric)
+    if comparison.challenger_metric is not None:
+        client.log_metric(run_id, f"on_champion_set_{decider}", comparison.challenger_metric)
+    client.set_tag(run_id, "pipectl.decision", decision.value)
+    if comparison.reason:
+        client.set_tag(run_id, "pipectl.decision_reason", comparison.reason[:5000])
+
+
+def evaluate(inp: EvaluateInput, s3: Any, client: Any) -> EvaluateOutput:
+    """Score candidate and champion (module doc); log to the candidate's MLflow run."""
     layout = RunLayout(run_uri=inp.run_uri)
     train = TrainOutput.model_validate(read_json(s3, layout.train_output_uri))
     data = ShardStream(s3, inp.shards_uri, "validation")
     score_all, decider = _metrics(inp, len(data.index.labels))
     threads = available_cpus()
-    champ_version = champion_version(client, inp.model_name)
+    own_hasher = split_hasher(data.index)
     with tempfile.TemporaryDirectory() as folder:
-        scorers = {"candidate": load_scorer(train.model_uri, train.mlflow_run_id, Path(folder) / "candidate", threads=threads)}
+        candidate = load_scorer(train.model_uri, train.mlflow_run_id, Path(folder) / "candidate", threads=threads)
         digest = model_sha256(Path(folder) / "candidate" / "model")  # what was scored: register takes only this
-        if champ_version is not None:
-            try:  # the champion may be another architecture: both are ONNX graphs, scored alike
-                uri, run_id = champion_model(client, inp.model_name)
-                scorers["champion"] = load_scorer(uri, run_id, Path(folder) / "champion", threads=threads)
-            except Exception as e:  # an unloadable champion cannot block a good candidate
-                log.warning("champion version %s could not be loaded (%s); threshold only", champ_version, e)
-        logits, labels = _score_split(data, scorers)
+        champ = load_champion(client, inp.model_name, Path(folder) / "champion", threads)
+        legacy = champ is not None and champ.scorer is not None and not champ.evaluation_set
+        logits, labels = _score_split(data, {"candidate": candidate, **({"champion": champ.scorer} if legacy else {})},
+                                      own_hasher)
+        comparison = _compare(s3, champ, candidate, data, inp.shards_uri, logits, labels, score_all, decider)
     metrics = score_all(logits["candidate"], labels)
     metric = metrics[decider]
-    champ_metric = _champion_metric(score_all, logits.get("champion"), labels, decider, champ_version)
-    decision = decide(metric, inp.promotion_threshold, champ_metric)
-
-    for name, value in metrics.items():
-        client.log_metric(train.mlflow_run_id, f"eval_{name}", value)
-    if champ_metric is not None:
-        client.log_metric(train.mlflow_run_id, f"champion_{decider}", champ_metric)
-    client.set_tag(train.mlflow_run_id, "pipectl.decision", decision.value)
+    decision = (Decision.keep if comparison.reason
+                else decide(metric, inp.promotion_threshold, comparison.champion_metric, comparison.challenger_metric))
+    _log(client, train.mlflow_run_id, metrics, decider, comparison, decision)
     pictures = log_pictures(client, train.mlflow_run_id, logits["candidate"], labels, data.index.labels)
-    log.info(
-        "candidate %s=%.4f, champion (v%s) %s, threshold %.3f -> %s",
-        decider, metric, champ_version, champ_metric, inp.promotion_threshold, decision.value,
-    )
-    out = EvaluateOutput(
+    champ_version = champ.version if champ else None
+    on_theirs = ("" if comparison.challenger_metric is None
+                 else f" (on the champion's evaluation set {comparison.compared_on}: candidate {comparison.challenger_metric:.4f})")
+    log.info("candidate %s=%.4f, champion (v%s) %s%s, threshold %.3f -> %s%s", decider, metric, champ_version,
+             comparison.champion_metric, on_theirs, inp.promotion_threshold, decision.value,
+             f": {comparison.reason}" if comparison.reason else "")
+    out = _output(inp, train, metrics, decider, comparison, decision, champ_version, digest, pictures, own_hasher.hexdigest())
+    write_json(s3, layout.evaluate_output_uri, out.model_dump(mode="json"))
+    return out
+
+
+def _output(inp: EvaluateInput, train: TrainOutput, metrics: dict[str, float], decider: str, comparison: Comparison,
+            decision: Decision, champ_version: str | None, digest: str, pictures: list[str], set_sha256: str) -> EvaluateOutput:
+    return EvaluateOutput(
         mlflow_run_id=train.mlflow_run_id,
         model_uri=train.model_uri,
         metrics={k: round(v, 6) for k, v in metrics.items()},
-        metric=round(metric, 6),
+        metric=round(metrics[decider], 6),
         champion_version=champ_version,
-        champion_metric=None if champ_metric is None else round(champ_metric, 6),
+        champion_metric=None if comparison.champion_metric is None else round(comparison.champion_metric, 6),
+        challenger_metric=None if comparison.challenger_metric is None else round(comparison.challenger_metric, 6),
         decision=decision,
         metric_name=decider,
         training_step_time=train.step_time,
@@ -169,9 +227,11 @@ def evaluate(inp: EvaluateInput, s3: Any, client: Any) -> EvaluateOutput:
         training_slowest_rank_ratio=train.anatomy.get("slowest_rank_ratio", 0.0),
         model_sha256=digest,
         pictures=pictures,
+        evaluation_set=inp.shards_uri,
+        evaluation_set_sha256=set_sha256,
+        compared_on=comparison.compared_on,
+        decision_reason=comparison.reason,
     )
-    write_json(s3, layout.evaluate_output_uri, out.model_dump(mode="json"))
-    return out
 
 
 def run(inp: EvaluateInput, settings: StoreSettings) -> EvaluateOutput:

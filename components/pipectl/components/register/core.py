@@ -26,7 +26,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pipectl.components.contracts import Decision, EvaluateOutput, RegisterInput, RegisterOutput, StoreSettings
+from pipectl.components.contracts import (
+    EVALUATION_SET_DIGEST_TAG,
+    EVALUATION_SET_TAG,
+    Decision,
+    EvaluateOutput,
+    RegisterInput,
+    RegisterOutput,
+    StoreSettings,
+)
 from pipectl.components.runtime import StepError
 
 log = logging.getLogger("pipectl.register")
@@ -105,6 +113,14 @@ def _settle_round(client: Any, name: str, mine: Any, round_key: str, metric_tag:
     return str(best.version)
 
 
+def _evaluation_set_tags(evaluation: EvaluateOutput) -> dict[str, str]:
+    """The held-out split the version was evaluated on, and its content's digest: a later candidate
+    is compared with this version on it (:mod:`pipectl.components.evaluate.champion`)."""
+    if not (evaluation.evaluation_set and evaluation.evaluation_set_sha256):
+        return {}
+    return {EVALUATION_SET_TAG: evaluation.evaluation_set, EVALUATION_SET_DIGEST_TAG: evaluation.evaluation_set_sha256}
+
+
 def register(inp: RegisterInput, evaluation: EvaluateOutput, client: Any) -> RegisterOutput:
     """Create (or find) this run's model version and apply the promote/keep decision."""
     import mlflow
@@ -115,7 +131,8 @@ def register(inp: RegisterInput, evaluation: EvaluateOutput, client: Any) -> Reg
     promote = evaluation.decision is Decision.promote
     round_key = evaluation.champion_version or "none"
     tags = {RUN_KEY_TAG: inp.run_key, metric_tag: str(evaluation.metric), **({ROUND_TAG: round_key} if promote else {}),
-            **({MODEL_DIGEST_TAG: evaluation.model_sha256} if evaluation.model_sha256 else {})}
+            **({MODEL_DIGEST_TAG: evaluation.model_sha256} if evaluation.model_sha256 else {}),
+            **_evaluation_set_tags(evaluation)}
     mv = find_version(client, name, evaluation.mlflow_run_id, inp.run_key)
     created = mv is None
     if mv is None:

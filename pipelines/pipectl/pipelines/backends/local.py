@@ -167,6 +167,7 @@ def summarise(result: RunResult, parameters: TrainingParameters) -> dict[str, An
         summary["mlflow_run_id"] = ev.get("mlflow-run-id")
         summary["metrics"] = json.loads(ev.get("metrics") or "{}")
         summary["decision"] = ev.get("decision")
+        summary["decision_reason"] = ev.get("decision-reason") or ""
         summary["step_time"] = ev.get("training-step-time") or ""
         summary["verdicts"] = json.loads(ev.get("training-verdicts") or "[]")
         summary["pictures"] = json.loads(ev.get("pictures") or "[]")
@@ -234,6 +235,9 @@ def state_lock(state_dir: Path) -> Iterator[None]:
 
 S3_SNAPSHOT = "s3-snapshot"
 """Folder, in a run's folder, that keeps the embedded S3 server's objects of a run that did not succeed."""
+EVALUATION_SETS = "evaluation-sets"
+"""Snapshot (in the state folder) of the held-out splits of the runs the embedded S3 served: loaded
+into the next run's server, so its evaluate finds the champion's evaluation set."""
 
 
 def _store(settings: RunSettings) -> dict[str, str]:
@@ -349,8 +353,8 @@ def run_training_locally(
     embedded service failed to start).
     """
     from pipectl.pipelines.backends.services import (
-        S3_ACCESS_KEY, S3_SECRET_KEY, EmbeddedServices, ServiceStartError, load_s3_snapshot, remove_s3_snapshot,
-        s3_snapshot_path, save_s3_snapshot,
+        S3_ACCESS_KEY, S3_SECRET_KEY, EmbeddedServices, ServiceStartError, held_out_splits, load_s3_snapshot,
+        remove_s3_snapshot, s3_snapshot_path, save_s3_snapshot,
     )
     from pipectl.pipelines.builtin import training
     from pipectl.pipelines.training import CompileConfig
@@ -395,6 +399,8 @@ def run_training_locally(
             if services.mlflow_url:
                 update["mlflow_uri"] = services.mlflow_url
             effective = settings.model_copy(update=update)
+            if services.s3_url and s3_snapshot_path(state_dir / EVALUATION_SETS):
+                load_s3_snapshot(services.s3_url, state_dir / EVALUATION_SETS)
             if record is not None and services.s3_url and s3_snapshot_path(state_dir / "runs" / record.name / S3_SNAPSHOT):
                 load_s3_snapshot(services.s3_url, state_dir / "runs" / record.name / S3_SNAPSHOT)
             if on_services:
@@ -414,6 +420,7 @@ def run_training_locally(
             if services.s3_url:
                 if result.phase == "Succeeded":
                     remove_s3_snapshot(snapshot)  # nothing left to resume
+                    save_s3_snapshot(services.s3_url, state_dir / EVALUATION_SETS, select=held_out_splits)
                 else:
                     save_s3_snapshot(services.s3_url, snapshot)
         except ServiceStartError as e:

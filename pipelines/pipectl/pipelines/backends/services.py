@@ -156,9 +156,14 @@ def _embedded_client(url: str) -> Any:
     return s3_client(StoreSettings(s3_endpoint=url, s3_access_key=S3_ACCESS_KEY, s3_secret_key=S3_SECRET_KEY), max_pool=16)
 
 
-def save_s3_snapshot(url: str, dest: Path, *, threads: int = 8) -> int:
+Keys = list[tuple[str, str]]
+"""(bucket, key) of objects of the embedded S3 server."""
+
+
+def save_s3_snapshot(url: str, dest: Path, *, threads: int = 8, select: Callable[[Any, Keys], Keys] | None = None) -> int:
     """Copy every object of every bucket of the S3 server at ``url`` (the embedded one: its keys)
-    into the folder ``dest``; returns the number of objects.
+    into the folder ``dest`` (``select(client, keys)``: only the objects it returns); returns the
+    number of objects.
 
     Layout: ``dest/objects/<n>`` (bodies) and ``dest/index.json``: ``[{"bucket", "key", "file",
     "content_type", "metadata"}]`` (user metadata kept: stage compares its ``sha256``). Atomic for
@@ -174,6 +179,8 @@ def save_s3_snapshot(url: str, dest: Path, *, threads: int = 8) -> int:
     buckets = sorted(b["Name"] for b in s3.list_buckets().get("Buckets", []))
     keys = [(bucket, o["Key"]) for bucket in buckets
             for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket) for o in page.get("Contents", [])]
+    if select is not None:
+        keys = select(s3, keys)
 
     def copy(item: tuple[int, tuple[str, str]]) -> dict:
         n, (bucket, key) = item
@@ -192,6 +199,27 @@ def save_s3_snapshot(url: str, dest: Path, *, threads: int = 8) -> int:
     partial.rename(dest)
     shutil.rmtree(old, ignore_errors=True)
     return len(index)
+
+
+def held_out_splits(s3: Any, keys: Keys) -> Keys:
+    """Of ``keys``: every shard index (``…/index.json`` of a preprocess output) and the validation
+    shards it lists, i.e. the held-out splits model versions were evaluated on. The embedded S3
+    keeps nothing between two ``pipectl run`` s, but the registry does: a later run's evaluate scores
+    its candidate beside the champion on the champion's split (:mod:`pipectl.components.evaluate.champion`)."""
+    from pipectl.components.contracts import ShardIndex
+    from pipectl.components.runtime import parse_s3_uri
+
+    present, kept = set(keys), []
+    for bucket, key in keys:
+        if not key.endswith("/index.json"):
+            continue
+        try:
+            index = ShardIndex.model_validate_json(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+            shards = [parse_s3_uri(uri) for uri in index.validation]
+        except ValueError:
+            continue  # another kind of index.json
+        kept += [(bucket, key), *(k for k in shards if k in present)]
+    return kept
 
 
 def s3_snapshot_path(dest: Path) -> Path | None:
