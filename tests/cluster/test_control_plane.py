@@ -1275,7 +1275,7 @@ def test_kubectl_apply_k_argo_as_a_user_would(test_cluster, k8s_api, tmp_path):
     controller ConfigMap is patched, not replaced: another tenant's key stays, and a key
     the cluster's admin set differently is a conflict, not a silent overwrite. Every object is
     accepted; a second apply changes nothing. Runs last: it applies the controller configuration
-    (pod GC, TTLs) the other tests do not expect."""
+    the other tests do not expect."""
     import os
     import shutil
 
@@ -1329,7 +1329,9 @@ def test_kubectl_apply_k_argo_as_a_user_would(test_cluster, k8s_api, tmp_path):
     after = core.read_namespaced_config_map("workflow-controller-configmap", "argo").data
     assert after["otherTenantLinks"] == "keep-me"  # patched, not replaced: other tenants' keys stay
     assert after["telemetryConfig"] == before["telemetryConfig"]  # a key pipectl does not set stays too
-    assert "workflowDefaults" in after and "links" in after
+    assert "links" in after and "executor" in after
+    # nothing that sets other tenants' workflows' defaults or their namespaces' limits
+    assert "workflowDefaults" not in after and "namespaceParallelism" not in after, sorted(after)
 
     def versions() -> dict:
         out = kc("get", "-k", str(ARGO_DIR), "-o", "json")

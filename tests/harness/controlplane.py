@@ -474,9 +474,8 @@ class TestCluster:
             except client.ApiException as e:
                 if e.status != 409:
                     raise
-        # the product's own configuration (workflow defaults, the namespace's parallelism, the
-        # executor's requests and restricted securityContext, the UI's links), with this
-        # cluster's metrics port
+        # the product's own configuration (the executor's requests and restricted securityContext,
+        # the UI's links), with this cluster's metrics port
         cm = load_yaml_docs(CONTROLLER_CONFIGMAP)[0]
         for key in ("metricsConfig", "telemetryConfig"):
             cm["data"][key] = cm["data"][key].replace("METRICS_PORT", str(self.ports["argo-metrics"]))

@@ -360,6 +360,25 @@ def test_the_argo_ui_link_opens_the_workflows_mlflow_run(wt):
     assert links == [{"name": "MLflow run", "scope": "workflow", "url": MLFLOW_URI + "/#/runs/${workflow.status.outputs.parameters.0.value}"}]
 
 
+def test_shared_settings_change_nothing_per_workflow_for_other_tenants(wt):
+    """Pod GC and TTL are the WorkflowTemplate's own (a user pipeline's too), the workflow
+    parallelism a label of pipectl's own namespace: the Argo controller's ConfigMap, which every
+    tenant's workflows read, holds only the keys that have no per-workflow or per-namespace form,
+    and none of its workflow defaults or namespace-wide limits."""
+    from pipectl.pipelines.manifests import ARGO_PARALLELISM_LABEL, controller_config, namespace
+    from pipectl.pipelines.training import CompileConfig
+    from pipectl.sdk import Pipeline, evaluate, preprocess, register, stage, train
+
+    user = Pipeline("mine", [stage(), preprocess(), train(), evaluate(), register()]).build().to_dict()
+    for tmpl in (wt, user):
+        assert tmpl["spec"]["podGC"] == {"strategy": "OnPodSuccess", "deleteDelayDuration": "10m"}
+        assert tmpl["spec"]["ttlStrategy"] == {"secondsAfterSuccess": 86400, "secondsAfterFailure": 604800}
+    data = controller_config(CompileConfig())[0]["data"]
+    assert set(data) == {"metricsConfig", "executor", "links"}, sorted(data)
+    ns = next(o for o in namespace(CompileConfig()) if o["kind"] == "Namespace")
+    assert ns["metadata"]["labels"][ARGO_PARALLELISM_LABEL] == "50"
+
+
 def test_C10_the_lane_slot_is_held_per_attempt_and_the_backoff_is_outside_it(wt, argo):
     """C10: Argo keeps a template's locks under its retry node through every backoff (argo-workflows
     #9875), so the semaphore and the backoff sit on separate templates: the train task runs the

@@ -43,11 +43,20 @@ def _meta(name: str, cfg: CompileConfig, **extra: Any) -> dict[str, Any]:
     return {"name": name, "namespace": cfg.namespace, "labels": dict(PART_OF), **extra}
 
 
+ARGO_PARALLELISM_LABEL = "workflows.argoproj.io/parallelism-limit"
+"""Namespace label: how many workflows of the namespace Argo's controller runs at once (its
+namespace watcher, argo-workflows v4 workflow/controller/ns_watcher.go; the controller's ClusterRole
+in Argo's install may list and watch namespaces). Unlike the controller's ``namespaceParallelism``,
+it holds for this namespace only."""
+NAMESPACE_PARALLELISM = 50
+
+
 def namespace(cfg: CompileConfig) -> list[dict]:
     """The namespace, enforcing the restricted Pod Security Standard and the submission policy,
     granted the preempting lanes (:mod:`~pipectl.pipelines.admission`), and their quota (cluster
     admin: a namespace owner must not relax any of them)."""
-    labels = {**PART_OF, **POD_SECURITY_LABELS, SUBMISSION_LABEL: "enforce", **preempting_lane_labels()}
+    labels = {**PART_OF, **POD_SECURITY_LABELS, SUBMISSION_LABEL: "enforce", **preempting_lane_labels(),
+              ARGO_PARALLELISM_LABEL: str(NAMESPACE_PARALLELISM)}
     return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cfg.namespace, "labels": labels}},
             *preempting_lane_quota(cfg), *namespace_limits(cfg)]
 
@@ -270,23 +279,20 @@ def config_maps(cfg: CompileConfig) -> list[dict]:
 
 
 def controller_config(cfg: CompileConfig) -> list[dict]:
-    """workflow-controller-configmap (namespace ``argo``): pod GC, TTL, metrics, and the namespace's defaults."""
+    """workflow-controller-configmap (namespace ``argo``): only what pipectl cannot set per workflow
+    or per namespace, each key a setting of the controller for every tenant (docs/security.md,
+    "Shared settings"): metrics on, the executor containers' requests and restricted fields, the
+    UI's link to a run's MLflow run. Pod GC and TTL are the WorkflowTemplate's own
+    (:data:`~pipectl.pipelines.training.POD_GC`, :data:`~pipectl.pipelines.training.TTL`), the
+    namespace's parallelism a label of its own namespace (:data:`ARGO_PARALLELISM_LABEL`)."""
     import yaml
 
-    defaults = {
-        "spec": {
-            "podGC": {"strategy": "OnPodSuccess", "deleteDelayDuration": "10m"},
-            "ttlStrategy": {"secondsAfterSuccess": 86400, "secondsAfterFailure": 7 * 86400},
-        }
-    }
     return [{
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": "workflow-controller-configmap", "namespace": "argo", "labels": dict(PART_OF)},
         "data": {
-            "workflowDefaults": yaml.safe_dump(defaults, sort_keys=True),
             "metricsConfig": yaml.safe_dump({"enabled": True, "path": "/metrics", "port": 9090}, sort_keys=True),
-            "namespaceParallelism": "50",
             # Argo's executor containers (init, wait, and the main container of resource pods such
             # as the train step) get no resources unless configured (workflowpod.go:
             # Config.GetExecutor().Resources): without requests a resource pod is BestEffort (C07).

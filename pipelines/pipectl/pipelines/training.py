@@ -37,6 +37,8 @@ from hera.workflows.models import (
     Backoff,
     ExecutorConfig,
     ContinueOn,
+    PodGC,
+    TTLStrategy,
     RetryStrategy,
     ConfigMapEnvSource,
     ConfigMapKeySelector,
@@ -591,11 +593,20 @@ def user_container_template(cfg: CompileConfig, name: str, image: str, command: 
     )
 
 
+POD_GC = PodGC(strategy="OnPodSuccess", delete_delay_duration="10m")
+"""A succeeded step's pod is deleted 10 minutes after it ends (its log stays in the artifact
+repository: ``archiveLogs``); a failed one's stays for ``kubectl describe``."""
+TTL = TTLStrategy(seconds_after_success=86400, seconds_after_failure=7 * 86400)
+"""A run is deleted a day after it succeeds, a week after it fails (with its gang jobs: owner references)."""
+
+
 def workflow_template(cfg: CompileConfig, name: str, title: str, description: str, entry: DAG, templates: list,
                       defaults: dict[str, str] | None = None) -> WorkflowTemplate:
     """The WorkflowTemplate :func:`~pipectl.components.names.template_name` around a pipeline's entry DAG ``entry`` (named ``name``)
     and its step templates: service account, restricted pod security, labels, the UI's title and
-    description, the typed arguments (``defaults``: the pipeline's own, by kebab-case name)."""
+    description, the typed arguments (``defaults``: the pipeline's own, by kebab-case name), and
+    its runs' pod GC and TTL (:data:`POD_GC`, :data:`TTL`: the template's own, so the Argo
+    controller's defaults for every other tenant's workflows stay as they are)."""
     return WorkflowTemplate(
         name=template_name(name),
         namespace=cfg.namespace,
@@ -609,6 +620,8 @@ def workflow_template(cfg: CompileConfig, name: str, title: str, description: st
         executor=ExecutorConfig(service_account_name=cfg.service_account),
         # every pod of the workflow, resource pods and Argo's own containers included
         security_context=PodSecurityContext.model_validate(restricted_pod_security_context()),
+        pod_gc=POD_GC,
+        ttl_strategy=TTL,
         labels=dict(PART_OF),
         annotations={"workflows.argoproj.io/title": title, "workflows.argoproj.io/description": description},
         workflow_metadata=WorkflowMetadata(
