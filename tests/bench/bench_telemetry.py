@@ -163,6 +163,9 @@ def _contexts() -> dict[str, type]:
         def checkpoint(self, seconds: float) -> None:
             pass
 
+        def gang_wait(self, seconds: float) -> None:
+            pass
+
     @dataclass
     class Off(Marked):
         clock: StepClock = field(default_factory=NoClock, repr=False)

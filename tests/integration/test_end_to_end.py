@@ -96,7 +96,10 @@ def test_default_run_registers_a_champion_above_095_on_digits(tmp_path):
     assert re.fullmatch(r"[0-9a-f]{64}", tags[EVALUATION_SET_DIGEST_TAG]), tags
     ui = re.search(r"MLflow UI of this folder's runs: (\S*pipectl) ui --state-dir", r.stderr)
     assert ui and shutil.which(ui.group(1)), r.stderr[-2000:]  # a command that runs from here (PATH or its path)
-    assert not [v for v in summary["verdicts"] if v.startswith("memory growing")], summary["verdicts"]  # 15 epochs, no leak
+    # a clean 15-epoch run: no leak, not starved (one node: no fabric verdict). Its two CPU-bound ranks
+    # share this machine's cores with everything else, so one of them can really be slowed for 20
+    # steps by another process: the straggler rule's clean run is tests/integration/test_anatomy.py
+    assert not [v for v in summary["verdicts"] if not v.startswith("straggler:")], summary["verdicts"]
     # the services were stopped: only their persistent state remains
     assert (tmp_path / "state" / "mlflow" / "mlflow.db").exists()
 

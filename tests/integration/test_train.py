@@ -356,7 +356,7 @@ def test_the_step_anatomy_names_a_slow_rank_and_logs_the_shares(settings, s3, sh
     compute, on a loaded machine too, where a fixed delay drowned in the compute it was added
     to): every epoch's shares reach MLflow (summing to 1, the exposed sync measured by the DDP
     hook), and the run's verdicts name rank 1 as the straggler (in the train output and the
-    MLflow run's tags)."""
+    MLflow run's tags), and the run holds the anatomy chart."""
     import mlflow
 
     slow = "torch.no_grad()(lambda: [model(images) for _ in range(6)])() if ctx.rank == 1 else None"
@@ -372,6 +372,13 @@ def test_the_step_anatomy_names_a_slow_rank_and_logs_the_shares(settings, s3, sh
                   for p in parts}
         assert abs(sum(shares.values()) - 1) < 1e-6, shares
         assert shares["sync"] > 0.1, shares  # rank 0 waits for rank 1 at every all-reduce
+    # the run's chart: the per-rank step-time heatmap and the shares per epoch, a PNG that opens
+    from PIL import Image
+
+    chart = Path(client.download_artifacts(out.mlflow_run_id, "training/step_anatomy.png", str(tmp_path)))
+    with Image.open(chart) as image:
+        image.verify()
+        assert image.format == "PNG" and image.size[0] > 600, (image.format, image.size)
     print("verdicts:", out.verdicts)
 
 

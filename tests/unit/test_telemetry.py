@@ -50,6 +50,23 @@ def test_a_straggler_is_named_with_its_node_over_enough_steps():
     assert verdicts(on_a_cluster)[0].startswith("straggler: rank 1 on node node-1 (pod training-abcde-train-worker-1) takes")
 
 
+def test_a_straggler_is_measured_against_the_other_ranks_median_step():
+    """Each rank's median step against the median of the others': in a gang of two, the other rank
+    (the gang's median would be the pair's mean, so a rank 30% slower would be 1.13x of it)."""
+    from pipectl.components.train.telemetry import stragglers
+
+    who = ["rank 0 on node a", "rank 1 on node b"]
+    found = stragglers([0.040, 0.052], who, "over steps 1-20")
+    assert len(found) == 1 and found[0].startswith("straggler: rank 1 on node b takes 52 ms of its own per step over steps 1-20, 1.3x"), found
+    assert stragglers([0.040, 0.046], who, "over steps 1-20") == []  # 1.15x
+    assert stragglers([0.040], who[:1], "over steps 1-20") == []  # no gang
+    # the epoch's median step, not its mean: one step held up 2 s moves the mean, not the verdict
+    held_up = [_rank(0), _rank(1)]
+    held_up[1].seconds["compute"] += 2.0
+    held_up[0].own_median = held_up[1].own_median = 0.8
+    assert verdicts(held_up) == [] and verdicts([_rank(0), _rank(1, compute=1.2)])[0].startswith("straggler: rank 1")
+
+
 def _mem(values: list[float]) -> list[RankEpoch]:
     return [RankEpoch(0, "node-0", 40, 1280, dict.fromkeys(("data", "compute", "sync", "optimizer", "checkpoint"), 1.0), True, m)
             for m in values]
@@ -64,3 +81,33 @@ def test_memory_that_grows_at_every_one_of_the_last_four_epochs_is_a_likely_leak
     assert growing_memory(_mem([500, 900, 905, 910, 915, 920])) is None  # settled after the first epoch (+20 MiB)
     assert growing_memory(_mem([500, 520, 600, 680, 670, 840])) is None  # not at every epoch
     assert growing_memory(_mem([5000, 5020, 5040, 5060, 5080])) is None  # +80 MiB is under 10% of 5 GB
+
+
+def test_the_anatomy_chart_is_a_png_of_every_rank_and_epoch():
+    """The picture rank 0 logs to MLflow (training/step_anatomy.png): a PNG that opens, with a row
+    per rank and a column per epoch in its heatmap (the straggler's row the darkest)."""
+    import io
+
+    from PIL import Image
+
+    from pipectl.components.train.anatomy_chart import figure, log_chart, own_ms
+
+    epochs = [[_rank(0), _rank(1, compute=1.2), _rank(2)] for _ in range(3)]
+    heat = own_ms(epochs)
+    assert heat.shape == (3, 3) and (heat[1] > heat[0]).all() and heat[0, 0] == 800.0
+
+    class Recorder:
+        def log_figure(self, fig, path):
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png")
+            self.png, self.path = buf.getvalue(), path
+
+    recorder = Recorder()
+    assert log_chart(recorder, epochs, [1, 2, 3]) == "training/step_anatomy.png" == recorder.path
+    image = Image.open(io.BytesIO(recorder.png))
+    image.verify()
+    assert image.format == "PNG" and image.size[0] > 600
+    assert log_chart(recorder, [], []) is None
+    # a chart that cannot be made is a warning, not a failed training
+    assert log_chart(type("Broken", (), {"log_figure": lambda self, fig, path: 1 / 0})(), epochs, [1, 2, 3]) is None
+    assert figure(epochs, [1, 2, 3]).axes

@@ -29,6 +29,7 @@ restarts; a retried step that finds them all done does not call the function aga
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -90,6 +91,10 @@ class TrainContext:
     """Rank 0: the last epoch's gang shares (``share_<part>``), ``images_per_s``, ``slowest_rank_ratio``."""
     _epochs: dict[int, list[telemetry.RankEpoch]] = field(default_factory=dict, repr=False)
     """Rank 0: every rank's epochs so far (the memory trend)."""
+    _epoch_numbers: list[int] = field(default_factory=list, repr=False)
+    """Rank 0: the numbers (1 first) of the epochs in :attr:`_epochs`, this attempt's."""
+    _who: list[str] = field(default_factory=list, repr=False)
+    """``rank R on node N (pod P)`` of every rank, gathered at the first straggler check."""
     step: int = 0
     """The global optimiser step: the number of batches done, over every attempt of the run."""
     resumed_from: int = 0
@@ -177,13 +182,46 @@ class TrainContext:
             if self.distributed:
                 dist.barrier()
             self.clock.checkpoint(time.perf_counter() - t0)
-        if self.step < total and self.watch.should_stop():
+        self._check_stragglers()
+        if self.step < total and self._should_stop():
             if self.rank == 0 and not periodic:
                 self.checkpoint(self.step, model, optimizer)
                 log.info("told to stop at step %d of %d: checkpoint written", self.step, total)
             if self.distributed:
                 dist.barrier()
             raise Preempted(self.step, total)
+
+    def _check_stragglers(self) -> None:
+        """After every :data:`~telemetry.STRAGGLER_STEPS` steps, the gang's straggler check over
+        them (a collective: every rank takes the same steps, so every rank calls it at the same one):
+        rank 0 names a rank whose median step was >= 1.2x the others', with its step, not at the epoch's end."""
+        window = self.clock.window
+        if len(window) < telemetry.STRAGGLER_STEPS:
+            return
+        mine, span = statistics.median(window), f"over steps {self.step - len(window) + 1}-{self.step}"
+        window.clear()
+        if not self.distributed:
+            return
+        t0 = time.perf_counter()
+        own = torch.tensor([mine], dtype=torch.float64, device=self.device)
+        gathered = [torch.zeros_like(own) for _ in range(self.world_size)]
+        dist.all_gather(gathered, own)
+        if not self._who:  # once: where each rank runs
+            self._who = [""] * self.world_size
+            dist.all_gather_object(self._who, f"rank {self.rank} on {telemetry.place(*telemetry.whereabouts())}")
+        self.clock.gang_wait(time.perf_counter() - t0)
+        if self.rank == 0:
+            for verdict in telemetry.stragglers([float(t.item()) for t in gathered], self._who, span):
+                self._note_verdict(verdict, f"step {self.step}")
+
+    def _should_stop(self) -> bool:
+        """The gang's per-step stop check (one all-reduce: every rank meets there), its wait in the
+        step clock's ``sync``."""
+        t0 = time.perf_counter()
+        try:
+            return self.watch.should_stop()
+        finally:
+            self.clock.gang_wait(time.perf_counter() - t0)
 
     def _end_epoch(self, epoch: int, model: nn.Module) -> None:
         ranks = self._gather_anatomy()
@@ -260,12 +298,21 @@ class TrainContext:
         log.info("epoch %d step time: %s", epoch + 1, self.step_time)
         for r in ranks:
             self._epochs.setdefault(r.rank, []).append(r)
+        self._epoch_numbers.append(epoch + 1)
         leaks = [telemetry.growing_memory(history) for history in self._epochs.values()]
         for verdict in telemetry.verdicts(ranks) + [v for v in leaks if v]:
-            log.warning("epoch %d: %s", epoch + 1, verdict)
-            kind = verdict.split(":", 1)[0]
-            self.verdicts[:] = [v for v in self.verdicts if not v.startswith(kind + ":")] + [verdict]
+            self._note_verdict(verdict, f"epoch {epoch + 1}")
         return dict(shares)
+
+    def anatomy_history(self) -> tuple[list[list[telemetry.RankEpoch]], list[int]]:
+        """Rank 0: every epoch of this attempt as the gang's numbers (one per rank), and the epochs' numbers."""
+        return [list(gang) for gang in zip(*self._epochs.values())], list(self._epoch_numbers)
+
+    def _note_verdict(self, verdict: str, when: str) -> None:
+        """Rank 0: a verdict to the log and :attr:`verdicts` (each kind once: its latest wording)."""
+        log.warning("%s: %s", when, verdict)
+        kind = verdict.split(":", 1)[0]
+        self.verdicts[:] = [v for v in self.verdicts if not v.startswith(kind + ":")] + [verdict]
 
 
 TrainFunction = Callable[[TrainContext], nn.Module]

@@ -45,7 +45,7 @@ from pipectl.components.runtime import (
     write_json,
 )
 from pipectl.components.shard_stream import ShardStream
-from pipectl.components.train import builtin, preflight
+from pipectl.components.train import anatomy_chart, builtin, preflight
 from pipectl.components.train.checkpoints import latest_checkpoint, resume, save_checkpoint
 from pipectl.components.train.context import TrainContext, TrainFunction
 from pipectl.components.train.preemption import PreemptionWatch
@@ -260,6 +260,9 @@ def train(inp: TrainInput, settings: StoreSettings, s3: Any, *, reader: Any = No
                       resumed_from_step=ctx.resumed_from, world_size=proc.world_size, train_accuracy=round(accuracy, 6),
                       verdicts=ctx.verdicts, step_time=ctx.step_time, anatomy=ctx.anatomy)
     if run is not None:
+        import mlflow
+
+        anatomy_chart.log_chart(mlflow, *ctx.anatomy_history())
         example = torch.from_numpy(ctx.data.example(2)).float()
         _publish(inp, s3, out, model, ctx.optimizer, example, ctx.num_classes, accuracy, elapsed, run, output_uri)
     if proc.distributed:

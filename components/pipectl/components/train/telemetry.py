@@ -6,8 +6,10 @@ Every step of :meth:`TrainContext.batches` is split, per rank, into
 - **compute**: the rank's own forward and backward, up to the moment its last gradient bucket is
   ready (DDP's communication hook, registered by :meth:`TrainContext.wrap`, notes that moment);
 - **sync**: the gradient synchronisation the step actually waits for — from the last bucket ready
-  to the last all-reduce done (DDP overlaps the earlier buckets with the backward: only this
-  part is exposed);
+  to the end of the backward, when DDP has waited for every all-reduce and handed the averaged
+  gradients over (DDP overlaps the earlier buckets with the backward: only this part is
+  exposed) — and the gang's per-step stop check after it (one small all-reduce, where
+  every rank meets: :class:`~pipectl.components.train.preemption.PreemptionWatch`);
 - **optimizer**: the rest of the body (optimiser step, loss bookkeeping);
 - **checkpoint**: writing checkpoints and the barrier after them.
 
@@ -41,8 +43,16 @@ LEAK_EPOCHS, LEAK_MIN_MIB, LEAK_MIN_FRACTION = 4, 64.0, 0.10
 last 4 epoch ends, by at least 64 MiB and 10% in all, is a likely leak: a healthy loop's memory
 settles after its first epoch (its model, optimiser state, a window of shards)."""
 STRAGGLER_RATIO, STRAGGLER_STEPS = 1.2, 20
-"""A rank whose own time (data + compute + optimizer) per step is 20% above the gang's median,
-over an epoch of at least 20 steps, holds every other rank back at each all-reduce."""
+"""A rank whose own time (data + compute + optimizer) per step is 20% above the other ranks'
+median, over 20 steps, holds every other rank back at each all-reduce. Checked every 20 steps
+(the last 20) and over each epoch of at least 20; a rank's time over a span is the median of its
+steps (one step held up by a passing hiccup moves no verdict), compared with the median of the
+other ranks' (in a gang of two: the other rank)."""
+
+
+def place(node: str, pod: str) -> str:
+    """``node N`` or ``node N (pod P)``."""
+    return f"node {node}" + (f" (pod {pod})" if pod and pod != node else "")
 
 
 @dataclass
@@ -60,11 +70,13 @@ class RankEpoch:
     memory_kind: str = "resident memory"
     pod: str = ""
     """The rank's pod on a cluster (empty on one machine, where the node says it all)."""
+    own_median: float = 0.0
+    """The median over the epoch's steps of this rank's own seconds per step (0: not measured)."""
 
     @property
     def where(self) -> str:
         """``node N`` or ``node N (pod P)``: where to look for this rank."""
-        return f"node {self.node}" + (f" (pod {self.pod})" if self.pod and self.pod != self.node else "")
+        return place(self.node, self.pod)
 
     @property
     def total(self) -> float:
@@ -85,8 +97,13 @@ class StepClock:
     steps: int = 0
     images: int = 0
     hooked: bool = False
+    own: list[float] = field(default_factory=list)
+    """This epoch's own seconds (data + compute + optimizer) of each step."""
+    window: list[float] = field(default_factory=list)
+    """The same since the last straggler check (:meth:`TrainContext` takes and clears it)."""
     _mark: float = 0.0
     _body: float = 0.0
+    _waited: float = 0.0
     _ready: float | None = None
     _done: float | None = None
 
@@ -96,7 +113,8 @@ class StepClock:
     def body_begin(self, batch_size: int) -> None:
         """The batch is on the device: data wait ends, the train function's body begins."""
         now = time.perf_counter()
-        self.seconds["data"] += now - self._mark
+        self._waited = now - self._mark
+        self.seconds["data"] += self._waited
         self._body, self._ready, self._done = now, None, None
         self.images += batch_size
 
@@ -106,6 +124,9 @@ class StepClock:
     def bucket_done(self) -> None:
         self._done = time.perf_counter()
 
+    def backward_end(self) -> None:
+        self._done = max(self._done or 0.0, time.perf_counter())
+
     def body_end(self) -> None:
         now = time.perf_counter()
         ready = self._ready if self._ready is not None else now
@@ -114,18 +135,30 @@ class StepClock:
         self.seconds["sync"] += done - ready
         self.seconds["optimizer"] += max(0.0, now - done)
         self.steps += 1
+        own = self._waited + (ready - self._body) + max(0.0, now - done)
+        self.own.append(own)
+        self.window.append(own)
 
     def checkpoint(self, seconds: float) -> None:
         self.seconds["checkpoint"] += seconds
 
+    def gang_wait(self, seconds: float) -> None:
+        """Time spent in a collective of the loop's own (the per-step stop check): ``sync``."""
+        self.seconds["sync"] += seconds
+
     def epoch(self, rank: int) -> RankEpoch:
         """This rank's totals since the last call; the clock starts again."""
-        node = os.environ.get(NODE_NAME_ENV) or socket.gethostname()
+        node, pod = whereabouts()
         memory, kind = current_memory_mib()
         out = RankEpoch(rank, node, self.steps, self.images, dict(self.seconds), self.hooked, memory, kind,
-                        os.environ.get(POD_NAME_ENV, ""))
-        self.seconds, self.steps, self.images = dict.fromkeys(PARTS, 0.0), 0, 0
+                        pod, statistics.median(self.own) if self.own else 0.0)
+        self.seconds, self.steps, self.images, self.own = dict.fromkeys(PARTS, 0.0), 0, 0, []
         return out
+
+
+def whereabouts() -> tuple[str, str]:
+    """(node, pod) of this process: the downward API's on a cluster, the host name and "" on one machine."""
+    return os.environ.get(NODE_NAME_ENV) or socket.gethostname(), os.environ.get(POD_NAME_ENV, "")
 
 
 def current_memory_mib() -> tuple[float, str]:
@@ -161,12 +194,15 @@ def growing_memory(history: list[RankEpoch]) -> str | None:
 
 def attach(clock: StepClock, ddp: Any) -> None:
     """Register the timing all-reduce hook on a DistributedDataParallel model (the default
-    all-reduce, timed: the moment a bucket is ready and the moment its reduction is done)."""
+    all-reduce, timed: the moment a bucket is ready, the moment its reduction is done, and the
+    end of the backward after DDP's own end-of-backward work)."""
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     def timed(state, bucket):  # noqa: ANN001, ANN202 - DDP checks the annotations: none, or the real classes
         state.bucket_ready()
+        if bucket.is_last():
+            _after_ddp_backward(state.backward_end)
 
         def done(fut: Any) -> Any:
             state.bucket_done()
@@ -176,6 +212,18 @@ def attach(clock: StepClock, ddp: Any) -> None:
 
     ddp.register_comm_hook(clock, timed)
     clock.hooked = True
+
+
+def _after_ddp_backward(fn: Any) -> None:
+    """Call ``fn`` at the end of the running backward, after DDP's finalisation (which waits for
+    every bucket's reduction and copies the averaged gradients to ``.grad``). DDP's reducer queues
+    that as an autograd engine callback right after it calls the last bucket's hook
+    (torch/csrc/distributed/c10d/reducer.cpp ``mark_variable_ready``); callbacks run in order,
+    and one queued while they run goes to the end of the queue: so ``fn`` is queued from a callback."""
+    from torch.autograd import Variable
+
+    engine = Variable._execution_engine
+    engine.queue_callback(lambda: engine.queue_callback(fn))
 
 
 def gang_shares(ranks: list[RankEpoch]) -> dict[str, float]:
@@ -199,10 +247,10 @@ def verdicts(ranks: list[RankEpoch]) -> list[str]:
     if shares["share_data"] > STARVED_SHARE:
         out.append(f"starved: {shares['share_data']:.0%} of the step waits for data (rule: > {STARVED_SHARE:.0%}); "
                    "decode on the GPU (DALI mixed), give the workers more CPU (cpu-per-worker), or warm the cache (warm-cache=true)")
-    stragglers = _stragglers(ranks)
-    out += stragglers
+    slow = _stragglers(ranks)
+    out += slow
     across_nodes = len({r.node for r in ranks}) > 1  # on one node the sync never crosses a fabric
-    if not stragglers and across_nodes and all(r.sync_measured for r in ranks) and shares["share_sync"] > FABRIC_SHARE:
+    if not slow and across_nodes and all(r.sync_measured for r in ranks) and shares["share_sync"] > FABRIC_SHARE:
         then = ("adding nodes will not pay: " if shares["share_sync"] > NO_SCALE_SHARE else "") + \
             "check InfiniBand/RoCE and NCCL_IB_DISABLE / NCCL_SOCKET_IFNAME"
         out.append(f"fabric-bound: {shares['share_sync']:.0%} of the step waits for gradient sync "
@@ -211,11 +259,24 @@ def verdicts(ranks: list[RankEpoch]) -> list[str]:
 
 
 def _stragglers(ranks: list[RankEpoch]) -> list[str]:
-    own = [r.own_per_step for r in ranks]
-    median = statistics.median(own) if own else 0.0
-    return [f"straggler: rank {r.rank} on {r.where} takes {r.own_per_step * 1000:.0f} ms of its own per step, "
-            f"{r.own_per_step / median:.1f}x the gang's median (rule: >= {STRAGGLER_RATIO}x over >= {STRAGGLER_STEPS} steps); "
-            "every other rank waits for it at each all-reduce — check that node (GPU clocks, thermal, noisy neighbours) "
-            "or its shards"
-            for r in ranks
-            if len(ranks) > 1 and r.steps >= STRAGGLER_STEPS and median > 0 and r.own_per_step >= STRAGGLER_RATIO * median]
+    if any(r.steps < STRAGGLER_STEPS for r in ranks):
+        return []
+    own = [r.own_median or r.own_per_step for r in ranks]
+    return stragglers(own, [f"rank {r.rank} on {r.where}" for r in ranks], "over the epoch")
+
+
+def stragglers(own: list[float], who: list[str], span: str) -> list[str]:
+    """The straggler verdicts for a gang whose member ``who[i]`` (``rank R on node N``) took
+    ``own[i]`` seconds of its own per step (its median over ``span``, at least
+    :data:`STRAGGLER_STEPS` steps): each one at least :data:`STRAGGLER_RATIO` times the median of
+    the others'."""
+    out = []
+    for i, mine in enumerate(own):
+        others = own[:i] + own[i + 1:]
+        median = statistics.median(others) if others else 0.0
+        if median > 0 and mine >= STRAGGLER_RATIO * median:
+            out.append(f"straggler: {who[i]} takes {mine * 1000:.0f} ms of its own per step {span}, "
+                       f"{mine / median:.1f}x the other ranks' median (rule: >= {STRAGGLER_RATIO}x over >= {STRAGGLER_STEPS} steps, "
+                       "each rank's median step); every other rank waits for it at each all-reduce — check that node "
+                       "(GPU clocks, thermal, noisy neighbours) or its shards")
+    return out
