@@ -105,3 +105,23 @@ def test_a_bad_topology_is_refused_naming_the_key(topology, expected):
 
     with pytest.raises(ValidationError, match=expected):
         CompileConfig(topology=topology)
+
+
+def test_doctor_says_whether_the_nodes_carry_the_topology_label():
+    from types import SimpleNamespace
+
+    from pipectl.pipelines.backends.doctor import topology_row
+    from pipectl.pipelines.topology import Topology
+
+    def node(labels, gpus="8"):
+        return SimpleNamespace(metadata=SimpleNamespace(labels=labels), status=SimpleNamespace(allocatable={"nvidia.com/gpu": gpus}))
+
+    racks = [node({RACK: "r1"}), node({RACK: "r1"}), node({RACK: "r2"}), node({}, gpus="0")]
+    row = topology_row(racks, Topology(key=RACK, mode="required"))
+    assert (row.status, row.detail) == ("ok", "3 of 3 GPU nodes carry it, 2 domains")
+    row = topology_row(racks[1:3] + [node({})], Topology(key=RACK, mode="required"))
+    assert row.status == "warn" and "gang pods never land on the others" in row.detail and f"kubectl label nodes NODE {RACK}=" in row.fix
+    assert topology_row(racks[1:3] + [node({})], Topology(key=RACK)).status == "ok"  # preferred: the others still serve
+    assert topology_row([node({})], Topology(key=RACK)).status == "warn"
+    row = topology_row([node({})], Topology(key=RACK, mode="required"))
+    assert row.status == "fail" and row.detail == "0 of 1 GPU nodes carry it, 0 domains: no gang pod can be placed"

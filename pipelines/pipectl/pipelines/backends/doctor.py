@@ -226,10 +226,11 @@ class Doctor:
         nodes = client.CoreV1Api(self.api).list_node().items
         gpus = sum(_gpus(n) for n in nodes)
         with_gpus = sum(1 for n in nodes if _gpus(n) > 0)
+        placement = [topology_row(nodes, self.cfg.topology)] if self.cfg.topology is not None else []
         if gpus:
-            return [Row("GPU nodes", "ok", f"{with_gpus} of {len(nodes)} nodes, {gpus} GPUs allocatable"), _urgent_reserve(nodes)]
+            return [Row("GPU nodes", "ok", f"{with_gpus} of {len(nodes)} nodes, {gpus} GPUs allocatable"), _urgent_reserve(nodes)] + placement
         return [Row("GPU nodes", "warn", f"none of {len(nodes)} nodes has nvidia.com/gpu now",
-                    "fine with an autoscaler that adds GPU nodes (argo/autoscaling/); else install the NVIDIA device plugin")]
+                    "fine with an autoscaler that adds GPU nodes (argo/autoscaling/); else install the NVIDIA device plugin")] + placement
 
     def _karpenter(self) -> list[Row]:
         """Where Karpenter runs: the NodePools ``argo/autoscaling/karpenter`` installs and the node
@@ -324,3 +325,21 @@ def _urgent_reserve(nodes: list) -> Row:
                "each restarting whole (a 128-pod batch gang for a 16-GPU urgent gang)",
                f"reserve nodes for the urgent lane's usual gang: kubectl taint nodes NODE {LANE_TAINT_KEY}={Lane.urgent.value}:NoSchedule "
                "(autoscaled clusters: the pipectl-urgent-buffer NodePool of argo/autoscaling/)")
+
+
+def topology_row(nodes: list, topology: Any) -> Row:
+    """Whether the nodes carry the site's topology label (:mod:`pipectl.pipelines.topology`): a
+    ``required`` placement never lands a gang pod on a node without it, and a label no node has
+    places nothing. GPU nodes are counted when there are any, else every node."""
+    key, check = topology.key, f"topology {topology.key}"
+    pool = [n for n in nodes if _gpus(n)] or nodes
+    labelled = [n for n in pool if key in (n.metadata.labels or {})]
+    domains = {n.metadata.labels[key] for n in labelled}
+    fix = f"label each node with its network domain (kubectl label nodes NODE {key}=DOMAIN), or set the site's topology.key to the label the cluster has"
+    what = f"{len(labelled)} of {len(pool)} {'GPU ' if pool is not nodes else ''}nodes carry it, {len(domains)} domain{'s' * (len(domains) != 1)}"
+    if not labelled:
+        return Row(check, "fail" if topology.mode == "required" else "warn",
+                   f"{what}: " + ("no gang pod can be placed" if topology.mode == "required" else "the placement does nothing"), fix)
+    if len(labelled) < len(pool) and topology.mode == "required":
+        return Row(check, "warn", f"{what}: gang pods never land on the others (required)", fix)
+    return Row(check, "ok", what)
