@@ -342,6 +342,67 @@ def test_a_namespace_with_a_model_prefix_trains_only_its_own_models(test_cluster
     test_cluster.wait_for("no model prefix", lambda: accepted(_legit(model_name="team-b-resnet")) or None)
 
 
+TEAMS = [{"name": "vision", "namespace": "team-vision", "groups": ["vision-ml"], "max_gpus": 8, "lane_gpus": {"urgent": 4},
+          "model_prefix": "vision", "s3_prefix": "s3://pipectl/teams/vision/"},
+         {"name": "speech", "namespace": "team-speech", "groups": ["speech-ml"], "max_gpus": 32,
+          "model_prefix": "speech", "s3_prefix": "s3://pipectl/teams/speech/"}]
+
+
+def test_two_teams_share_the_cluster_and_neither_reaches_the_other(test_cluster, k8s_api):
+    """The site's two teams applied as argo/cluster/teams/ renders them: vision's submitter cannot
+    submit into speech's namespace, nor train speech's models or read speech's data in its own;
+    vision's quota does not limit speech; the urgent lane is vision's only."""
+    from kubernetes import client
+
+    from pipectl.pipelines.manifests import cluster_manifests
+    from pipectl.pipelines.training import CompileConfig
+
+    files = cluster_manifests(CompileConfig(teams=TEAMS))
+    test_cluster.apply([d for t in TEAMS for d in files[f"cluster/teams/{t['name']}.yaml"]], field_manager="pipectl-tests")
+    core = client.CoreV1Api(k8s_api)
+    ann = client.CustomObjectsApi(_api(test_cluster, "ann", "vision-ml"))
+    vision, speech = "team-vision", "team-speech"
+
+    def wf(ns: str, **params: str) -> dict:
+        from pipectl.components.contracts import TrainingParameters
+        from pipectl.pipelines.workflows import workflow_for
+
+        params = {"model_name": "vision-cnn", "dataset_uri": "s3://pipectl/teams/vision/digits/", **params}
+        return workflow_for("training-v1", ns, TrainingParameters.model_validate(params))
+
+    def refusal(ns: str, workflow: dict) -> str | None:
+        try:
+            ann.create_namespaced_custom_object("argoproj.io", "v1alpha1", ns, "workflows", workflow, dry_run="All")
+        except client.ApiException as e:
+            return f"{e.status} {json.loads(e.body)['message']}"
+        return None
+
+    try:
+        outside = wf(vision, dataset_uri="s3://pipectl/teams/speech/digits/")
+        test_cluster.wait_for("the team's data prefix in force", lambda: "data prefix" in (refusal(vision, outside) or "") or None)
+        assert refusal(vision, wf(vision)) is None
+        assert "is not under this namespace's data prefix s3://pipectl/teams/vision/" in refusal(vision, outside)
+        assert "model-name speech-cnn is not this namespace's" in refusal(vision, wf(vision, model_name="speech-cnn"))
+        into_speech = refusal(speech, wf(speech, model_name="speech-cnn", dataset_uri="s3://pipectl/teams/speech/digits/"))
+        assert into_speech.startswith("403 ") and 'User "ann" cannot create resource "workflows"' in into_speech, into_speech
+        for ns in (vision, speech):
+            test_cluster.wait_for("default ServiceAccount in " + ns, lambda: core.read_namespaced_service_account("default", ns))
+        with pytest.raises(client.ApiException) as exceeded:  # vision's quota: 8 GPUs
+            core.create_namespaced_pod(vision, _small_pod("big", "pipectl-batch", gpus=16), dry_run="All")
+        assert exceeded.value.status == 403 and "exceeded quota: pipectl-namespace-gpus" in exceeded.value.body
+        core.create_namespaced_pod(speech, _small_pod("big", "pipectl-batch", gpus=16), dry_run="All")  # not speech's
+        with pytest.raises(client.ApiException) as urgent:  # vision's urgent lane quota: 4 GPUs
+            core.create_namespaced_pod(vision, _small_pod("urgent", "pipectl-urgent", gpus=5), dry_run="All")
+        assert "exceeded quota: pipectl-lane-urgent" in urgent.value.body
+        core.create_namespaced_pod(vision, _small_pod("urgent", "pipectl-urgent", gpus=4), dry_run="All")
+        with pytest.raises(client.ApiException) as not_granted:
+            core.create_namespaced_pod(speech, _small_pod("urgent", "pipectl-urgent", gpus=1), dry_run="All")
+        assert "lanes.pipectl.io/urgent=true" in not_granted.value.body
+    finally:
+        for ns in (vision, speech):
+            core.delete_namespace(ns)
+
+
 def test_step_code_holds_no_kubernetes_token(test_cluster, k8s_api, training_outputs_supplied):
     """Every pod of a run, as the real controller builds it: the steps' own containers mount no
     service-account token (only Argo's executor containers do, the executor account's); the one

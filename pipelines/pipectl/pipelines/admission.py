@@ -33,7 +33,8 @@ ServiceAccount (it updates workflows it runs; the CronWorkflows it starts runs f
 
 Models: where teams share one MLflow registry, a namespace labelled ``MODEL_PREFIX_LABEL`` may
 only train and promote models named ``<prefix>-...``, passed explicitly (a team cannot take
-another's champion; a template's own default name is not known here).
+another's champion; a template's own default name is not known here). Likewise a namespace
+annotated ``DATA_PREFIX_ANNOTATION`` may only read datasets under that S3 prefix, passed explicitly.
 
 ``pipectl-lanes`` (pods, Volcano Jobs and PodGroups, every namespace): a pod of a preempting
 lane's PriorityClass, or anything in that lane's Volcano queue, is admitted only in a namespace
@@ -57,6 +58,9 @@ from pipectl.pipelines.policy import LANES
 MODEL_PREFIX_LABEL = "pipectl.io/model-prefix"
 """Namespace label: every ``model-name`` submitted in the namespace must start with ``<value>-``
 (the models a team owns when teams share one MLflow registry)."""
+DATA_PREFIX_ANNOTATION = "pipectl.io/data-prefix"
+"""Namespace annotation (``s3://bucket/path/``): every ``dataset-uri`` submitted in the namespace
+must start with it (the data a team's runs may read when teams share one object store)."""
 SUBMISSION_LABEL = "pipectl.io/submission-policy"
 """Namespace label (value ``enforce``) that puts a namespace's Workflows under ``pipectl-submission``."""
 LANE_LABEL_PREFIX = "lanes.pipectl.io/"
@@ -353,6 +357,11 @@ def submission_policy(namespace_label: str = SUBMISSION_LABEL, exempt_users: tup
          "messageExpression": f"'model-name ' + variables.modelName + ' is not this namespace\\'s: its models are named ' "
                               f"+ variables.labels[{_cel(MODEL_PREFIX_LABEL)}] + '-<name> (namespace label {MODEL_PREFIX_LABEL})'",
          "reason": "Forbidden"},
+        {"expression": f"!(variables.annotations.exists(k, k == {_cel(DATA_PREFIX_ANNOTATION)})) "
+                       f"|| variables.datasetUri.startsWith(variables.annotations[{_cel(DATA_PREFIX_ANNOTATION)}])",
+         "messageExpression": f"'dataset-uri ' + variables.datasetUri + ' is not under this namespace\\'s data prefix ' "
+                              f"+ variables.annotations[{_cel(DATA_PREFIX_ANNOTATION)}] + ' (namespace annotation {DATA_PREFIX_ANNOTATION})'",
+         "reason": "Forbidden"},
         {"expression": f"!has({spec}.priority) || (variables.lane in {lanes} && {spec}.priority == {lanes}[variables.lane])",
          "messageExpression": f"'spec.priority must be the lane\\'s (' + variables.lane + ')'",
          "reason": "Forbidden"},
@@ -388,7 +397,11 @@ def submission_policy(namespace_label: str = SUBMISSION_LABEL, exempt_users: tup
                                                f"{_cel(TrainingParameters.model_fields['lane'].default.value)}"},
                 {"name": "modelName", "expression": "variables.params.exists(p, p.name == 'model-name' && has(p.value)) ? "
                                                     "variables.params.filter(p, p.name == 'model-name' && has(p.value))[0].value : ''"},
+                {"name": "datasetUri", "expression": "variables.params.exists(p, p.name == 'dataset-uri' && has(p.value)) ? "
+                                                     "variables.params.filter(p, p.name == 'dataset-uri' && has(p.value))[0].value : ''"},
                 {"name": "labels", "expression": "has(namespaceObject.metadata.labels) ? namespaceObject.metadata.labels : {}"},
+                {"name": "annotations", "expression": "has(namespaceObject.metadata.annotations) "
+                                                      "? namespaceObject.metadata.annotations : {}"},
             ],
             "validations": validations,
         },

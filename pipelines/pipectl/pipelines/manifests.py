@@ -28,6 +28,7 @@ from pipectl.pipelines.gang_reaper import gang_reaper
 from pipectl.pipelines.launchers import LAUNCHERS
 from pipectl.pipelines.policy import LANES, exported
 from pipectl.pipelines.security import POD_SECURITY_LABELS, restricted_container_security_context
+from pipectl.pipelines.teams import teams_files
 from pipectl.pipelines.builtin import build_training
 from pipectl.pipelines.training import DEFAULT_MLFLOW_URI, DEFAULT_S3_ENDPOINT, CompileConfig
 
@@ -512,7 +513,8 @@ def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]
     get only pipectl's keys and other tenants' keys stay), ``namespace/`` what the namespace owner
     applies (RBAC, the gang reaper, config, templates, cron, monitoring), all namespaced. ``autoscaling/karpenter/``
     (NodePools, the urgent lane's warm buffer among them) is a cluster-admin kustomization of its
-    own, applied when the cluster runs Karpenter.
+    own, applied when the cluster runs Karpenter. ``cluster/teams/<name>.yaml``: each team of the
+    site's ``teams`` (:mod:`~pipectl.pipelines.teams`).
     """
     cfg = cfg or CompileConfig()
     admin, owner = CLUSTER_ADMIN_DIR, NAMESPACE_OWNER_DIR
@@ -531,6 +533,7 @@ def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]
         TEMPLATE_FILE: [build_training(cfg).to_dict()],
         CRON_FILE: [retrain_cron(cfg).to_dict()],
         f"{KARPENTER_DIR}/nodepools.yaml": node_pools(cfg.autoscaling) + buffer_node_pool(cfg.autoscaling),
+        **teams_files(cfg, admin, namespace_limits, (ARGO_PARALLELISM_LABEL, NAMESPACE_PARALLELISM)),
     }
 
 

@@ -55,7 +55,7 @@ from hera.workflows.models import (
     Volume,
     VolumeMount,
 )
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from pipectl.components.contracts import (
     AvoidInput,
@@ -93,6 +93,7 @@ from pipectl.pipelines.launchers import DEFAULT_LAUNCHER, LAUNCHERS, GangConfig
 from pipectl.pipelines.launchers.base import GANG_AFFINITY_INPUT, TRAIN_STEP_INPUTS, job_labels
 from pipectl.pipelines.autoscaling import DO_NOT_DISRUPT, AutoscalingConfig
 from pipectl.pipelines.fabric import FabricProfile
+from pipectl.pipelines.tenancy import TeamSpec, cluster_gpu_ceiling, team_problems
 from pipectl.pipelines.topology import Topology
 from pipectl.pipelines.policy import RetryPolicy, lane_toleration_for, step_metrics, training_metrics
 from pipectl.pipelines.security import TMP_VOLUME_NAME, restricted_container_security_context, tmp_volume, restricted_pod_security_context
@@ -152,6 +153,11 @@ class CompileConfig(BaseModel):
                                   description="The gang's network: NCCL's interfaces, adapters, RoCE GID, log level, RDMA devices.")
     topology: Topology | None = Field(None, description="The gang's pods in one network domain: the node label naming "
                                       "a node's rack or block, preferred or required (none: no placement constraint).")
+    cluster_gpus: int | None = Field(None, ge=1, description="GPUs the cluster holds at most: no team's max_gpus may be "
+                                     "over it (none: the sum of the Karpenter GPU node pools' limit_gpus, when each has one).")
+    teams: tuple[TeamSpec, ...] = Field((), description="Teams sharing the cluster, each with a namespace of its own "
+                                        "(argo/cluster/teams/): name, namespace, groups (bound to pipectl-submitter), "
+                                        "max_gpus, lane_gpus per lane (urgent granted only when listed), model_prefix, s3_prefix.")
     pipeline_parameters: tuple[ParameterSpec, ...] = Field(
         (), exclude=True, description="The pipeline's own parameters (set by Pipeline.build from its parameters class).")
 
@@ -180,6 +186,16 @@ class CompileConfig(BaseModel):
     def train_image(self) -> str:
         """preprocess (DALI) and the gang (torch)."""
         return self.image("step-train")
+
+    @field_validator("teams")
+    @classmethod
+    def _teams_apart(cls, v: tuple[TeamSpec, ...], info: ValidationInfo) -> tuple[TeamSpec, ...]:
+        autoscaling = info.data.get("autoscaling")
+        ceiling = cluster_gpu_ceiling(info.data.get("cluster_gpus"), autoscaling) if autoscaling else info.data.get("cluster_gpus")
+        problems = team_problems(v, info.data.get("namespace", ""), ceiling)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return v
 
     @field_validator("launcher")
     @classmethod

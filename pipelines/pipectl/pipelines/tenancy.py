@@ -1,0 +1,103 @@
+"""Teams sharing one cluster: the site file's ``teams:`` list and its checks. Pure: no I/O.
+
+A team is a namespace of its own with a GPU quota across all lanes and per lane, the preempting
+lanes it is granted, the groups bound to ``pipectl-submitter`` there, the prefix of the model
+names it owns and the S3 prefix its runs' datasets must be under. :mod:`~pipectl.pipelines.teams`
+renders each into ``argo/cluster/teams/<name>.yaml``; :func:`team_problems` lists what makes a set
+of teams unsafe (two teams sharing a namespace or a prefix, a quota no cluster can honour).
+
+Example (in the site file)::
+
+    teams:
+      - name: vision
+        namespace: ml-vision
+        groups: [vision-ml]
+        max_gpus: 32
+        lane_gpus: {urgent: 8, batch: 16}
+        model_prefix: vision
+        s3_prefix: s3://pipectl/teams/vision/
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipectl.components.names import Lane
+
+_DNS_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+_S3_PREFIX = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/([A-Za-z0-9._=-]+/)*$"
+
+
+class TeamSpec(BaseModel):
+    """One team's share of the cluster (see the module doc)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=_DNS_LABEL, description="The team's name (argo/cluster/teams/<name>.yaml).")
+    namespace: str = Field(pattern=_DNS_LABEL, description="The team's namespace: its runs, templates and secrets.")
+    groups: tuple[str, ...] = Field(min_length=1, description="Identity groups bound to pipectl-submitter in the namespace.")
+    max_gpus: int = Field(ge=0, description="GPUs all pods of the namespace may request together, every lane.")
+    lane_gpus: dict[Lane, int] = Field(default_factory=dict, description="GPUs per lane (a lane left out: only max_gpus "
+                                       "bounds it); a preempting lane (urgent) is granted only when listed.")
+    model_prefix: str = Field(pattern=_DNS_LABEL, description="The team's models are named <model_prefix>-<name>.")
+    s3_prefix: str = Field(pattern=_S3_PREFIX, description="Every run's dataset-uri must be under this prefix "
+                           "(s3://bucket/path/, ending in /).")
+
+
+def _nested(a: str, b: str) -> bool:
+    """Whether one of the two prefixes contains the other (``vision-`` and ``vision-x-``)."""
+    return a.startswith(b) or b.startswith(a)
+
+
+def _owner_conflicts(teams: tuple[TeamSpec, ...], own_namespace: str) -> list[str]:
+    """Pairs of teams sharing a name, a namespace, model names or S3 objects; a team in the install's own namespace."""
+    out = []
+    for t in teams:
+        if t.namespace == own_namespace:
+            out.append(f"team {t.name}: namespace {t.namespace} is the install's own (namespace:); give the team one of its own")
+    for i, a in enumerate(teams):
+        for b in teams[i + 1:]:
+            pair = f"teams {a.name} and {b.name}"
+            if a.name == b.name:
+                out.append(f"{pair}: two teams with one name")
+            if a.namespace == b.namespace:
+                out.append(f"{pair}: both name namespace {a.namespace}")
+            if _nested(a.model_prefix + "-", b.model_prefix + "-"):
+                out.append(f"{pair}: model prefixes {a.model_prefix} and {b.model_prefix} overlap "
+                           f"(a model {b.model_prefix}-x would be both teams')")
+            if _nested(a.s3_prefix, b.s3_prefix):
+                out.append(f"{pair}: S3 prefixes {a.s3_prefix} and {b.s3_prefix} overlap (one holds the other's objects)")
+    return out
+
+
+def _quota_problems(team: TeamSpec, cluster_gpus: int | None) -> list[str]:
+    """A team's quotas that no cluster of ``cluster_gpus`` GPUs can honour, or that contradict each other."""
+    out = []
+    if cluster_gpus is not None and team.max_gpus > cluster_gpus:
+        out.append(f"team {team.name}: max_gpus {team.max_gpus} is over the cluster's {cluster_gpus} GPUs "
+                   "(cluster_gpus, else the GPU node pools' limit_gpus)")
+    for lane, gpus in team.lane_gpus.items():
+        if gpus > team.max_gpus:
+            out.append(f"team {team.name}: lane_gpus.{lane.value} {gpus} is over the team's max_gpus {team.max_gpus}")
+    return out
+
+
+def team_problems(teams: tuple[TeamSpec, ...], own_namespace: str, cluster_gpus: int | None) -> list[str]:
+    """Everything that makes ``teams`` unsafe to render, each naming the teams and keys (empty: none)."""
+    out = _owner_conflicts(teams, own_namespace)
+    for t in teams:
+        out += _quota_problems(t, cluster_gpus)
+    return out
+
+
+def cluster_gpu_ceiling(cluster_gpus: int | None, autoscaling: Any) -> int | None:
+    """The GPUs the cluster can hold at most: ``cluster_gpus`` when set, else the sum of the GPU
+    node pools' ``limit_gpus`` (when every GPU pool has one), else unknown (None)."""
+    if cluster_gpus is not None:
+        return cluster_gpus
+    pools = [p for p in autoscaling.node_pools if p.gpu]
+    if not pools or any(p.limit_gpus is None for p in pools):
+        return None
+    return sum(p.limit_gpus for p in pools)
