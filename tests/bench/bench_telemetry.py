@@ -43,7 +43,6 @@ core SHARED. Not a timed test: it prints a table and writes ``results/telemetry.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import resource
@@ -59,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from tests.bench.table import Bench, Row, Stats
+from tests.tools.folder_store import FolderStore
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = max(5, int(os.environ.get("BENCH_TELEMETRY_ROUNDS", "10")))
@@ -71,22 +71,6 @@ GOAL = 0.02
 TICK = os.sysconf("SC_CLK_TCK")
 CORES = os.cpu_count() or 1
 SIDES = ("on", "off")
-
-
-class FolderStore:
-    """``put_object``/``get_object`` over a folder (``s3://bucket/key`` -> ``root/bucket/key``): the
-    two calls the shard writer and :class:`~pipectl.components.shard_stream.ShardStream` make."""
-
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-
-    def put_object(self, Bucket: str, Key: str, Body: bytes, **_: Any) -> None:  # noqa: N803 - boto3's names
-        path = self.root / Bucket / Key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(Body)
-
-    def get_object(self, Bucket: str, Key: str) -> dict[str, Any]:  # noqa: N803
-        return {"Body": io.BytesIO((self.root / Bucket / Key).read_bytes())}
 
 
 def make_shards(root: Path) -> dict[str, Any]:

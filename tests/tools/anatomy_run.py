@@ -41,6 +41,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from tests.tools.folder_store import FolderStore
+
 STEPS, BATCH, BASE_MS, IMAGE = 40, 16, 30.0, 8
 GANG_BASE_MS = 60.0
 """A gang member's step: two processes on a loaded machine wake from their sleeps a few ms apart,
@@ -48,23 +50,6 @@ which must stay well inside the straggler rule's 20%."""
 CLEAN_STEPS = 20
 """Steps per epoch of a clean gang: the fewest the epoch's straggler check looks at (one window per epoch)."""
 SHARDS_URI = "s3://anatomy/shards"
-
-
-class FolderStore:
-    """``put_object``/``get_object`` over a folder: the two calls the shard writer and the stream make."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def put_object(self, Bucket: str, Key: str, Body: bytes, **_: Any) -> None:  # noqa: N803 - boto3's names
-        path = self.root / Bucket / Key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(Body)
-
-    def get_object(self, Bucket: str, Key: str) -> dict[str, Any]:  # noqa: N803
-        import io
-
-        return {"Body": io.BytesIO((self.root / Bucket / Key).read_bytes())}
 
 
 def _shards(store: FolderStore, count: int, shards_uri: str = SHARDS_URI) -> None:
