@@ -51,11 +51,9 @@ import yaml
 from pipectl.components.names import OUTPUTS_DIR as CONTAINER_OUTPUTS_DIR
 from pipectl.pipelines.backends.processes import free_port, spawn, stop
 from pipectl.pipelines.launchers import launcher_for
-from pipectl.pipelines.launchers.base import NODE_NAME_FIELD
-
-POD_NAME_FIELD = "metadata.name"
-"""The downward API's pod name (a gang pod's ``fieldRef``): locally ``<job>-<group>-<index>``."""
+from pipectl.pipelines.launchers.base import NODE_NAME_FIELD, POD_NAME_FIELD
 from pipectl.pipelines.substitution import TemplateError, evaluate_when, expand_k8s_vars, resolve_known, substitute
+
 
 class LocalBackendError(TemplateError):
     """The compiled workflow uses something the local backend cannot execute, or is malformed

@@ -50,6 +50,8 @@ from pipectl.pipelines.security import TMP_VOLUME_NAME, restricted_container_sec
 MASTER_PORT = 29500
 NODE_NAME_FIELD = "spec.nodeName"
 """Downward API field of a gang pod's node (env :data:`~pipectl.components.names.NODE_NAME_ENV`)."""
+POD_NAME_FIELD = "metadata.name"
+"""The downward API's pod name (a gang pod's ``fieldRef``; locally ``<job>-<group>-<index>``)."""
 JOB_NAME = "{{workflow.name}}-train"
 """ONE gang job per run (C18): every attempt of the train step, retried in place after its launcher pod
 was lost (evicted, node shut down) or after a backoff (the pod deleted), applies the same name, so
@@ -216,7 +218,7 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
                     "image": cfg.image,
                     "command": command,
                     "env": env + [{"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": NODE_NAME_FIELD}}},
-                                  {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+                                  {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": POD_NAME_FIELD}}}]
                     + ([{"name": RETRY_OOM_ENV, "value": "1"}] if cfg.retry_oom else []) + fabric.env(),
                     "envFrom": [
                         {"configMapRef": {"name": STORE_CONFIGMAP, "optional": True}},
