@@ -20,8 +20,8 @@
 #   tests-autoscaled  pytest tier 2b: Karpenter's build (cached), then tests/cluster/test_autoscaler.py
 #                  on its own control plane (Karpenter creates every node), beside tier 2: its
 #                  tests wait on Karpenter's loops, not on the CPU
-#   real-pods      pytest tier 3: tests/cluster/test_real_pods.py on the real node, once tier 2 is
-#                  done (the node loads both cores), beside what is left of tiers 1 and 2b
+#   real-pods      pytest tier 3: tests/cluster/test_real_pods.py on the real node, once tier 2b is
+#                  done (both wait more than they compute), beside tiers 1, 1b and 2
 #
 # Every tier always runs when what it needs was prepared; the exit status is non-zero if any phase
 # failed. Each background phase writes its log to $PIPECTL_TEST_LOGS (default .pipectl/test-logs);
@@ -183,11 +183,13 @@ bg tests-storage tier tests-storage --ignore=tests/cluster -m "storage or pipeli
 if [[ $cluster_ok -eq 1 ]]; then
   bg go-node bash tests/cluster/build.sh "${GO_NODE[@]}"
   bg tests-autoscaled autoscaled "$@"
-  run_phase tests-cluster tier tests-cluster tests/cluster --ignore=tests/cluster/test_real_pods.py \
+  bg tests-cluster tier tests-cluster tests/cluster --ignore=tests/cluster/test_real_pods.py \
     --ignore=tests/cluster/test_autoscaler.py "$@"
 fi
-# Tier 3 once tier 2 is done (the real node's containers load both cores), beside what is left of
-# tiers 1 and 2b (their control planes listen on loopback ports of their own).
+# Tier 3 once tier 2b is done, beside tiers 1 and 2: both mostly wait (on Karpenter's loops, on
+# the real node's containers), so one after the other they load the CPU about as one test process;
+# after tier 2 instead, the run's last minutes left a core idle (tier 3 alone).
+[[ $cluster_ok -eq 1 ]] && reap tests-autoscaled 60
 node_ok=$cluster_ok
 [[ $cluster_ok -eq 1 ]] && { reap go-node || node_ok=0; }
 [[ $images_ok -eq 1 ]] && { reap node-images || node_ok=0; }
@@ -197,7 +199,7 @@ else
   log "real-pods not run: what it needs was not prepared (see the phases above)"
   rc_all=1
 fi
-[[ $cluster_ok -eq 1 ]] && reap tests-autoscaled 60
+[[ $cluster_ok -eq 1 ]] && reap tests-cluster 120
 # tier 1's whole reports: their failures and the slowest tests are in the last lines
 reap tests-storage 120
 reap tests-local 120
