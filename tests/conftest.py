@@ -12,6 +12,21 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # Each test's CPU time goes into the JUnit XML (scripts/test.sh lists the hungriest).
 pytest_plugins = ["tests.tools.cpu_account"]
 
+
+
+def pytest_configure(config):
+    """SIGTERM (``timeout``, a CI runner cancelling the job) ends the run as Ctrl-C does: pytest
+    then tears down its session fixtures, so the Ceph daemons, MLflow servers and control planes
+    they started are stopped instead of outliving the run."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        def _interrupt(signum, frame):
+            raise KeyboardInterrupt(f"signal {signum}")
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
 # Benchmarks are run by `make bench` (python -m tests.bench.run), never collected as tests.
 collect_ignore = ["bench"]
 
