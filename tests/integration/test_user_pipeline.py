@@ -125,6 +125,7 @@ def test_a_failing_user_script_fails_the_run_as_code(tmp_path, small_digits_dir)
     assert "bad hyper-parameter" in Path(train["log"]).read_text()
 
 
+@pytest.mark.pipeline  # long: make test runs it in tier 1b, beside tier 1
 def test_the_image_classifier_example_trains_its_own_resnet_function_and_evaluates_it_against_a_cnn_champion(tmp_path):
     """examples/image-classifier: the team's generator writes 64x64 images of four shapes. pipectl's
     built-in pipeline trains a small CNN on them first (the champion); then the team's pipeline runs
@@ -388,6 +389,7 @@ def _evict(pod: psutil.Process, grace_s: float) -> None:
         kill_tree(p.pid)
 
 
+@pytest.mark.pipeline  # long: make test runs it in tier 1b, beside tier 1
 def test_a_script_that_checkpoints_through_the_contract_resumes_after_a_gang_member_is_evicted(tmp_path, small_digits_dir):
     """train(module=..., exports_onnx=True), 2 pods x 1 process: once the script wrote a checkpoint,
     pod 1 is evicted (SIGTERM, SIGKILL after a grace period). The Volcano Job's policy restarts
