@@ -56,7 +56,8 @@ def test_default_run_registers_a_champion_above_095_on_digits(tmp_path):
     assert len(summary["mlflow_run_id"]) == 32
     assert "Succeeded" in r.stderr and "digits-cnn version 1" in r.stderr
     # the training's step anatomy, carried by evaluate's outputs into the summary
-    assert re.fullmatch(r"data \d+%, compute \d+%, sync \d+%, optimizer \d+%, checkpoint \d+%; \d+ images/s", summary["step_time"]), summary
+    assert re.fullmatch(r"data \d+%, compute \d+%, sync \d+%, optimizer \d+%, checkpoint \d+%; \d+ images/s"
+                        r"( \(per rank: \d+: \d+(, \d+: \d+)*\))?; resident memory \d+ MiB \(peak \d+ MiB\)", summary["step_time"]), summary
     # the same as numbers (the evaluate step's gauges on a cluster)
     training = summary["training"]
     assert training["images-per-s"] > 0 and 0 <= training["data-share"] < 1 and 0 <= training["sync-share"] < 1, training

@@ -372,6 +372,9 @@ def test_the_step_anatomy_names_a_slow_rank_and_logs_the_shares(settings, s3, sh
                   for p in parts}
         assert abs(sum(shares.values()) - 1) < 1e-6, shares
         assert shares["sync"] > 0.1, shares  # rank 0 waits for rank 1 at every all-reduce
+        own = {r: next(m.value for m in client.get_metric_history(out.mlflow_run_id, f"rank{r}/images_per_s") if m.step == epoch)
+               for r in (0, 1)}
+        assert own[1] < 0.7 * own[0], own  # each rank's own throughput: the slow one is named by its number
     # the run's chart: the per-rank step-time heatmap and the shares per epoch, a PNG that opens
     from PIL import Image
 
@@ -392,8 +395,13 @@ def test_memory_that_grows_every_epoch_is_named_as_a_likely_leak(settings, s3, s
     out = _train_with_fault(settings, shards_uri, step_env, tmp_path, fault, epochs=6, workflow="wf-leak")
     leak = [v for v in out.verdicts if v.startswith("memory growing: rank")]
     assert leak and "resident memory grew at each of the last 4 epochs" in leak[0], out.verdicts
-    history = mlflow.tracking.MlflowClient(settings.mlflow_uri).get_metric_history(out.mlflow_run_id, "memory_mib_max")
+    client = mlflow.tracking.MlflowClient(settings.mlflow_uri)
+    history = client.get_metric_history(out.mlflow_run_id, "memory_mib_max")
     assert len(history) == 6 and history[-1].value - history[1].value > 200, [m.value for m in history]
+    for rank in (0, 1):  # each rank's own memory, now and at its peak
+        now = [m.value for m in client.get_metric_history(out.mlflow_run_id, f"rank{rank}/memory_mib")]
+        peak = [m.value for m in client.get_metric_history(out.mlflow_run_id, f"rank{rank}/memory_peak_mib")]
+        assert len(now) == len(peak) == 6 and now[-1] - now[1] > 200 and all(p >= n for p, n in zip(peak, now)), (now, peak)
     print("verdicts:", out.verdicts)
 
 

@@ -111,3 +111,55 @@ def test_the_anatomy_chart_is_a_png_of_every_rank_and_epoch():
     # a chart that cannot be made is a warning, not a failed training
     assert log_chart(type("Broken", (), {"log_figure": lambda self, fig, path: 1 / 0})(), epochs, [1, 2, 3]) is None
     assert figure(epochs, [1, 2, 3]).axes
+
+
+def test_each_rank_has_its_own_images_per_s_step_time_and_memory_in_the_metrics_and_the_line():
+    from pipectl.components.train.telemetry import describe, rank_metrics
+
+    gang = [_rank(0), _rank(1, compute=1.2)]  # own work per step of 32 images: rank 0 0.8 s, rank 1 1.4 s
+    gang[0].memory_mib, gang[0].memory_peak_mib, gang[1].memory_mib, gang[1].memory_peak_mib = 300, 350, 310, 420
+    metrics = rank_metrics(gang)
+    assert metrics["rank0/images_per_s"] == 40.0 and abs(metrics["rank1/images_per_s"] - 32 / 1.4) < 1e-9
+    assert abs(metrics["rank1/step_ms"] - 1400.0) < 1e-6 and metrics["rank1/memory_peak_mib"] == 420
+    shares = gang_shares(gang)
+    assert shares["memory_mib_max"] == 310 and shares["memory_peak_mib_max"] == 420
+    line = describe(gang, shares)
+    assert line.endswith("images/s (per rank: 0: 40, 1: 23); resident memory 310 MiB (peak 420 MiB)"), line
+    # a large gang: the slowest rank alone
+    big = [_rank(r) for r in range(9)] + [_rank(9, compute=1.2)]
+    assert "(slowest rank: 9: 23)" in describe(big, gang_shares(big))
+    assert "per rank" not in describe([_rank(0)], gang_shares([_rank(0)]))
+
+
+def test_cpu_memory_is_the_resident_memory_now_and_at_its_peak():
+    from pipectl.components.train.telemetry import memory_mib
+
+    before = memory_mib()
+    block = bytearray(64 * 2**20)  # touched: resident
+    block[:: 4096] = b"x" * len(block[:: 4096])
+    after = memory_mib()
+    assert before.kind == after.kind == "resident memory"
+    assert after.current >= before.current + 60 and after.peak >= after.current
+    del block
+
+
+def test_gpu_memory_is_read_from_torch_cuda_when_this_process_uses_cuda(monkeypatch):
+    """No GPU on the test machine: the torch.cuda boundary is faked (is_available, is_initialized,
+    memory_allocated, max_memory_allocated), everything above it is the product's code."""
+    import torch
+
+    from pipectl.components.train.telemetry import StepClock, growing_memory, memory_mib
+
+    allocated = [2**30]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated[0])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2**30)
+    assert memory_mib() == type(memory_mib())(1024.0, 3072.0, "GPU memory")
+    clock, history = StepClock(), []
+    for _ in range(5):  # +200 MiB of GPU memory at each epoch's end
+        history.append(clock.epoch(0))
+        allocated[0] += 200 * 2**20
+    assert history[0].memory_kind == "GPU memory" and history[-1].memory_mib == 1824.0 and history[-1].memory_peak_mib == 3072.0
+    found = growing_memory(history)
+    assert found and "GPU memory grew at each of the last 4 epochs, 1024 -> 1824 MiB" in found, found

@@ -515,9 +515,12 @@ class TrainOutput(StrictModel):
     train_accuracy: float | None = None
     """None when the user's own torchrun code trained (it reports its metrics itself)."""
     verdicts: list[str] = Field(default_factory=list, description="What the step anatomy said (starved, fabric-bound, straggler...), each with its rule.")
-    step_time: str = Field("", description="The last epoch's step anatomy: shares of data, compute, sync, optimizer, checkpoint; images/s.")
+    step_time: str = Field("", description="The last epoch's step anatomy: shares of data, compute, sync, optimizer, checkpoint; "
+                           "images/s of the gang and of each rank; the largest memory now and at its peak.")
     anatomy: dict[str, float] = Field(default_factory=dict, description="The same as numbers: share_<part>, images_per_s, "
-                                      "slowest_rank_ratio (empty when the user's own torchrun code trained).")
+                                      "slowest_rank_ratio, memory_mib_max, memory_peak_mib_max, and rank<R>/images_per_s, "
+                                      "rank<R>/step_ms, rank<R>/memory_mib, rank<R>/memory_peak_mib of each rank "
+                                      "(empty when the user's own torchrun code trained).")
 
 
 class EvaluateInput(StrictModel):

@@ -88,7 +88,9 @@ class TrainContext:
     step_time: str = ""
     """The last epoch's step anatomy, as the log prints it (rank 0)."""
     anatomy: dict[str, float] = field(default_factory=dict)
-    """Rank 0: the last epoch's gang shares (``share_<part>``), ``images_per_s``, ``slowest_rank_ratio``."""
+    """Rank 0: the last epoch's gang shares (``share_<part>``), ``images_per_s``, ``slowest_rank_ratio``,
+    the largest memory (``memory_mib_max``, ``memory_peak_mib_max``) and each rank's own figures
+    (``rank<R>/images_per_s``, ``rank<R>/step_ms``, ``rank<R>/memory_mib``, ``rank<R>/memory_peak_mib``)."""
     _epochs: dict[int, list[telemetry.RankEpoch]] = field(default_factory=dict, repr=False)
     """Rank 0: every rank's epochs so far (the memory trend)."""
     _epoch_numbers: list[int] = field(default_factory=list, repr=False)
@@ -291,10 +293,9 @@ class TrainContext:
     def _report_anatomy(self, ranks: list[telemetry.RankEpoch], epoch: int) -> dict[str, float]:
         """Rank 0: the gang's shares to the log (returned, for MLflow); verdicts to the log and
         ``self.verdicts``."""
-        shares = telemetry.gang_shares(ranks)
+        shares = {**telemetry.gang_shares(ranks), **telemetry.rank_metrics(ranks)}
         self.anatomy = {k: round(v, 4) for k, v in shares.items()}
-        self.step_time = (", ".join(f"{p} {shares['share_' + p]:.0%}" for p in telemetry.PARTS)
-                          + f"; {shares['images_per_s']:.0f} images/s")
+        self.step_time = telemetry.describe(ranks, shares)
         log.info("epoch %d step time: %s", epoch + 1, self.step_time)
         for r in ranks:
             self._epochs.setdefault(r.rank, []).append(r)

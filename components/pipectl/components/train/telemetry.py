@@ -68,6 +68,9 @@ class RankEpoch:
     memory_mib: float = 0.0
     """At the epoch's end: GPU memory allocated (a GPU rank) or resident memory (a CPU rank)."""
     memory_kind: str = "resident memory"
+    memory_peak_mib: float = 0.0
+    """The most of the same the process has held so far (``torch.cuda.max_memory_allocated`` on a GPU
+    rank; the peak resident memory on a CPU rank)."""
     pod: str = ""
     """The rank's pod on a cluster (empty on one machine, where the node says it all)."""
     own_median: float = 0.0
@@ -81,6 +84,14 @@ class RankEpoch:
     @property
     def total(self) -> float:
         return sum(self.seconds.values())
+
+    @property
+    def images_per_s(self) -> float:
+        """This rank's own throughput over the epoch: its images over the time of its own work (data,
+        compute, optimizer). Over the wall clock every rank of a gang goes at one pace, the slowest's
+        (the others wait for it at each all-reduce); this says which rank sets that pace."""
+        own = self.own_per_step * self.steps
+        return self.images / own if own > 0 else 0.0
 
     @property
     def own_per_step(self) -> float:
@@ -149,9 +160,9 @@ class StepClock:
     def epoch(self, rank: int) -> RankEpoch:
         """This rank's totals since the last call; the clock starts again."""
         node, pod = whereabouts()
-        memory, kind = current_memory_mib()
-        out = RankEpoch(rank, node, self.steps, self.images, dict(self.seconds), self.hooked, memory, kind,
-                        pod, statistics.median(self.own) if self.own else 0.0)
+        memory = memory_mib()
+        out = RankEpoch(rank, node, self.steps, self.images, dict(self.seconds), self.hooked, memory.current, memory.kind,
+                        memory.peak, pod, statistics.median(self.own) if self.own else 0.0)
         self.seconds, self.steps, self.images, self.own = dict.fromkeys(PARTS, 0.0), 0, 0, []
         return out
 
@@ -161,19 +172,33 @@ def whereabouts() -> tuple[str, str]:
     return os.environ.get(NODE_NAME_ENV) or socket.gethostname(), os.environ.get(POD_NAME_ENV, "")
 
 
-def current_memory_mib() -> tuple[float, str]:
-    """(MiB, what): GPU memory allocated by this process's tensors on its GPU, else its resident memory."""
+@dataclass(frozen=True)
+class Memory:
+    """A process's memory now and at its peak (MiB), and what was measured."""
+
+    current: float
+    peak: float
+    kind: str
+
+
+def memory_mib() -> Memory:
+    """On a GPU rank (CUDA in use by this process): the GPU memory its tensors hold now and at most
+    so far (``torch.cuda.memory_allocated`` / ``max_memory_allocated``: the caching allocator's
+    reserve, which stays near the GPU's size in a healthy run, is left out). On a CPU rank: its
+    resident memory now and at its peak."""
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return torch.cuda.memory_allocated() / 2**20, "GPU memory"
+        return Memory(torch.cuda.memory_allocated() / 2**20, torch.cuda.max_memory_allocated() / 2**20, "GPU memory")
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
     try:
         pages = int(open("/proc/self/statm").read().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20, "resident memory"
+        current = pages * os.sysconf("SC_PAGE_SIZE") / 2**20
     except (OSError, ValueError, IndexError):
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, "resident memory"
+        current = peak
+    return Memory(current, max(peak, current), "resident memory")
 
 
 def growing_memory(history: list[RankEpoch]) -> str | None:
@@ -235,7 +260,33 @@ def gang_shares(ranks: list[RankEpoch]) -> dict[str, float]:
     own = [r.own_per_step for r in ranks]
     out["slowest_rank_ratio"] = max(own) / statistics.median(own) if own and statistics.median(own) > 0 else 1.0
     out["memory_mib_max"] = max(r.memory_mib for r in ranks)
+    out["memory_peak_mib_max"] = max(r.memory_peak_mib for r in ranks)
     return out
+
+
+def rank_metrics(ranks: list[RankEpoch]) -> dict[str, float]:
+    """Each rank's own figures of the epoch: ``rank<R>/images_per_s``, ``rank<R>/step_ms`` (its own
+    time per step, median step), ``rank<R>/memory_mib`` and ``rank<R>/memory_peak_mib``."""
+    out = {}
+    for r in ranks:
+        out[f"rank{r.rank}/images_per_s"] = r.images_per_s
+        out[f"rank{r.rank}/step_ms"] = 1000 * (r.own_median or r.own_per_step)
+        out[f"rank{r.rank}/memory_mib"] = r.memory_mib
+        out[f"rank{r.rank}/memory_peak_mib"] = r.memory_peak_mib
+    return out
+
+
+def describe(ranks: list[RankEpoch], shares: dict[str, float], listed: int = 8) -> str:
+    """The epoch's anatomy in one line: the shares, the gang's images/s, each rank's (up to
+    ``listed`` ranks; more: the slowest), and the largest memory (now and peak)."""
+    text = ", ".join(f"{p} {shares['share_' + p]:.0%}" for p in PARTS) + f"; {shares['images_per_s']:.0f} images/s"
+    if len(ranks) > 1:
+        ordered = sorted(ranks, key=lambda r: r.rank)
+        each = ordered if len(ordered) <= listed else [min(ordered, key=lambda r: r.images_per_s)]
+        label = "per rank" if len(ordered) <= listed else "slowest rank"
+        text += f" ({label}: " + ", ".join(f"{r.rank}: {r.images_per_s:.0f}" for r in each) + ")"
+    kind = ranks[0].memory_kind if ranks else "memory"
+    return text + f"; {kind} {shares['memory_mib_max']:.0f} MiB (peak {shares['memory_peak_mib_max']:.0f} MiB)"
 
 
 def verdicts(ranks: list[RankEpoch]) -> list[str]:
