@@ -143,18 +143,19 @@ def test_run_against_ceph_rgw_with_a_two_pod_gang_and_a_corrupt_jpeg(ceph_settin
     assert client.get_model_version_by_alias(model, "champion").version == "1"
 
 
-def test_the_local_backend_executes_the_rendered_template(tmp_path):
+def test_the_local_backend_executes_the_rendered_template(tmp_path, small_digits_dir):
     """What `pipectl render` prints is what `pipectl run` executed: same templates, commands, parameters."""
     import yaml
 
     state = tmp_path / "state"
-    r = _run(["--state-dir", str(state), "-p", "epochs=1", "-p", "promotion-threshold=0"])
+    r = _run(["--state-dir", str(state), "-p", f"dataset-uri={small_digits_dir}", "-p", "epochs=1", "-p", "promotion-threshold=0"])
     assert r.returncode == 0, r.stderr[-4000:]
     summary = json.loads(r.stdout)
     rendered = yaml.safe_load(subprocess.run([PIPECTL, "render", "training"], capture_output=True, text=True, check=True).stdout)
     executed = json.loads((Path(summary["workdir"]) / "workflow.json").read_text())
     assert executed["template"] == rendered
-    assert executed["parameters"] == {**TrainingParameters().as_arguments(), "epochs": "1", "promotion-threshold": "0.0"}
+    assert executed["parameters"] == {**TrainingParameters().as_arguments(), "dataset-uri": str(small_digits_dir), "epochs": "1",
+                                      "promotion-threshold": "0.0"}
     templates = {t["name"]: t for t in rendered["spec"]["templates"]}
     for step in ("stage", "preprocess", "evaluate", "register"):
         (argv,) = json.loads((Path(summary["workdir"]) / step / "argv.json").read_text())
@@ -166,15 +167,17 @@ def test_the_local_backend_executes_the_rendered_template(tmp_path):
 
 
 @pytest.mark.parametrize("signame,code", [("SIGTERM", 143), ("SIGHUP", 129), ("SIGINT", 130)])
-def test_a_signal_stops_every_process_the_run_started(tmp_path, signame, code):
+def test_a_signal_stops_every_process_the_run_started(tmp_path, small_digits_dir, signame, code):
     """kill, a closed terminal (SIGHUP), Ctrl-C: every process the run started stops. While it runs,
-    a second `pipectl run` on the same state folder is refused (exit 2) and starts nothing."""
+    a second `pipectl run` on the same state folder is refused (exit 2) and starts nothing. (300
+    images and many epochs: the signal lands in training, and stage and preprocess stay short.)"""
     import signal
     import time
 
     import psutil
 
-    proc = subprocess.Popen([PIPECTL, "run", "training", "--state-dir", str(tmp_path / "state")],
+    proc = subprocess.Popen([PIPECTL, "run", "training", "--state-dir", str(tmp_path / "state"),
+                             "-p", f"dataset-uri={small_digits_dir}", "-p", "epochs=500"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     runs = tmp_path / "state" / "runs"
     deadline = time.monotonic() + 240
