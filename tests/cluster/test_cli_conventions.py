@@ -327,3 +327,44 @@ def test_logs_of_one_step(ns_kubeconfig, k8s_api):
     assert len(s1) == 1 and pods == set(s1), (pods, s1, r.stdout)
     assert _pipectl(ns_kubeconfig, "logs", name, "--since", "soon").returncode == 2
     custom.delete_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
+
+
+def test_templates_and_cron_apply_are_server_side_applies_that_leave_the_rendered_spec(ns_kubeconfig, test_cluster, k8s_api):
+    """`templates apply` and `cron apply` apply server-side as field manager pipectl. Over a
+    template kubectl applied from an earlier rendering (a parameter value since changed, a key of a
+    mapping and a key of the spec since dropped) the spec ends exactly as rendered, a label another
+    tool added stays, and applying again changes nothing; a suspended schedule stays suspended."""
+    import copy
+
+    kc, custom = test_cluster.kubeconfig, _custom(k8s_api)
+    r = _pipectl(kc, "templates", "apply", "--dry-run", "-n", NS)
+    assert r.returncode == 0, r.stderr
+    rendered = next(d for d in yaml.safe_load_all(r.stdout) if d)
+    earlier = copy.deepcopy(rendered)
+    earlier["spec"]["arguments"]["parameters"][0]["value"] = "s3://old-bucket/digits"
+    earlier["spec"]["ttlStrategy"]["secondsAfterCompletion"] = 600
+    earlier["spec"]["parallelism"] = 2
+    assert earlier["spec"] != rendered["spec"]
+    args = ("argoproj.io", "v1alpha1", NS, "workflowtemplates", "training-v1")
+    custom.patch_namespaced_custom_object(*args, earlier, field_manager="kubectl", _content_type="application/apply-patch+yaml")
+    custom.patch_namespaced_custom_object(*args, {"metadata": {"labels": {"team": "vision"}}}, field_manager="team-tool",
+                                          _content_type="application/merge-patch+json")
+
+    r = _pipectl(kc, "templates", "apply", "-n", NS)
+    assert r.returncode == 0, r.stderr
+    live = custom.get_namespaced_custom_object(*args)
+    assert live["spec"] == rendered["spec"], {k: live["spec"].get(k) for k in ("parallelism", "ttlStrategy")}
+    assert live["metadata"]["labels"] == {**rendered["metadata"]["labels"], "team": "vision"}
+    assert any(m["manager"] == "pipectl" and m["operation"] == "Apply" for m in live["metadata"]["managedFields"])
+    assert _pipectl(kc, "templates", "apply", "-n", NS).returncode == 0
+    assert custom.get_namespaced_custom_object(*args)["metadata"]["resourceVersion"] == live["metadata"]["resourceVersion"]
+
+    try:
+        for command in (["cron", "apply"], ["cron", "suspend", "retrain"], ["cron", "apply"]):
+            r = _pipectl(kc, *command, "-n", NS)
+            assert r.returncode == 0, (command, r.stderr)
+        cron = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "cronworkflows", "retrain")
+        assert cron["spec"]["suspend"] is True and cron["spec"]["timezone"] == "Europe/Berlin", cron["spec"]
+    finally:
+        assert _pipectl(kc, "cron", "delete", "retrain", "-n", NS).returncode == 0
+        assert _pipectl(kc, "templates", "delete", "training-v1", "-n", NS).returncode == 0

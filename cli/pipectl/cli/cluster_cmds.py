@@ -164,9 +164,12 @@ def templates() -> None:
 @cluster_options
 def templates_apply(pipelines: tuple[str, ...], dry_run: bool, registry: str | None, images: tuple[str, ...],
                     namespace: str, context: str | None) -> None:
-    """Create or update the WorkflowTemplate of each PIPELINE (default: the built-in ones), linted
-    first. PIPELINE: a built-in name, path/to/file.py:NAME or package.module:NAME. Deploy a build with
-    the references scripts/images.sh printed: --image step-light=c-<hash> --image step-train=c-<hash>.
+    """Apply the WorkflowTemplate of each PIPELINE (default: the built-in ones), linted first.
+    PIPELINE: a built-in name, path/to/file.py:NAME or package.module:NAME. Deploy a build with the
+    digests `make images-push` printed: --image step-light=sha256:... --image step-train=sha256:...
+
+    A server-side apply as field manager pipectl, taking over fields set before by kubectl or an
+    edit: the template's spec ends as rendered; labels and annotations other tools add stay.
 
     Each template's own parameters (Pipeline(parameters=...)) are written to the namespace's
     ConfigMap pipectl-parameter-rules too, under a field manager of the template's own: the
@@ -253,9 +256,10 @@ _get_and_delete(cron, "cronworkflows", "CronWorkflow",
 @click.option("--dry-run", is_flag=True)
 @cluster_options
 def cron_apply(pipeline: str, dry_run: bool, namespace: str, context: str | None) -> None:
-    """Create or update the daily schedule of PIPELINE (default: training): CronWorkflow `retrain`
-    for the built-in training pipeline, `retrain-<name>` for another. It runs the WorkflowTemplate
-    `<name>-v1` that `pipectl templates apply PIPELINE` puts on the cluster.
+    """Apply the daily schedule of PIPELINE (default: training): CronWorkflow `retrain` for the
+    built-in training pipeline, `retrain-<name>` for another. It runs the WorkflowTemplate
+    `<name>-v1` that `pipectl templates apply PIPELINE` puts on the cluster. A server-side apply as
+    field manager pipectl; a suspended schedule stays suspended.
 
     PIPELINE: a built-in pipeline (training), or your own: path/to/file.py:NAME or package.module:NAME."""
     from pipectl.cli.pipeline_ref import load_pipeline
@@ -563,7 +567,7 @@ def _resubmit(name: str, namespace: str, context: str | None) -> None:
 
 def _apply(objs: list[dict], dry_run: bool, namespace: str, context: str | None,
            parameter_rules: dict[str, dict[str, str]] | None = None) -> None:
-    """Lint ``objs``, then print them (dry run) or create/replace each on the cluster; for a
+    """Lint ``objs``, then print them (dry run) or apply each on the cluster (server-side); for a
     template named in ``parameter_rules``, its keys of the parameter-rules ConfigMap first."""
     from pipectl.pipelines.admission import PARAMETER_RULES_CONFIGMAP
 

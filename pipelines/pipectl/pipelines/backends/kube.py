@@ -152,14 +152,25 @@ class ArgoCluster:
     # ---------------------------------------------------------------- objects
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Create ``obj`` (a WorkflowTemplate or CronWorkflow) or replace the existing one."""
-        plural = obj["kind"].lower() + "s"
-        name = obj["metadata"]["name"]
-        current = self._call(f"get {obj['kind']} {name}", self.api.get_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, name, missing_ok=True)
-        if current is None:
-            return self._call(f"create {obj['kind']} {name}", self.api.create_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, obj)
-        body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
-        return self._call(f"replace {obj['kind']} {name}", self.api.replace_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, name, body)
+        """Server-side apply of ``obj`` (a WorkflowTemplate or CronWorkflow) as field manager
+        ``pipectl``, conflicts forced: every field the rendering sets takes its value, whoever set
+        it before (kubectl applying argo/namespace, an edit). Keys of the spec that another
+        manager's apply left and the rendering no longer has are then removed
+        (:func:`~pipectl.pipelines.backends.applied.left_over`), so the spec is the rendered one;
+        labels, annotations and keys set by an update (``cron suspend``) stay. Returns the object."""
+        from pipectl.pipelines.backends.applied import APPLY_PATCH, FIELD_MANAGER, JSON_PATCH, left_over, pointer, removal_patch
+
+        plural, name, what = obj["kind"].lower() + "s", obj["metadata"]["name"], f"{obj['kind']} {obj['metadata']['name']}"
+        live = self._call(f"apply {what}", self.api.patch_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, name, obj,
+                          field_manager=FIELD_MANAGER, force=True, _content_type=APPLY_PATCH)
+        if live is None:  # 201 Created (the client reads only a 200's body): nothing else applied it
+            return self.get(plural, name)
+        stale = left_over(live, obj)
+        if not stale:
+            return live
+        return self._call(f"remove {', '.join(map(pointer, stale))} of {what} (left by an earlier apply)",
+                          self.api.patch_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, name,
+                          removal_patch(live["metadata"]["resourceVersion"], stale), field_manager=FIELD_MANAGER, _content_type=JSON_PATCH)
 
     def apply_parameter_rules(self, template: str, data: dict[str, str]) -> None:
         """Write ``template``'s keys of the namespace's parameter-rules ConfigMap
