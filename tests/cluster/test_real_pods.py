@@ -297,13 +297,13 @@ def _apply_templates_for_one_node(c, pipeline: str = "training", template: str =
 def test_doctor_from_a_pod_pulls_the_step_image_and_reaches_the_store_and_mlflow(services, project, core, tmp_path):
     """`pipectl doctor --from-pod`: a pod of the namespace, run as a step runs with the build's
     step-light image, reaches Ceph RGW and MLflow at the store ConfigMap's addresses (those the
-    steps use); a step-light image no registry serves fails the image row with the kubelet's
-    reason; no probe pod is left either way."""
+    steps use), and the build's step-train image starts and imports the training steps; images no
+    registry serves fail both image rows with the kubelet's reason; no probe pod is left either way."""
     built = dict(a.split("=", 1) for a in nd.image_args() if a != "--image")
     site = tmp_path / "site.yaml"
 
     def doctor(**settings) -> tuple[int, dict[str, dict]]:
-        site.write_text(yaml.safe_dump({"images": {"step-light": built["step-light"]}, **settings}))
+        site.write_text(yaml.safe_dump({"images": {k: built[k] for k in ("step-light", "step-train")}, **settings}))
         r = _pipectl(project, "--site", str(site), "doctor", "-n", NS, "--from-pod", "--pod-timeout", "120", "-o", "json",
                      timeout_s=300)
         assert r.returncode in (0, 1), r.stderr
@@ -313,17 +313,21 @@ def test_doctor_from_a_pod_pulls_the_step_image_and_reaches_the_store_and_mlflow
         return not core.list_namespaced_pod(NS, label_selector="app.kubernetes.io/component=doctor").items
 
     _, rows = doctor()
-    assert rows["step image (from a pod)"]["status"] == "ok", rows
-    assert rows["step image (from a pod)"]["detail"] == f"pipectl/step-light:{built['step-light']} pulled and ran on {nd.NODE_NAME}"
+    assert rows["step-light image (from a pod)"]["status"] == "ok", rows
+    assert rows["step-light image (from a pod)"]["detail"] == f"pipectl/step-light:{built['step-light']} pulled and ran on {nd.NODE_NAME}"
+    train = rows["step-train image (from a pod)"]
+    assert train["status"] == "ok", rows
+    assert train["detail"].startswith(f"pipectl/step-train:{built['step-train']} pulled and ran on {nd.NODE_NAME} (torch "), train
     for check in ("object store (from a pod)", "MLflow (from a pod)"):
         assert rows[check] == {"check": check, "status": "ok", "detail": f"answers in namespace {NS}", "fix": ""}, rows
     project.wait_for("no probe pod left", no_probe_pod_left)
 
     code, rows = doctor(registry="127.0.0.1:1/nowhere")  # a registry that refuses every connection
-    row = rows["step image (from a pod)"]
-    assert code == 1 and row["status"] == "fail", rows
-    assert row["detail"].startswith(f"127.0.0.1:1/nowhere/step-light:{built['step-light']}: "), row
-    assert "ErrImagePull" in row["detail"] or "ImagePullBackOff" in row["detail"], row
+    for kind in ("step-light", "step-train"):
+        row = rows[f"{kind} image (from a pod)"]
+        assert code == 1 and row["status"] == "fail", rows
+        assert row["detail"].startswith(f"127.0.0.1:1/nowhere/{kind}:{built[kind]}: "), row
+        assert "ErrImagePull" in row["detail"] or "ImagePullBackOff" in row["detail"], row
     assert "object store (from a pod)" not in rows, rows
     project.wait_for("no probe pod left", no_probe_pod_left)
 

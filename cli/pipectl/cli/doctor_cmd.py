@@ -15,8 +15,9 @@ _STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]fa
 
 @click.command()
 @click.option("--from-pod", is_flag=True,
-              help="Also start one short pod in the namespace with the step-light image, as a step runs, and ask the "
-                   "store and MLflow from there: shows the image can be pulled and the services answer the pods.")
+              help="Also start one short pod in the namespace, as a step runs: it asks the store and MLflow from the "
+                   "step-light image and starts the step-train image (torch, DALI, the training steps imported): shows "
+                   "both images can be pulled and started and the services answer the pods.")
 @click.option("--pod-timeout", type=click.IntRange(min=10), default=180, show_default=True,
               help="Seconds --from-pod waits for its pod (a first pull of a step image is GBs).")
 @cluster_options
@@ -30,7 +31,7 @@ def doctor(from_pod: bool, pod_timeout: int, namespace: str, context: str | None
     admission policies, RBAC, config, the WorkflowTemplate), the store's Secret, GPU nodes,
     Karpenter's NodePools and node class where Karpenter runs, the store and MLflow answering.
     The store and MLflow are asked from this machine; --from-pod asks them from a pod of the
-    namespace too. Prints a fix for each failing row; exit 1 when one fails, 3 when the cluster
+    namespace too, and starts both step images there. Prints a fix for each failing row; exit 1 when one fails, 3 when the cluster
     cannot be reached.
 
     \b
