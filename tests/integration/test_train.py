@@ -585,3 +585,46 @@ def test_held_out_accuracy_does_not_fall_as_epochs_grow(digits_training):
     print(f"held-out accuracy: {few.val_accuracy[-1]:.4f} after {FEW_EPOCHS} epochs, {more.val_accuracy[-1]:.4f} after {MORE_EPOCHS}")
     assert few.val_accuracy[-1] > 0.4 and more.val_accuracy[-1] > 0.9, (few.val_accuracy, more.val_accuracy)
     assert more.val_accuracy[-1] >= few.val_accuracy[-1] - 0.01, (few.val_accuracy, more.val_accuracy)
+
+
+def test_the_anatomy_of_a_running_training_is_read_while_it_trains(settings, s3, shards_uri, step_env, tmp_path):
+    """While two processes train (each step slowed 50 ms: a run of about a minute), the latest
+    epoch's step time is read back as ``pipectl status`` reads it (the MLflow run's tags, found by
+    the workflow's name, through the command's own code with a site file naming MLflow) and as
+    ``pipectl run``'s live row shows it (the progress file): both before the training has ended."""
+    import click
+
+    from pipectl.cli.cluster_cmds import _live_anatomy
+    from pipectl.cli.common import SITE_META
+    from pipectl.components.progress import describe, last
+    from pipectl.components.train.live import read
+
+    workflow, progress_file, site = "wf-live", tmp_path / "progress.jsonl", tmp_path / "site.yaml"
+    site.write_text(f"mlflow_uri: {settings.mlflow_uri}\n")
+    (tmp_path / "faulty.py").write_text(TRAIN_FUNCTION.replace("{fault}", "time.sleep(0.05)"))
+    argv = _argv(settings, shards_uri, tmp_path / "out", epochs=40, workflow=workflow) + ["--function", "faulty:train"]
+    env = {**step_env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{step_env.get('PYTHONPATH', '')}", "PIPECTL_PROGRESS_FILE": str(progress_file)}
+    assert read(settings.mlflow_uri, workflow) == ([], "")  # no run yet: nothing to show, nothing wrong
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        lines: list[str] = []
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline and not lines:
+            time.sleep(1)
+            lines, problem = read(settings.mlflow_uri, workflow)
+            assert not problem, problem
+        assert proc.poll() is None, proc.stderr.read()[-3000:]  # still training
+        assert re.fullmatch(r"training step time \(epoch \d+ of 40, the latest\): data \d+%, compute \d+%, sync \d+%, "
+                            r"optimizer \d+%, checkpoint \d+%; \d+ images/s \(per rank: 0: \d+, 1: \d+\); "
+                            r"resident memory \d+ MiB \(peak \d+ MiB\)", lines[0]), lines
+        with click.Context(click.Command("status"), obj=None) as ctx:
+            ctx.meta[SITE_META] = site
+            shown = _live_anatomy(workflow, [{"displayName": "train", "type": "Pod", "phase": "Running"}])
+        assert shown and shown[0].startswith("training step time (epoch "), shown
+        line = last(progress_file)
+        assert line and line["data_share"] is not None and line["sync_share"] is not None, line
+        assert re.search(r"images/s · data \d+% · sync \d+%", describe(line)), describe(line)
+        assert proc.poll() is None
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)

@@ -163,3 +163,38 @@ def test_gpu_memory_is_read_from_torch_cuda_when_this_process_uses_cuda(monkeypa
     assert history[0].memory_kind == "GPU memory" and history[-1].memory_mib == 1824.0 and history[-1].memory_peak_mib == 3072.0
     found = growing_memory(history)
     assert found and "GPU memory grew at each of the last 4 epochs, 1024 -> 1824 MiB" in found, found
+
+
+def test_the_epoch_tags_read_back_as_the_status_lines_and_an_unreachable_mlflow_is_a_line_not_a_failure():
+    import socket
+    import time
+
+    from pipectl.components.train.live import TAG_LIMIT, epoch_tags, lines, read
+
+    tags = epoch_tags(3, 15, "data 3%, compute 77%, sync 15%, optimizer 3%, checkpoint 2%; 906 images/s",
+                      ["starved: 21% of the step waits for data", "straggler: rank 1 on node b takes 52 ms"])
+    assert lines(tags) == ["training step time (epoch 3 of 15, the latest): data 3%, compute 77%, sync 15%, optimizer 3%, "
+                           "checkpoint 2%; 906 images/s", "verdict: starved: 21% of the step waits for data",
+                           "verdict: straggler: rank 1 on node b takes 52 ms"]
+    assert lines(epoch_tags(1, 2, "x", [])) == ["training step time (epoch 1 of 2, the latest): x"]
+    assert lines({}) == [] and len(epoch_tags(1, 2, "x" * 9000, [])["pipectl.step_time"]) == TAG_LIMIT
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    shown, problem = read(f"http://127.0.0.1:{port}", "wf-x", timeout_s=2)
+    assert shown == [] and problem.startswith(f"the training's step anatomy could not be read from MLflow at http://127.0.0.1:{port}")
+    assert time.monotonic() - t0 < 10  # one try, not MLflow's retries with back-off
+
+
+def test_the_local_live_row_shows_the_data_and_sync_shares_and_the_verdict_kinds(tmp_path, monkeypatch):
+    from pipectl.components import progress
+
+    path = tmp_path / "progress.jsonl"
+    monkeypatch.setenv("PIPECTL_PROGRESS_FILE", str(path))
+    progress.report(3, 15, 60, 300, 0.4123, {"images_per_s": 950.2, "share_data": 0.031, "share_sync": 0.152},
+                    ["straggler: rank 1 on node b", "starved: 21%"])
+    assert progress.describe(progress.last(path)) == \
+        "epoch 3/15 · step 60/300 · loss 0.412 · 950 images/s · data 3% · sync 15% · starved, straggler"
+    progress.report(4, 15, 80, 300, float("nan"), {}, [])  # a train function's own loop: nothing measured
+    assert progress.describe(progress.last(path)) == "epoch 4/15 · step 80/300"

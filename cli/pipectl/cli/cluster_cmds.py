@@ -397,7 +397,7 @@ def status(name: str, namespace: str, context: str | None, output_format: str) -
     else:
         _rows(rows, output_format, narrow=("step", "type", "phase", "message"))
     phase = wf.get("status", {}).get("phase")
-    for line in _training_anatomy(nodes):
+    for line in _training_anatomy(nodes) or _live_anatomy(name, nodes):
         console().print(line, markup=False, soft_wrap=True)
     console().print(f"workflow {name}: {phase}", markup=False)
     if phase in ("Failed", "Error"):
@@ -419,6 +419,22 @@ def _training_anatomy(nodes: list[dict]) -> list[str]:
             verdicts = json.loads(outputs.get("training-verdicts") or "[]")
             return [f"training step time (last epoch): {outputs['training-step-time']}", *(f"verdict: {v}" for v in verdicts)]
     return []
+
+
+def _live_anatomy(name: str, nodes: list[dict]) -> list[str]:
+    """While the training runs (or when it ended before evaluate): its latest epoch's step time and
+    verdicts, from the tags its rank 0 sets on the MLflow run at each epoch's end; nothing when the
+    workflow has no train step or no MLflow address is known; a line saying why when MLflow cannot
+    be read."""
+    if not any((n.get("displayName") or "").startswith("train") for n in nodes):
+        return []
+    uri = _mlflow_uri()
+    if not uri:
+        return []
+    from pipectl.components.train.live import read
+
+    lines, problem = read(uri, name)
+    return lines or ([problem] if problem else [])
 
 
 @click.command()

@@ -44,7 +44,7 @@ from pipectl.components import progress
 from pipectl.components.contracts import TrainInput
 from pipectl.components.runtime import StepError
 from pipectl.components.shard_stream import ShardStream
-from pipectl.components.train import telemetry
+from pipectl.components.train import live, telemetry
 from pipectl.components.train.preemption import PreemptionWatch
 from pipectl.components.train.telemetry import StepClock
 
@@ -80,6 +80,9 @@ class TrainContext:
     log_metrics: Callable[[dict[str, float], int | None], None] = field(repr=False)
     """Where metrics go (rank 0: the run's MLflow run), several in one call: per epoch, the loss and
     the step anatomy's shares go together (one request, not one per metric while the gang waits)."""
+    log_tags: Callable[[dict[str, str]], None] = field(default=lambda tags: None, repr=False)
+    """Where the run's tags go (rank 0: the MLflow run): each epoch's step-time line and the verdicts
+    so far, for ``pipectl status`` while the training runs (:mod:`pipectl.components.train.live`)."""
     watch: PreemptionWatch = field(default_factory=PreemptionWatch, repr=False)
     clock: StepClock = field(default_factory=StepClock, repr=False)
     """Where each step's time goes (:mod:`pipectl.components.train.telemetry`)."""
@@ -237,7 +240,8 @@ class TrainContext:
         if self._epoch_loss:
             metrics["train_loss"] = mean
         self.log_metrics({**metrics, **held_out}, epoch)
-        progress.report(epoch + 1, self.params.epochs, self.step, self.total_steps, mean, self.anatomy.get("images_per_s"))
+        self.log_tags(live.epoch_tags(epoch + 1, self.params.epochs, self.step_time, self.verdicts))
+        progress.report(epoch + 1, self.params.epochs, self.step, self.total_steps, mean, self.anatomy, self.verdicts)
 
     @torch.no_grad()
     def _validate(self, model: nn.Module) -> dict[str, float]:

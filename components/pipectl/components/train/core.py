@@ -48,11 +48,11 @@ from pipectl.components.shard_stream import ShardStream
 from pipectl.components.train import anatomy_chart, builtin, preflight
 from pipectl.components.train.checkpoints import latest_checkpoint, resume, save_checkpoint
 from pipectl.components.train.context import TrainContext, TrainFunction
+from pipectl.components.train.live import VERDICTS_TAG, WORKFLOW_TAG
 from pipectl.components.train.preemption import PreemptionWatch
 
 log = logging.getLogger("pipectl.train")
 
-WORKFLOW_TAG = "pipectl.workflow"
 
 
 def _mlflow_run(inp: TrainInput, settings: StoreSettings) -> Any:
@@ -133,7 +133,7 @@ def _publish(inp: TrainInput, s3: Any, out: TrainOutput, model: nn.Module, optim
         "steps_recomputed_after_resume": float(out.steps_this_attempt),
     })
     if out.verdicts:
-        mlflow.set_tag("pipectl.verdicts", "\n".join(out.verdicts))
+        mlflow.set_tag(VERDICTS_TAG, "\n".join(out.verdicts))
     out.mlflow_run_id, out.model_uri = run.info.run_id, _log_model(inp, model, example, num_classes)
     write_json(s3, output_uri, out.model_dump(mode="json"))
     mlflow.end_run()
@@ -158,6 +158,17 @@ def mlflow_metrics(rank: int) -> Callable[[dict[str, float], int | None], None]:
     return log_metrics
 
 
+def mlflow_tags(rank: int) -> Callable[[dict[str, str]], None]:
+    """:attr:`TrainContext.log_tags` of a gang process: rank 0 sets the tags on the active MLflow run
+    in the background, as :func:`mlflow_metrics` logs."""
+    def log_tags(tags: dict[str, str]) -> None:
+        import mlflow
+
+        if rank == 0 and tags and mlflow.active_run() is not None:
+            mlflow.set_tags(tags, synchronous=False)
+    return log_tags
+
+
 def _context(inp: TrainInput, s3: Any, reader: Any, proc: _Process) -> TrainContext:
     """The context of this process: the training split, and the run's checkpoints and metrics."""
     data = ShardStream(s3 if reader is None else reader, inp.shards_uri, "train", rank=proc.rank,
@@ -170,6 +181,7 @@ def _context(inp: TrainInput, s3: Any, reader: Any, proc: _Process) -> TrainCont
         data=data, label_names=list(data.index.labels),
         image_size=data.index.image_size, checkpoint=lambda step, model, opt: save_checkpoint(s3, inp.run_uri, step, model, opt),
         restore=lambda model, opt: resume(s3, inp.run_uri, model, opt), log_metrics=mlflow_metrics(proc.rank),
+        log_tags=mlflow_tags(proc.rank),
         validation=held_out)
 
 
