@@ -1,4 +1,5 @@
-"""The light install: `pip install .` (the distribution pipectl-ml) WITHOUT the `steps` extra, into a fresh venv,
+"""The light install: `pip install .` (the distribution pipectl-ml) WITHOUT the `steps` extra, into a fresh venv
+of the newest Python this machine has (3.10-3.14; pyenv's versions too),
 gives a working command line for people who only submit: render, lint, submit --dry-run, and
 completion; the steps' heavy dependencies (torch, DALI, MLflow, boto3, moto) are not installed, and
 `pipectl run` says which extra to install instead of failing on an import.
@@ -42,14 +43,42 @@ def _run(argv: list, timeout: int = 120, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, **kw)
 
 
+def _newest_python() -> tuple[str, tuple[int, int]]:
+    """The newest CPython 3.10-3.14 on this machine that can make a venv: ``python3.X`` on PATH (a
+    pyenv shim of a version not selected fails and is passed over), else pyenv's own versions, else
+    this interpreter. ``$PIPECTL_LIGHT_PYTHON`` names one instead."""
+    import glob
+    import shutil
+
+    def usable(exe: str | None) -> tuple[int, int] | None:
+        r = _run([exe, "-c", "import ensurepip, sys, venv; print(*sys.version_info[:2])"], timeout=30) if exe else None
+        return tuple(map(int, r.stdout.split())) if r is not None and r.returncode == 0 else None  # type: ignore[return-value]
+
+    if os.environ.get("PIPECTL_LIGHT_PYTHON"):
+        exe = os.environ["PIPECTL_LIGHT_PYTHON"]
+        version = usable(exe)
+        assert version, f"PIPECTL_LIGHT_PYTHON={exe} cannot make a venv"
+        return exe, version
+    root = _run(["pyenv", "root"], timeout=30).stdout.strip() if shutil.which("pyenv") else ""
+    for minor in range(14, 9, -1):
+        found = [shutil.which(f"python3.{minor}")] + sorted(glob.glob(f"{root}/versions/3.{minor}.*/bin/python3.{minor}") if root else [])
+        for exe in filter(None, found):
+            if (version := usable(exe)) is not None:
+                return exe, version
+    return sys.executable, sys.version_info[:2]
+
+
 @pytest.fixture(scope="module")
 def light_venv(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("light")
     src = _sources(tmp / "src")
     venv = tmp / "venv"
+    python, version = _newest_python()
+    assert version >= sys.version_info[:2], (python, version)
     t0 = time.monotonic()
-    r = _run([sys.executable, "-m", "venv", venv])
+    r = _run([python, "-m", "venv", venv])
     assert r.returncode == 0, r.stderr
+    print(f"[light install] Python {version[0]}.{version[1]} ({python})", file=sys.stderr)
     t1 = time.monotonic()
     # a normal install of the checkout (no --no-deps): what `pip install .` resolves
     r = _run([venv / "bin" / "pip", "install", "--quiet", src], timeout=900)
