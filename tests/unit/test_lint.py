@@ -55,8 +55,10 @@ def test_default_outside_enum(good):
 def test_replicas_quoted_become_strings_C03(good):
     def m(wt):
         res = _tmpl(wt, "train")["resource"]
-        res["manifest"] = res["manifest"].replace("replicas: {{inputs.parameters.workers}}", "replicas: '{{inputs.parameters.workers}}'")
-        res["manifest"] = res["manifest"].replace("replicas: {{=asInt(inputs.parameters.workers) - 1}}", "replicas: '{{=asInt(inputs.parameters.workers) - 1}}'")
+        res["manifest"] = res["manifest"].replace("replicas: {{=sprig.atoi(inputs.parameters['workers'])}}",
+                                                  "replicas: '{{=sprig.atoi(inputs.parameters['workers'])}}'")
+        res["manifest"] = res["manifest"].replace("replicas: {{=sprig.atoi(inputs.parameters['workers']) - 1}}",
+                                                  "replicas: '{{=sprig.atoi(inputs.parameters['workers']) - 1}}'")
     assert any("replicas must be integers" in x for x in _broken(good, m))
 
 
@@ -64,21 +66,21 @@ def test_min_available_below_the_gang(good):
     wt = copy.deepcopy(good)
     next(p for p in wt["spec"]["arguments"]["parameters"] if p["name"] == "workers")["value"] = "4"
     res = _tmpl(wt, "train")["resource"]
-    res["manifest"] = res["manifest"].replace("minAvailable: {{inputs.parameters.workers}}", "minAvailable: 3")
+    res["manifest"] = res["manifest"].replace("minAvailable: {{=sprig.atoi(inputs.parameters['workers'])}}", "minAvailable: 3")
     assert any("minAvailable 3 must equal the gang size 4" in x for x in _messages(wt))
 
 
 def test_fractional_gpus(good):
     def m(wt):
         res = _tmpl(wt, "train")["resource"]
-        res["manifest"] = res["manifest"].replace("nvidia.com/gpu: {{inputs.parameters.gpus-per-worker}}", "nvidia.com/gpu: 0.5")
+        res["manifest"] = res["manifest"].replace("nvidia.com/gpu: {{=sprig.atoi(inputs.parameters['gpus-per-worker'])}}", "nvidia.com/gpu: 0.5")
     assert any("whole number" in x for x in _broken(good, m))
 
 
 def test_lane_that_does_not_exist(good):
     def m(wt):
         res = _tmpl(wt, "train")["resource"]
-        res["manifest"] = res["manifest"].replace("pipectl-{{inputs.parameters.lane}}", "gold-{{inputs.parameters.lane}}")
+        res["manifest"] = res["manifest"].replace("'pipectl-' + inputs.parameters['lane']", "'gold-' + inputs.parameters['lane']")
     out = _broken(good, m)
     assert any("is not a lane's" in x for x in out)
 

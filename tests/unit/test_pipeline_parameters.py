@@ -68,12 +68,20 @@ def test_specs_round_trip_through_json_into_the_same_rules():
     assert next(s for s in specs if s.name == "warmup-epochs").le == 50  # an integer bound stays an integer
 
 
+def _gang_job(manifest: str, arguments: dict[str, str]) -> dict:
+    """The gang job of ``manifest`` substituted with the run's ``arguments`` (as workflow and train inputs)."""
+    values = {f"{scope}.parameters.{k}": v for k, v in arguments.items() for scope in ("inputs", "workflow")}
+    values |= {"inputs.parameters.shards-uri": "s3://b/s/", "inputs.parameters.run-uri": "s3://b/r",
+               "workflow.name": "w", "retries": "0", "inputs.parameters.gang-affinity": "{}"}
+    return yaml.safe_load(substitute(manifest, values, where="test"))
+
+
 def test_the_gang_and_a_container_step_get_the_values():
-    manifest = yaml.safe_load(re.sub(r"\{\{[^}]+\}\}", lambda m: "1" if "workers" in m.group(0) else m.group(0).strip("{}"),
-                                     TEMPLATES["train"]["resource"]["manifest"]))
+    arguments = {**PIPELINE.run_parameters().as_arguments(), "weight-decay": "0.03", "notify-channel": "team-b"}
+    manifest = _gang_job(TEMPLATES["train"]["resource"]["manifest"], arguments)
     env = {e["name"]: e.get("value") for task in manifest["spec"]["tasks"] for e in task["template"]["spec"]["containers"][0]["env"]}
-    assert env["PIPECTL_PARAM_WEIGHT_DECAY"] == "workflow.parameters.weight-decay"
-    assert env["PIPECTL_PARAM_NOTIFY_CHANNEL"] == "workflow.parameters.notify-channel"
+    assert env["PIPECTL_PARAM_WEIGHT_DECAY"] == "0.03"
+    assert env["PIPECTL_PARAM_NOTIFY_CHANNEL"] == "team-b"
     notify = next(t for t in TEMPLATES["team"]["dag"]["tasks"] if t["name"] == "notify")
     assert {p["name"]: p["value"] for p in notify["arguments"]["parameters"]}["notify-channel"] == \
         "{{workflow.parameters.notify-channel}}"
@@ -113,19 +121,20 @@ def test_validate_in_the_cluster_refuses_a_bad_value_naming_the_parameter(name, 
     assert code == 1 and f"parameter {name}:" in err, err
 
 
-def test_a_text_value_that_would_leave_its_quotes_in_the_gangs_manifest_is_refused():
-    """The harm is real: substituted as text into the gang's manifest, a quote ends the string and
-    the rest is read as YAML of its own; the value is refused before it gets there."""
+def test_a_text_value_with_quotes_stays_inside_its_string_in_the_gangs_manifest_and_is_refused():
+    """A quote that would end a quoted string of text substituted into the gang's manifest stays
+    inside the value (the manifest takes it as a JSON string), and validate refuses it anyway."""
     class Free(Parameters):
         note: str = Field("hello", description="Free text.")
-    wt = Pipeline("free", [stage(), preprocess(), train()], parameters=Free).build().to_dict()
-    manifest = next(t for t in wt["spec"]["templates"] if t["name"] == "train")["resource"]["manifest"]
-    payload = "x', privileged: '1"  # one line (no newline passes the plain-text rule): the quote ends the string
-    raw = re.sub(r"\{\{[^}]+\}\}", "1", manifest.replace("{{workflow.parameters.note}}", payload))
-    with pytest.raises(yaml.YAMLError):  # the gang's manifest is no longer the template's
-        yaml.safe_load(raw)
-    with pytest.raises(ValueError, match="quotes or backslashes"):
-        parameter_model(Pipeline("free", [stage()], parameters=Free).parameter_specs()).from_overrides({"note": payload})
+    pipeline = Pipeline("free", [stage(), preprocess(), train()], parameters=Free)
+    manifest = next(t for t in pipeline.build().to_dict()["spec"]["templates"] if t["name"] == "train")["resource"]["manifest"]
+    payload = "x', privileged: '1\"\nhostPID: true"
+    job = _gang_job(manifest, {**pipeline.run_parameters().as_arguments(), "note": payload})
+    pod = job["spec"]["tasks"][0]["template"]["spec"]
+    assert {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}["PIPECTL_PARAM_NOTE"] == payload
+    assert "hostPID" not in pod and "privileged" not in pod["containers"][0]
+    with pytest.raises(ValueError, match="quotes or backslashes"):  # one line: the quote is what it refuses
+        parameter_model(Pipeline("free", [stage()], parameters=Free).parameter_specs()).from_overrides({"note": payload.split("\n")[0]})
 
 
 class NoDefault(Parameters):

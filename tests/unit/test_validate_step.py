@@ -86,9 +86,11 @@ def test_defaults_pass():
 
 
 @pytest.mark.parametrize("name,value", STRUCTURAL, ids=[n for n, _ in STRUCTURAL])
-def test_C15_hostile_value_changes_the_raw_manifest_and_validate_stops_it(name, value):
+def test_C15_hostile_value_keeps_the_manifests_shape_and_validate_stops_it(name, value):
+    from pipectl.pipelines.launchers.base import refusal
+
     hostile = _train_job({name: value})
-    assert isinstance(hostile, str) or _paths(hostile) - _paths(_train_job({})), "payload should change the shape"
+    assert _paths(hostile) == _paths(_train_job({})) and refusal(hostile).startswith(f"parameter {name}: ")
     code, err = _validate({name: value})
     assert code == 1, err
     assert f"parameter {name}:" in err and repr(value)[:40] in err, err  # named, value shown on one line
@@ -108,11 +110,12 @@ def argo():
 
 
 @pytest.mark.parametrize("name,value", STRUCTURAL, ids=[n for n, _ in STRUCTURAL])
-def test_C15_with_argos_own_substitution_the_payload_reshapes_the_job_and_validate_refuses_it(argo, name, value):
+def test_C15_with_argos_own_substitution_the_payload_keeps_the_jobs_shape_and_validate_refuses_it(argo, name, value):
     """The same payloads through the workflow controller's own substitution code (argo-workflows
     v4 util/template.Replace over the template's JSON, as operator.go does), not a re-implementation:
-    the gang job Argo would create has a different shape, and the validate container, given the
-    argv Argo substitutes into it, exits 1 naming the parameter."""
+    the gang job Argo would send keeps its shape (each value a typed conversion) and is refused
+    (tests/unit/test_gang_manifest_values.py), and the validate container, given the argv Argo
+    substitutes into it, exits 1 naming the parameter."""
     def params(values):
         p = {f"inputs.parameters.{k}": v for k, v in {**DEFAULTS, **values}.items()}
         p.update({"inputs.parameters.shards-uri": "s3://b/s/", "inputs.parameters.run-uri": "s3://b/r",
@@ -127,7 +130,7 @@ def test_C15_with_argos_own_substitution_the_payload_reshapes_the_job_and_valida
             return f"YAML error: {e}"
 
     hostile = job({name: value})
-    assert isinstance(hostile, str) or _paths(hostile) - _paths(job({})), hostile
+    assert _paths(hostile) == _paths(job({})), hostile
     argv = argo.substitute(TEMPLATES["validate"], params({name: value}))["container"]["args"]
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -163,14 +166,16 @@ def test_C22_a_value_is_accepted_only_in_the_spelling_every_reader_agrees_on(nam
 
 
 def test_C22_the_misreadings_are_real():
-    """What the refused spellings do downstream: the gang job's YAML reads workers=010 as 8 (the
-    pods' torchrun --nnodes=010 as 10), 1_0 as 10, 0x1 as 1; the warm step's `when` compares the
-    text "True" with "true" (the local runner's `when`, the comparison Argo makes)."""
+    """What the refused spellings would do downstream: a YAML reader takes 010 as 8 (torchrun's
+    --nnodes=010 as 10), 1_0 as 10, 0x1 as 1 — so the gang job takes no such text as it is and is
+    refused (test_gang_manifest_values.py); the warm step's `when` compares the text "True" with
+    "true" (the local runner's `when`, the comparison Argo makes)."""
+    from pipectl.pipelines.launchers.base import refusal
     from pipectl.pipelines.substitution import evaluate_when
 
-    job = _train_job({"workers": "010"})
-    assert job["spec"]["minAvailable"] == 8 and job["spec"]["tasks"][0]["replicas"] == 8
+    assert yaml.safe_load("x: 010")["x"] == 8
     assert yaml.safe_load("x: 1_0")["x"] == 10 and yaml.safe_load("x: 0x1")["x"] == 1
+    assert refusal(_train_job({"workers": "010"})).startswith("parameter workers: 010 is refused")
     when = TEMPLATES["training"]["dag"]["tasks"][2]["when"]
     assert not evaluate_when(substitute(when, {"workflow.parameters.warm-cache": "True"}, where="test"), "warm")
     assert evaluate_when(substitute(when, {"workflow.parameters.warm-cache": "true"}, where="test"), "warm")

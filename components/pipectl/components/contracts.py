@@ -80,7 +80,44 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
 
 
-class GangShape(StrictModel):
+class CanonicalModel(StrictModel):
+    """Base of the contracts that read a run's parameters as text (``validate``, the gang's train
+    step): every value in the one spelling all of its readers agree on."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain_text(cls, v: Any, info: ValidationInfo) -> Any:
+        # Argo substitutes values as text into manifests and commands (C15): no value may carry a
+        # control character (newline, tab, CR...), a line separator YAML reads as a line break, or
+        # surrounding whitespace, which pydantic would otherwise strip from numbers while the raw
+        # text still reaches the manifest; nor an Argo tag, which a later substitution pass would
+        # evaluate. And a value is accepted only in the one spelling that validate, YAML, Argo's
+        # expressions and torchrun all read alike (C22): `010` is 10 here but 8 to YAML 1.1.
+        if not isinstance(v, str):
+            return v
+        if v != v.strip() or any(ord(c) < 32 or ord(c) == 127 or c in _LINE_SEPARATORS for c in v):
+            raise ValueError("must be plain text: no control characters, line separators or surrounding whitespace")
+        if "{{" in v or "}}" in v:
+            raise ValueError("must not contain '{{' or '}}': Argo would read an expression in it")
+        kind = cls.model_fields[info.field_name].annotation if info.field_name else None
+        if kind is bool and v not in ("true", "false"):
+            raise ValueError(f"{v!r}: write true or false (lower case; Argo's `when` compares the text)")
+        if kind is int and not _INT_TEXT.fullmatch(v):
+            raise ValueError(f"{v!r} is not a plain integer: digits only, no sign, leading zero, '_' or '.' (e.g. 10)")
+        if kind is float and not _DECIMAL_TEXT.fullmatch(v):
+            raise ValueError(f"{v!r} is not a plain decimal: digits with an optional fraction, no sign, exponent, "
+                             "'_' or leading zero (e.g. 0.002)")
+        return v
+
+    @field_validator("model_name", check_fields=False)
+    @classmethod
+    def _model_name(cls, v: str) -> str:
+        if not _MODEL_NAME.fullmatch(v):  # fullmatch: `$` alone lets a trailing newline through (C15)
+            raise ValueError("model name must be 1-100 of letters, digits, '.', '_', '-', starting alphanumeric")
+        return v
+
+
+class GangShape(CanonicalModel):
     """The training gang's shape: what a launcher's job manifest takes besides :class:`TrainInput`
     (the train step's inputs are these fields and TrainInput's). Field definitions are written
     here once; :class:`TrainingParameters` takes them as they are."""
@@ -104,7 +141,7 @@ class GangShape(StrictModel):
 _GANG = GangShape.model_fields
 
 
-class TrainingParameters(StrictModel):
+class TrainingParameters(CanonicalModel):
     """Parameters of the ``training`` pipeline; each becomes a WorkflowTemplate argument.
 
     Field names are snake_case here and kebab-case in Argo (``image_size`` -> ``image-size``).
@@ -156,38 +193,6 @@ class TrainingParameters(StrictModel):
         "needs PIPECTL_ALLUXIO_JOB_MASTER_URL in the store settings; preprocess/train then read "
         "through Alluxio's S3 proxy when PIPECTL_ALLUXIO_PROXY_URL is set).",
     )
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _plain_text(cls, v: Any, info: ValidationInfo) -> Any:
-        # Argo substitutes values as text into manifests and commands (C15): no value may carry a
-        # control character (newline, tab, CR...), a line separator YAML reads as a line break, or
-        # surrounding whitespace, which pydantic would otherwise strip from numbers while the raw
-        # text still reaches the manifest; nor an Argo tag, which a later substitution pass would
-        # evaluate. And a value is accepted only in the one spelling that validate, YAML, Argo's
-        # expressions and torchrun all read alike (C22): `010` is 10 here but 8 to YAML 1.1.
-        if not isinstance(v, str):
-            return v
-        if v != v.strip() or any(ord(c) < 32 or ord(c) == 127 or c in _LINE_SEPARATORS for c in v):
-            raise ValueError("must be plain text: no control characters, line separators or surrounding whitespace")
-        if "{{" in v or "}}" in v:
-            raise ValueError("must not contain '{{' or '}}': Argo would read an expression in it")
-        kind = cls.model_fields[info.field_name].annotation if info.field_name else None
-        if kind is bool and v not in ("true", "false"):
-            raise ValueError(f"{v!r}: write true or false (lower case; Argo's `when` compares the text)")
-        if kind is int and not _INT_TEXT.fullmatch(v):
-            raise ValueError(f"{v!r} is not a plain integer: digits only, no sign, leading zero, '_' or '.' (e.g. 10)")
-        if kind is float and not _DECIMAL_TEXT.fullmatch(v):
-            raise ValueError(f"{v!r} is not a plain decimal: digits with an optional fraction, no sign, exponent, "
-                             "'_' or leading zero (e.g. 0.002)")
-        return v
-
-    @field_validator("model_name")
-    @classmethod
-    def _model_name(cls, v: str) -> str:
-        if not _MODEL_NAME.fullmatch(v):  # fullmatch: `$` alone lets a trailing newline through (C15)
-            raise ValueError("model name must be 1-100 of letters, digits, '.', '_', '-', starting alphanumeric")
-        return v
 
     @model_validator(mode="after")
     def _one_process_per_gpu(self) -> "TrainingParameters":
@@ -487,18 +492,32 @@ class PrebuiltOutput(StrictModel):
     validation_count: int
 
 
-class TrainInput(StrictModel):
+def _required(name: str) -> Any:
+    """:class:`TrainingParameters`' field ``name`` (its bounds, its description) without a default."""
+    import copy
+
+    from pydantic_core import PydanticUndefined
+
+    field = copy.copy(TrainingParameters.model_fields[name])
+    field.default = PydanticUndefined
+    return field
+
+
+class TrainInput(CanonicalModel):
+    """The train step's arguments: read by every process of the gang, with the same spelling rules
+    and bounds as ``validate`` (a run's parameters reach them as text)."""
+
     shards_uri: str
     run_uri: str = Field(description="s3://bucket/runs/<workflow>: checkpoints and train output live here (RunLayout).")
     workflow_name: str
-    model_name: str
-    epochs: int = Field(ge=1)
-    batch_size: int = Field(ge=1)
-    learning_rate: float = Field(gt=0)
-    checkpoint_every_steps: int = Field(ge=1)
-    seed: int = Field(ge=0)
-    architecture: Architecture = Architecture.small_cnn
-    gang_preflight: bool = True
+    model_name: str = _required("model_name")
+    epochs: int = _required("epochs")
+    batch_size: int = _required("batch_size")
+    learning_rate: float = _required("learning_rate")
+    checkpoint_every_steps: int = _required("checkpoint_every_steps")
+    seed: int = _required("seed")
+    architecture: Architecture = TrainingParameters.model_fields["architecture"]
+    gang_preflight: bool = TrainingParameters.model_fields["gang_preflight"]
     function: str = Field("", pattern=r"^([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*)?$",
                           description="The user's train function as module.path:name; empty: pipectl's own.")
 

@@ -223,10 +223,13 @@ def _gang_findings(job: dict, at: str) -> list[Finding]:
     """Gang rules (C03, lanes) and pod security on one substituted gang job."""
     from pipectl.components.names import LANE_OBJECT_NAMES
     from pipectl.pipelines.launchers import launcher_for
+    from pipectl.pipelines.launchers.base import refusal
 
     launcher = launcher_for(job)
     if launcher is None:
         return []
+    if (why := refusal(job)) is not None:
+        return [Finding(at, f"the API server would refuse the gang job with these defaults: {why}")]
     groups = launcher.replica_groups(job)
     replicas = [g.replicas for g in groups]
     if not all(isinstance(r, int) for r in replicas):

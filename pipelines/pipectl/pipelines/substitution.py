@@ -1,5 +1,5 @@
 """Argo's substitution, as far as pipectl's compiled workflows use it: ``{{name}}`` tags,
-``{{=expr}}`` integer arithmetic and a random name suffix, a task's ``when`` (``A == B`` / ``A != B``), and Kubernetes'
+``{{=expr}}`` expressions (arithmetic, comparisons, typed conversions to JSON, a random name suffix), a task's ``when`` (``A == B`` / ``A != B``), and Kubernetes'
 ``$(VAR)`` expansion in commands.
 
 Pure. Used by ``pipectl lint`` (gang manifests rendered with every lane) and by the local backend
@@ -9,7 +9,12 @@ the two (tests/tools/argoexpr: Argo's ``template.Replace``).
 
 from __future__ import annotations
 
+import ast
+import json
 import re
+import secrets
+import string
+from typing import Any, Callable
 
 _TAG = re.compile(r"\{\{\s*([^{}]+?)\s*\}\}")
 _K8S_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -19,46 +24,113 @@ class TemplateError(ValueError):
     """A tag that cannot be resolved, or an expression or condition beyond what is evaluated here."""
 
 
-def _eval_expression(expr: str, values: dict[str, str], where: str) -> str:
-    """Evaluate an Argo ``{{=...}}`` expression tag: integer arithmetic (+ - * //, /) over
-    ``asInt(name)``/``asFloat(name)`` and number literals, and ``sprig.randAlphaNum(n)`` /
-    ``sprig.lower(...)`` (the gang job's per-attempt suffix). Anything else is an error here
-    (the local backend does not embed expr-lang)."""
-    import ast
-    import secrets
-    import string
+def _name(node: ast.AST) -> str | None:
+    """The dotted name of ``a.b['c-d']`` (``a.b.c-d``), None for anything else."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _name(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+        base = _name(node.value)
+        return None if base is None else f"{base}.{node.slice.value}"
+    return None
 
-    def ev(node: ast.AST) -> float | int | str:
+
+def _atoi(v: Any) -> int:
+    """Go's ``strconv.Atoi`` as sprig's ``atoi`` uses it: 0 for text it cannot read."""
+    text = str(v)
+    return int(text) if re.fullmatch(r"[+-]?[0-9]{1,18}", text) else 0
+
+
+def _float64(v: Any) -> float:
+    """sprig's ``float64`` (Go's ``strconv.ParseFloat``): 0 for text it cannot read."""
+    try:
+        return float(v) if "_" not in str(v) else 0.0
+    except ValueError:
+        return 0.0
+
+
+def _from_json(v: Any) -> Any:
+    try:
+        return json.loads(v)
+    except (TypeError, ValueError):
+        return None
+
+
+_SPRIG: dict[str, Callable[..., Any]] = {
+    "randAlphaNum": lambda n: "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(n)),
+    "lower": lambda s: s.lower(),
+    "atoi": _atoi,
+    "float64": _float64,
+    "regexMatch": lambda pattern, s: re.search(pattern, s) is not None,
+    "ternary": lambda vt, vf, cond: vt if cond else vf,
+    "fromJson": _from_json,
+    "compact": lambda items: [v for v in items if v not in ("", None, 0, False, [], {})],
+    "join": lambda sep, items: sep.join(str(v) for v in items),
+    "default": lambda d, given: given if given not in ("", None, 0, False, [], {}) else d,
+}
+_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "asInt": int,
+    "asFloat": float,
+    "len": len,
+    "toJson": lambda v: json.dumps(v, separators=(",", ":")),
+}
+_COMPARE = {ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b, ast.Lt: lambda a, b: a < b,
+            ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b}
+_ARITHMETIC = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+               ast.FloorDiv: lambda a, b: a // b, ast.Div: lambda a, b: a / b}
+
+
+def _eval_expression(expr: str, values: dict[str, str], where: str) -> str:
+    """Evaluate an Argo ``{{=...}}`` expression tag over ``values``: number and string literals,
+    names (``inputs.parameters['x']``), arithmetic and string ``+``, comparisons, ``and``/``or``,
+    ``asInt``/``asFloat``/``toJson`` and the sprig functions pipectl's templates use (:data:`_SPRIG`,
+    as Go reads text). Anything else is an error here (the local backend does not embed expr-lang)."""
+
+    def ev(node: ast.AST) -> Any:
         if isinstance(node, ast.Expression):
             return ev(node.body)
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
-                and node.func.value.id == "sprig" and len(node.args) == 1):
-            arg = ev(node.args[0])
-            if node.func.attr == "randAlphaNum" and isinstance(arg, int):
-                return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(arg))
-            if node.func.attr == "lower" and isinstance(arg, str):
-                return arg.lower()
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str)):
             return node.value
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Div)):
-            a, b = ev(node.left), ev(node.right)
-            if isinstance(a, str) or isinstance(b, str):
-                raise TemplateError(f"{where}: expression {expr!r}: arithmetic on a string")
-            return {ast.Add: lambda: a + b, ast.Sub: lambda: a - b, ast.Mult: lambda: a * b,
-                    ast.FloorDiv: lambda: a // b, ast.Div: lambda: a / b}[type(node.op)]()
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("asInt", "asFloat")
-                and len(node.args) == 1):
-            name = ast.unparse(node.args[0])
+        if (name := _name(node)) is not None:
             if name not in values:
                 raise TemplateError(f"{where}: cannot resolve {name} in expression {expr!r}")
-            return int(values[name]) if node.func.id == "asInt" else float(values[name])
+            return values[name]
+        if isinstance(node, ast.Call) and not node.keywords:
+            func = node.func
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "sprig":
+                fn = _SPRIG.get(func.attr)
+            else:
+                fn = _FUNCTIONS.get(func.id) if isinstance(func, ast.Name) else None
+            if fn is not None:
+                return fn(*(ev(a) for a in node.args))
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+            a, b = ev(node.left), ev(node.right)
+            if isinstance(a, str) != isinstance(b, str) or (isinstance(a, str) and not isinstance(node.op, ast.Add)):
+                raise TemplateError(f"{where}: expression {expr!r}: arithmetic on a string")
+            return _ARITHMETIC[type(node.op)](a, b)
+        if isinstance(node, ast.List):
+            return [ev(v) for v in node.elts]
+        if isinstance(node, ast.BoolOp):
+            results = (ev(v) for v in node.values)
+            return all(results) if isinstance(node.op, ast.And) else any(results)
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE:
+            return _COMPARE[type(node.ops[0])](ev(node.left), ev(node.comparators[0]))
         raise TemplateError(f"{where}: expression {expr!r} is beyond what the local backend evaluates")
 
     try:
         tree = ast.parse(expr.strip(), mode="eval")
     except SyntaxError as e:
         raise TemplateError(f"{where}: bad expression {expr!r}: {e}") from e
-    result = ev(tree)
+    try:
+        result = ev(tree)
+    except (TypeError, ValueError, re.error) as e:
+        raise TemplateError(f"{where}: expression {expr!r}: {e}") from e
+    if result is None:
+        raise TemplateError(f"{where}: expression {expr!r} has no value")
+    if isinstance(result, bool):
+        return "true" if result else "false"
     if isinstance(result, str):
         return result
     return str(int(result)) if float(result).is_integer() else str(result)

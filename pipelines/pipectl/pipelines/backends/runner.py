@@ -51,7 +51,7 @@ import yaml
 from pipectl.components.names import OUTPUTS_DIR as CONTAINER_OUTPUTS_DIR
 from pipectl.pipelines.backends.processes import free_port, spawn, stop
 from pipectl.pipelines.launchers import launcher_for
-from pipectl.pipelines.launchers.base import NODE_NAME_FIELD, POD_NAME_FIELD
+from pipectl.pipelines.launchers.base import NODE_NAME_FIELD, POD_NAME_FIELD, refusal
 from pipectl.pipelines.substitution import TemplateError, evaluate_when, expand_k8s_vars, resolve_known, substitute
 
 
@@ -496,6 +496,8 @@ class LocalRunner:
         launcher = launcher_for(manifest)
         if launcher is None:
             raise LocalBackendError(f"task {task}: resource {manifest.get('apiVersion')}/{manifest.get('kind')} is not a launcher's job")
+        if (why := refusal(manifest)) is not None:  # what the API server refuses on a cluster: no gang
+            raise LocalBackendError(f"task {task}: the gang job is refused: {why}")
         job = manifest["metadata"]["name"]
         log_path = taskdir / "main.log"
         (taskdir / "manifest.json").write_text(json.dumps(manifest, indent=2))

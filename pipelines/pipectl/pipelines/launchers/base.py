@@ -13,8 +13,15 @@ the rank-0 pod as master. Kubernetes expands ``$(VAR)`` in commands from the con
 The train arguments are :class:`TrainInput`'s fields and the gang's shape is :class:`GangShape`:
 the train step's input parameters are exactly those (:data:`TRAIN_STEP_INPUTS`).
 
-Replica counts and minAvailable are written unquoted, so after Argo's substitution the YAML
-scalars are integers (C03), whichever way the workflow was submitted.
+No parameter's text reaches the manifest as it is: the manifest is built as data and every value
+taken from a parameter is an Argo expression tag whose result is JSON (:func:`text`,
+:func:`integer`, :func:`json_input`), so a value is a string, an integer or an object whatever its
+text (a quote, a newline or YAML of its own stays inside its string), and replica counts and
+minAvailable are integers (C03). The job carries :data:`PARAMETERS_LABEL`, whose value is
+``checked`` only when every parameter of the job is in the one spelling and within the bounds
+the ``validate`` step accepts (C22: ``workers=010`` is 10 there but 8 to a YAML reader); otherwise
+it is a sentence naming the parameter, which no label may hold, so the API server refuses the job
+and quotes the sentence: nothing of the gang is created, whichever path the value took.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from pipectl.components.contracts import GangShape, RunLayout, TrainInput
+from pipectl.components.contracts import _MODEL_NAME, GangShape, RunLayout, TrainInput
 from pipectl.components.pipeline_parameters import env_name
 from pipectl.components.train.preemption import GRACE_PERIOD_S
 from pipectl.components.names import (
@@ -78,31 +85,162 @@ After the gang preflight named slow nodes, the ``gang-avoid`` step writes the ne
 (:mod:`pipectl.components.gang.avoid`): the workflow's parameters never reach it."""
 
 
-def param(name: str) -> str:
-    """``{{inputs.parameters.<kebab name>}}`` of a train-step input; KeyError for any other name."""
-    if name not in TRAIN_STEP_INPUTS:
+PARAMETERS_LABEL = "pipectl.io/parameters"
+"""Label of the gang job: ``checked`` when every parameter in it passed :func:`parameters_check`."""
+PARAMETERS_CHECKED = "checked"
+
+
+class Bare(str):
+    """A manifest value :func:`dump_manifest` writes as it is, unquoted: an Argo expression tag
+    whose result is JSON (a quoted string, a number, an object)."""
+
+
+def _ref(name: str) -> str:
+    """The expression of train-step input ``name`` (snake_case); KeyError for any other name."""
+    if name not in TRAIN_STEP_INPUTS and name != "gang_affinity":
         raise KeyError(f"{name!r} is not an input of the train step: {TRAIN_STEP_INPUTS}")
-    return "{{inputs.parameters.%s}}" % kebab(name)
+    return "inputs.parameters['%s']" % kebab(name)
 
 
-def as_int(tag: str) -> str:
-    """A placeholder for ``tag`` that :func:`dump_manifest` writes unquoted (an integer after substitution)."""
-    return f"__INT__{tag}__"
+def _literal(text: str) -> str:
+    """``text`` as an expression string literal (no backslash: never needed here)."""
+    if "\\" in text or "'" in text:
+        raise ValueError(f"{text!r}: a literal of the gang manifest holds no quote or backslash")
+    return f"'{text}'"
 
 
-def unquoted(tag: str) -> str:
-    """A placeholder for ``tag`` that :func:`dump_manifest` writes unquoted (YAML after substitution)."""
-    return as_int(tag)
+def text(template: str) -> Bare | str:
+    """A string of the manifest with train-step inputs in it (``"--nnodes={workers}"``), as ONE
+    JSON string whatever the inputs' text; a template without ``{name}`` is returned as it is."""
+    import string
+
+    parts = []
+    for literal, field, _, _ in string.Formatter().parse(template):
+        if literal:
+            parts.append(_literal(literal))
+        if field is not None:
+            parts.append(_ref(field))
+    if len(parts) == 1 and parts[0].startswith("'"):
+        return template
+    return Bare("{{=toJson(%s)}}" % " + ".join(parts))
+
+
+def integer(name: str, minus: int = 0) -> Bare:
+    """Train-step input ``name`` as a JSON integer (less ``minus``); text that is no integer reads
+    as 0 here and is refused by :func:`parameters_check`."""
+    return Bare("{{=sprig.atoi(%s)%s}}" % (_ref(name), f" - {minus}" if minus else ""))
+
+
+def json_input(name: str) -> Bare:
+    """Train-step input ``name`` holding JSON (the gang affinity) as that JSON value; text that is
+    no JSON becomes ``null``."""
+    return Bare("{{=toJson(sprig.fromJson(%s))}}" % _ref(name))
+
+
+def workflow_parameter(name: str) -> Bare:
+    """The workflow parameter ``name`` (kebab-case) as a JSON string."""
+    return Bare("{{=toJson(workflow.parameters[%s])}}" % _literal(name))
+
+
+def _rule(name: str) -> tuple[str, str] | None:
+    """(expression true when the input's text is what ``validate`` accepts, what it must be) for a
+    train-step input that is a workflow parameter; None for the others (the step's own values)."""
+    import enum
+
+    import annotated_types as at
+
+    from pipectl.components.contracts import TrainingParameters
+
+    field = TrainingParameters.model_fields.get(name)
+    if field is None:
+        return None
+    ref, kind = _ref(name), field.annotation
+    bounds = {k: getattr(m, k) for m in field.metadata for k in ("ge", "gt", "le", "lt") if hasattr(m, k)}
+    ops = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    if kind is bool:
+        return f"sprig.regexMatch('^(true|false)$', {ref})", "true or false"
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        values = [m.value for m in kind]
+        assert all(re.fullmatch(r"[a-z0-9-]+", v) for v in values), values
+        return f"sprig.regexMatch('^({'|'.join(values)})$', {ref})", "one of " + ", ".join(values)
+    # no braces in a pattern: Argo reads "}}" as the end of the tag
+    if kind is int:
+        conv, spelled = "sprig.atoi", "a plain integer"
+        pattern = "^(0|[1-9][0-9]*)$"
+    elif kind is float:
+        step = next((m.multiple_of for m in field.metadata if isinstance(m, at.MultipleOf)), None)
+        fraction = "[0-9]+" if step is None else "[0-9]" + "[0-9]?" * (-decimal_exponent(step) - 1)
+        conv, spelled = "sprig.float64", "a plain decimal"
+        pattern = f"^(0|[1-9][0-9]*)([.]{fraction})?$"
+    elif name == "model_name":
+        # the contract's pattern with its one bounded repeat as a length check (no braces in a tag)
+        longest = re.search(r"\{0,([0-9]+)\}", _MODEL_NAME.pattern)
+        pattern = _MODEL_NAME.pattern.replace(longest.group(0), "*")
+        return (f"sprig.regexMatch({_literal(pattern)}, {ref}) and len({ref}) <= {int(longest.group(1)) + 1}",
+                "1 to 100 letters, digits, dots, underscores or dashes")
+    else:
+        return None
+    checks = [f"sprig.regexMatch({_literal(pattern)}, {ref})", f"len({ref}) <= 18"]
+    checks += [f"{conv}({ref}) {ops[k]} {v!r}" for k, v in bounds.items()]
+    limits = " and ".join(f"{ops[k]} {v}" for k, v in bounds.items())
+    return " and ".join(checks), f"{spelled} {limits}".strip()
+
+
+def decimal_exponent(step: float) -> int:
+    """The decimal exponent of a ``multiple_of`` step (0.001: -3)."""
+    import decimal
+
+    return decimal.Decimal(str(step)).normalize().as_tuple().exponent
+
+
+def parameters_check() -> Bare:
+    """The value of :data:`PARAMETERS_LABEL`: ``checked`` when every train-step input that is a
+    workflow parameter is in the spelling and within the bounds ``validate`` accepts (the same
+    contract, :class:`~pipectl.components.contracts.TrainingParameters`); otherwise one sentence
+    per input that is not, naming it, which the API server refuses as a label value."""
+    refused = []
+    for name in TRAIN_STEP_INPUTS:
+        if (rule := _rule(name)) is not None:
+            check, must = rule
+            message = f"{_literal(f'parameter {kebab(name)}: ')} + {_ref(name)} + {_literal(f' is refused, it must be {must}')}"
+            refused.append(f"sprig.ternary('', {message}, {check})")
+    return Bare("{{=toJson(sprig.default(%s, sprig.join('; ', sprig.compact([%s]))))}}"
+                % (_literal(PARAMETERS_CHECKED), ", ".join(refused)))
+
+
+def refusal(job: dict) -> str | None:
+    """Why the API server refuses ``job`` for its parameters (the sentence :func:`parameters_check`
+    wrote), or None when they were checked or the job has no such label."""
+    value = (job.get("metadata", {}).get("labels") or {}).get(PARAMETERS_LABEL, PARAMETERS_CHECKED)
+    return None if value == PARAMETERS_CHECKED else str(value)
 
 
 def dump_manifest(manifest: dict) -> str:
-    """YAML text of ``manifest`` with :func:`as_int` placeholders turned into bare ``{{...}}`` tags."""
-    text = yaml.safe_dump(manifest, sort_keys=False)
-    return re.sub(r"'?__INT__(.+?)__'?", lambda m: m.group(1), text)
+    """YAML text of ``manifest`` with every :class:`Bare` value written unquoted."""
+    bare: list[str] = []
+
+    def mark(obj: Any) -> Any:
+        if isinstance(obj, Bare):
+            bare.append(str(obj))
+            return f"__PIPECTL_BARE_{len(bare) - 1}__"
+        if isinstance(obj, dict):
+            return {k: mark(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [mark(v) for v in obj]
+        return obj
+
+    text_ = yaml.safe_dump(mark(manifest), sort_keys=False, width=1 << 20)
+    return re.sub(r"__PIPECTL_BARE_([0-9]+)__", lambda m: bare[int(m.group(1))], text_)
 
 
 def job_labels() -> dict[str, str]:
+    """The labels of the gang's pods (the run and the step)."""
     return {WORKFLOW_LABEL: "{{workflow.name}}", STEP_LABEL: "train"}
+
+
+def job_metadata() -> dict:
+    """The gang job's name and labels: the pods', and :data:`PARAMETERS_LABEL`."""
+    return {"name": JOB_NAME, "labels": {**job_labels(), PARAMETERS_LABEL: parameters_check()}}
 
 
 @dataclass(frozen=True)
@@ -149,19 +287,19 @@ def train_env() -> list[dict]:
     (:attr:`RunLayout.checkpoints_uri`: the same for every attempt of the run, so a restarted gang
     finds what the last one wrote there) and the outputs folder; rank and world size come from
     torchrun (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``)."""
-    env = [{"name": TRAIN_ENV_PREFIX + n.upper(), "value": param(n)} for n in TRAIN_ARGS]
+    env = [{"name": TRAIN_ENV_PREFIX + n.upper(), "value": text("{%s}" % n)} for n in TRAIN_ARGS]
     env += [{"name": TRAIN_ENV_PREFIX + n.upper(), "value": v} for n, v in TRAIN_FIXED.items()]
-    return env + [{"name": TRAIN_ENV_PREFIX + "CHECKPOINTS_URI", "value": RunLayout(run_uri=param("run_uri")).checkpoints_uri},
+    return env + [{"name": TRAIN_ENV_PREFIX + "CHECKPOINTS_URI", "value": text(RunLayout(run_uri="{run_uri}").checkpoints_uri)},
                   {"name": TRAIN_ENV_PREFIX + "OUTPUTS_DIR", "value": OUTPUTS_DIR}]
 
 
-def _train_command(cfg: GangConfig, node_rank: str) -> list[str]:
+def _train_command(cfg: GangConfig, node_rank: str) -> list:
     """torchrun (through pipectl's exit-code wrapper) with pipectl's training code or the user's."""
     command = [
         "python", "-m", "pipectl.components.train.launch",
-        f"--nnodes={param('workers')}",
+        text("--nnodes={workers}"),
         f"--node-rank={node_rank}",
-        f"--nproc-per-node={param('processes_per_worker')}",
+        text("--nproc-per-node={processes_per_worker}"),
         "--master-addr=$(MASTER_ADDR)",
         "--master-port=$(MASTER_PORT)",
     ]
@@ -169,7 +307,7 @@ def _train_command(cfg: GangConfig, node_rank: str) -> list[str]:
         return command + list(cfg.entry)
     command += ["-m", "pipectl.components.train"]
     for name in TRAIN_ARGS:
-        command += [f"--{kebab(name)}", param(name)]
+        command += [f"--{kebab(name)}", text("{%s}" % name)]
     for name, value in TRAIN_FIXED.items():
         command += [f"--{kebab(name)}", value]
     if cfg.function:
@@ -183,10 +321,10 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
     ``node_rank``: what the launcher gives each pod as its index (``$(VC_TASK_INDEX)``, ``$(RANK)``).
     """
     command = _train_command(cfg, node_rank)
-    env = env + [{"name": env_name(n), "value": "{{workflow.parameters.%s}}" % n} for n in cfg.parameters]
+    env = env + [{"name": env_name(n), "value": workflow_parameter(n)} for n in cfg.parameters]
     if cfg.entry:
         env = env + train_env() + ([{"name": PUBLISH_ONNX_ENV, "value": "1"}] if cfg.exports_onnx else [])
-    cpu, memory = param("cpu_per_worker"), param("memory_gib_per_worker") + "Gi"
+    cpu, memory = text("{cpu_per_worker}"), text("{memory_gib_per_worker}Gi")
     fabric = cfg.fabric or FabricProfile()
     return {
         "metadata": {
@@ -206,11 +344,11 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
             # training code never calls the Kubernetes API: no token in the pods
             "automountServiceAccountToken": False,
             "securityContext": restricted_pod_security_context(),
-            "priorityClassName": lane_object_name(param("lane")),
+            "priorityClassName": text(lane_object_name("{lane}")),
             # the site's topology placement or {} first; after the gang preflight named slow nodes, a
             # preferred anti-affinity to them beside it
-            "affinity": unquoted("{{inputs.parameters.%s}}" % GANG_AFFINITY_INPUT),
-            "tolerations": [{"key": LANE_TAINT_KEY, "operator": "Equal", "value": param("lane"), "effect": "NoSchedule"},
+            "affinity": json_input("gang_affinity"),
+            "tolerations": [{"key": LANE_TAINT_KEY, "operator": "Equal", "value": text("{lane}"), "effect": "NoSchedule"},
                             dict(GPU_TOLERATION)],
             "containers": [
                 {
@@ -229,7 +367,7 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
                     # victims under node pressure, field case C07); values checked by `validate`
                     "resources": {
                         "requests": {"cpu": cpu, "memory": memory},
-                        "limits": {"cpu": cpu, "memory": memory, "nvidia.com/gpu": as_int(param("gpus_per_worker")),
+                        "limits": {"cpu": cpu, "memory": memory, "nvidia.com/gpu": integer("gpus_per_worker"),
                                    **fabric.limits()},
                     },
                     "securityContext": restricted_container_security_context(),

@@ -6,15 +6,14 @@ from typing import Any
 
 from pipectl.components.names import lane_object_name
 from pipectl.pipelines.launchers.base import (
-    JOB_NAME,
     GangConfig,
     Launcher,
     ReplicaGroup,
-    as_int,
     dump_manifest,
-    job_labels,
-    param,
+    integer,
+    job_metadata,
     pod_template,
+    text,
 )
 
 
@@ -44,22 +43,22 @@ class PyTorchJob(Launcher):
 
     def manifest(self, cfg: GangConfig) -> str:
         pod = pod_template(cfg, "$(RANK)", [])
-        lane_objects = lane_object_name(param("lane"))
+        lane_objects = text(lane_object_name("{lane}"))
         return dump_manifest({
             "apiVersion": self.api_version,
             "kind": self.kind,
-            "metadata": {"name": JOB_NAME, "labels": job_labels()},
+            "metadata": job_metadata(),
             "spec": {
                 "runPolicy": {
                     # when the job fails, delete the replicas still running (a Master blocked in a
                     # collective with a dead Worker, C09); finished pods stay for their logs
                     "cleanPodPolicy": "Running",
                     "backoffLimit": 0,
-                    "schedulingPolicy": {"minAvailable": as_int(param("workers")), "queue": lane_objects, "priorityClass": lane_objects},
+                    "schedulingPolicy": {"minAvailable": integer("workers"), "queue": lane_objects, "priorityClass": lane_objects},
                 },
                 "pytorchReplicaSpecs": {
                     "Master": {"replicas": 1, "restartPolicy": "Never", "template": pod},
-                    "Worker": {"replicas": as_int("{{=asInt(inputs.parameters.workers) - 1}}"), "restartPolicy": "Never", "template": pod},
+                    "Worker": {"replicas": integer("workers", minus=1), "restartPolicy": "Never", "template": pod},
                 },
             },
         })

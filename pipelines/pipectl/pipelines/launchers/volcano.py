@@ -7,16 +7,15 @@ from typing import Any
 from pipectl.components.contracts import ExitCode
 from pipectl.components.names import lane_object_name
 from pipectl.pipelines.launchers.base import (
-    JOB_NAME,
     MASTER_PORT,
     GangConfig,
     Launcher,
     ReplicaGroup,
-    as_int,
     dump_manifest,
-    job_labels,
-    param,
+    integer,
+    job_metadata,
     pod_template,
+    text,
 )
 
 # the label Volcano's job controller puts on every pod of a job (volcano.sh/apis batch.JobNameKey)
@@ -91,20 +90,20 @@ class VolcanoJob(Launcher):
             {"name": "MASTER_ADDR", "value": "$(PIPECTL_GANG_JOB)-worker-0.$(PIPECTL_GANG_JOB)"},
             {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
         ]
-        lane_objects = lane_object_name(param("lane"))
+        lane_objects = text(lane_object_name("{lane}"))
         return dump_manifest({
             "apiVersion": self.api_version,
             "kind": self.kind,
-            "metadata": {"name": JOB_NAME, "labels": job_labels()},
+            "metadata": job_metadata(),
             "spec": {
                 "schedulerName": "volcano",
-                "minAvailable": as_int(param("workers")),
+                "minAvailable": integer("workers"),
                 "queue": lane_objects,
                 "priorityClassName": lane_objects,
                 "maxRetry": max_retry(cfg.max_restarts),
                 "policies": VOLCANO_POLICIES,
                 "plugins": {"svc": [], "env": []},
-                "tasks": [{"name": "worker", "replicas": as_int(param("workers")),
+                "tasks": [{"name": "worker", "replicas": integer("workers"),
                            "template": pod_template(cfg, "$(VC_TASK_INDEX)", env)}],
             },
         })
