@@ -23,8 +23,8 @@ import yaml
 
 from pipectl.pipelines.manifests import render_files
 from pipectl.pipelines.training import CompileConfig
-from tests.harness.prometheus import (absent_exporter, require_binaries, panel_queries, promtool, rendered, rules,
-                                      split_threshold, write_rule_file)
+from tests.harness.prometheus import (absent_exporter, metric_names, require_binaries, panel_queries, promtool, rendered,
+                                      rules, split_threshold, write_rule_file)
 
 NS = CompileConfig().namespace
 
@@ -203,6 +203,9 @@ def test_C12_panels_over_absent_exporters_return_what_they_promise(product):
         _series("argo_workflows_pipectl_step_attempts",
                 {"step": "stage", "class": "infrastructure", "status": "Error", "lane": "batch"}, "_x10 1x10"),
         _series("argo_workflows_pipectl_step_failures_by_exit_code", {"step": "stage", "exit_code": "75"}, "_x10 1x10"),
+        # a training pod whose GPU memory climbs 20 MiB a minute (a leak), and one that settled
+        _series("DCGM_FI_DEV_FB_USED", IDLE, "40000+20x40"),
+        _series("DCGM_FI_DEV_FB_USED", busy, "70000x40"),
     ]
     expected = {
         "GPU utilisation of the namespace's pods (%)": [{"labels": f'{{pod="{busy["pod"]}"}}', "value": 90}],
@@ -212,6 +215,8 @@ def test_C12_panels_over_absent_exporters_return_what_they_promise(product):
             [{"labels": '{class="infrastructure", step="stage"}', "value": 1}],
         "Failed attempts by exit code (1h): 75 = declared transient, other = code":
             [{"labels": '{exit_code="75", step="stage"}', "value": 1}],
+        "GPU memory growth of the namespace's pods (MiB per hour over 30 minutes; a steady climb: likely a leak)":
+            [{"labels": f'{{pod="{IDLE["pod"]}"}}', "value": 1200}, {"labels": f'{{pod="{busy["pod"]}"}}', "value": 0}],
     }
     absent = {t for t, e in by_title.items() if absent_exporter(e)}
     assert absent <= set(expected), f"panels over exporters the test cluster lacks, not proven here: {absent - set(expected)}"
@@ -225,3 +230,44 @@ def test_C12_every_alert_over_an_absent_exporter_has_a_promtool_case(product):
     source = Path(__file__).read_text()
     absent = [r["alert"] for r in rules(groups) if "alert" in r and absent_exporter(r["expr"])]
     assert absent and all(f'"alertname": "{a}"' in source for a in absent), absent
+
+
+DCGM_DEFAULT_COUNTERS = {
+    "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
+    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_VGPU_LICENSE_STATUS", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+}
+"""The series dcgm-exporter serves without a custom counters file (its etc/default-counters.csv, the
+lines not commented out): a panel or alert over any other DCGM field would stay empty on a default install."""
+ARGO_BUILTIN = {"argo_workflows_total_count"}
+"""Argo's own controller metrics the product queries (the controller serves them on every install)."""
+
+
+def test_every_panel_and_alert_names_a_metric_the_product_or_its_exporters_emit(product):
+    """Each metric a panel or an alert names: a custom metric the rendered WorkflowTemplate defines
+    (under Argo's prefix), Argo's own, one of dcgm-exporter's default counters, or kube-state-metrics'
+    or Volcano's (the live cluster test scrapes the last). A misspelt or never-defined name fails here."""
+    from pipectl.pipelines.policy import exported
+
+    folder, groups, panels = product
+    templates = [d for f in (folder / "argo").rglob("*.yaml") for d in yaml.safe_load_all(f.read_text())
+                 if d and d.get("kind") == "WorkflowTemplate"]
+
+    def custom(node) -> set[str]:
+        if isinstance(node, dict):
+            found = {exported(m["name"]) for m in (node.get("metrics") or {}).get("prometheus", [])}
+            return found.union(*(custom(v) for v in node.values()))
+        return set().union(*(custom(v) for v in node)) if isinstance(node, list) else set()
+
+    defined = set().union(*(custom(t) for t in templates)) | ARGO_BUILTIN
+    assert exported("pipectl_training_sync_share") in defined and exported("pipectl_step_attempts") in defined, sorted(defined)
+    queries = panel_queries(panels) + [(r.get("alert") or r["record"], r["expr"]) for r in rules(groups)]
+    for what, expr in queries:
+        for name in metric_names(expr):
+            if name.startswith("argo_workflows_"):
+                assert name in defined, f"{what}: {name} is no metric the rendered templates define"
+            elif name.startswith("DCGM_"):
+                assert name in DCGM_DEFAULT_COUNTERS, f"{what}: {name} is not among dcgm-exporter's default counters"

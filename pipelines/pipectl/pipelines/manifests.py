@@ -420,7 +420,10 @@ def grafana_dashboard(cfg: CompileConfig) -> list[dict]:
     failed attempts by exit code (Argo custom metrics, ``argo_workflows_`` prefix:
     :func:`pipectl.pipelines.policy.exported`; counters through :func:`_counter_increase`), gangs
     waiting per lane (Volcano's queue metrics from vc-scheduler ``--enable-metrics``), pods waiting
-    per lane (kube-state-metrics), GPU utilisation of the namespace's pods (dcgm-exporter)."""
+    per lane (kube-state-metrics), GPU utilisation of the namespace's pods and the growth of their GPU
+    memory (dcgm-exporter: ``DCGM_FI_DEV_FB_USED``, MiB, one of its default counters; its trend, not
+    its level: PyTorch's caching allocator holds most of a GPU in a healthy run, and a memory that
+    climbs for half an hour is the leak the train step's "memory growing" verdict names per rank)."""
     def panel(i: int, title: str, expr: str) -> dict:
         return {"id": i, "type": "timeseries", "title": title, "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
                 "targets": [{"expr": expr, "refId": "A"}]}
@@ -456,6 +459,8 @@ def grafana_dashboard(cfg: CompileConfig) -> list[dict]:
                   f"max by (model) ({exported('pipectl_training_sync_share')})"),
             panel(9, "Slowest training rank over the gang's median, by model (above 1.2: a straggler)",
                   f"max by (model) ({exported('pipectl_training_slowest_rank_ratio')})"),
+            panel(10, "GPU memory growth of the namespace's pods (MiB per hour over 30 minutes; a steady climb: likely a leak)",
+                  f'max by (pod) (deriv(DCGM_FI_DEV_FB_USED{{namespace="{ns}", pod!=""}}[30m])) * 3600'),
         ],
     }
     return [{"apiVersion": "v1", "kind": "ConfigMap",
