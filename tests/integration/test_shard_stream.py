@@ -155,3 +155,36 @@ def test_a_damaged_shard_stops_the_stream_naming_it(s3, settings, shards, damage
     with pytest.raises(StepError, match=r"shard s3://.*/train-00002\.npz cannot be read") as e:
         _ids(stream.batches(0, 16))
     assert not e.value.transient and "preprocess the dataset again" in e.value.hint
+
+
+def test_a_read_cut_short_is_read_again_and_one_always_cut_is_a_transient_failure_naming_the_shard(s3, settings, shards):
+    """Through a proxy that cuts GET bodies halfway (headers and status as the store sent them):
+    every sample still arrives right, the cut reads read again; a shard whose every read is cut
+    is a transient step error (exit 75: the workflow retries the step) after READ_ATTEMPTS GETs."""
+    from pipectl.components.runtime import StepError, s3_client
+    from pipectl.components.shards import READ_ATTEMPTS, read_shard
+    from tests.tools.faulty_proxy import FaultyProxy
+
+    with FaultyProxy(settings.s3_endpoint, rate=0.0, cut_rate=0.4, seed=3) as proxy:
+        flaky = s3_client(settings.model_copy(update={"s3_endpoint": proxy.url}))
+        ids = _ids(ShardStream(flaky, shards, "train", seed=0).batches(0, 16))
+        assert proxy.faults["cut"] > 0
+    assert sorted(ids) == list(range(sum(SIZES)))
+    with FaultyProxy(settings.s3_endpoint, rate=0.0, cut_rate=1.0) as proxy:
+        reader = CountingReader(s3_client(settings.model_copy(update={"s3_endpoint": proxy.url})))
+        with pytest.raises(StepError, match=rf"shard s3://.*/train-00001\.npz: the read was cut short {READ_ATTEMPTS} times") as e:
+            read_shard(reader, join_uri(shards, "train-00001.npz"))
+    assert e.value.transient and reader.gets["shards/train-00001.npz"] == READ_ATTEMPTS
+
+
+def test_the_shards_step_names_a_damaged_shard_as_the_datas_failure(s3, settings, shards):
+    from pipectl.components.contracts import PrebuiltInput
+    from pipectl.components.prebuilt.core import check
+    from pipectl.components.runtime import StepError
+
+    body = bytearray(s3.get_object(Bucket=settings.bucket, Key="shards/train-00000.npz")["Body"].read())
+    body[len(body) // 2] ^= 0x01
+    s3.put_object(Bucket=settings.bucket, Key="shards/train-00000.npz", Body=bytes(body))
+    with pytest.raises(StepError, match=r"shard s3://.*/train-00000\.npz cannot be read: BadZipFile: Bad CRC-32") as e:
+        check(PrebuiltInput(shards_uri=shards), s3)
+    assert not e.value.transient

@@ -32,18 +32,22 @@ def _opaque(etag: bytes) -> bytes:
 class FaultyProxy:
     """``with FaultyProxy(upstream, rate=0.1) as p: p.url`` -> counts in ``p.faults``/``p.requests``."""
 
-    def __init__(self, upstream: str, rate: float, seed: int = 1, delay_s: float = 0.0, opaque_etags: bool = False) -> None:
+    def __init__(self, upstream: str, rate: float, seed: int = 1, delay_s: float = 0.0, opaque_etags: bool = False,
+                 cut_rate: float = 0.0) -> None:
         """``opaque_etags``: replace every ETag the store answers (headers and listings) by a
         stable value that is no MD5 of the content, as S3 does for SSE-KMS/SSE-C objects and some
-        gateways always do (field case C14)."""
+        gateways always do (field case C14). ``cut_rate``: the share of GETs answered with the
+        status and headers of the store (the whole Content-Length) but only the first half of the
+        body, then a reset: a read cut short while the body streams (counted in ``faults["cut"]``)."""
         self.upstream = urlparse(upstream)
         self.rate = rate
         self.delay_s = delay_s
         self.opaque_etags = opaque_etags
+        self.cut_rate = cut_rate
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.requests = 0
-        self.faults = {"503": 0, "reset": 0}
+        self.faults = {"503": 0, "reset": 0, "cut": 0}
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -58,6 +62,7 @@ class FaultyProxy:
                 with proxy.lock:
                     proxy.requests += 1
                     roll = proxy.rng.random()
+                    cut = self.command == "GET" and proxy.rng.random() < proxy.cut_rate
                 if proxy.delay_s:
                     time.sleep(proxy.delay_s)  # a slower network
                 if roll < proxy.rate / 2:
@@ -94,7 +99,15 @@ class FaultyProxy:
                 head_length = resp.getheader("Content-Length") if self.command == "HEAD" else None
                 self.send_header("Content-Length", head_length or str(len(data)))
                 self.end_headers()
-                if self.command != "HEAD":
+                if cut and len(data) > 1:
+                    with proxy.lock:
+                        proxy.faults["cut"] += 1
+                    self.wfile.write(data[:len(data) // 2])
+                    self.wfile.flush()
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.close_connection = True
+                    self.connection.close()
+                elif self.command != "HEAD":
                     self.wfile.write(data)
                 conn.close()
 

@@ -70,6 +70,11 @@ def submit(pipeline: str, params: tuple[str, ...], parameter_file: Any, lane: st
 
     PIPELINE: a built-in pipeline (training), or your own: path/to/file.py:NAME or package.module:NAME.
 
+    A dataset whose size is known before the run (staged by `pipectl data push`, or shards you already
+    have) is measured in the store named by PIPECTL_S3_ENDPOINT (keys: PIPECTL_S3_ACCESS_KEY,
+    PIPECTL_S3_SECRET_KEY) and refused (exit 2) when it is over the lane's maximum (site setting
+    lane_dataset_max); any other dataset is measured by the run's stage step.
+
     \b
     Example:
       pipectl submit training -p epochs=20 --log"""
@@ -82,6 +87,7 @@ def submit(pipeline: str, params: tuple[str, ...], parameter_file: Any, lane: st
     template = template_name(chosen.name)
     parameters = training_parameters(params + ((f"lane={lane}",) if lane else ()), parameter_file, chosen)
     _refuse_local_dataset(pipeline, parameters.dataset_uri)
+    _refuse_dataset_over_lane(chosen, parameters)
     wf = _named_and_labelled(workflow_for(template, namespace, parameters), wf_name, labels)
     _check([wf])
     if dry_run:
@@ -112,6 +118,32 @@ def _refuse_gang_over_quota(cluster: Any, parameters: Any) -> None:
     if why:
         fail(why, "use fewer workers or GPUs per worker, or ask the namespace's admin for a larger quota "
                   "(site settings namespace_max_gpus, preempting_max_gpus, preempting_max_pods)", code=2)
+
+
+def _refuse_dataset_over_lane(pipeline: Any, parameters: Any) -> None:
+    """Exit 2, sending nothing, when the dataset's size is known now (staged, or shards the team
+    already has) and is over the lane's maximum. Needs the store's settings (``PIPECTL_S3_*``); a
+    store that cannot be read here leaves the check to the run's first step, and says so."""
+    from pipectl.components.contracts import StoreSettings
+    from pipectl.components.datasize import DatasetTooLarge, check_dataset_size, known_size
+    from pipectl.components.runtime import s3_client
+
+    settings = StoreSettings()
+    uri = parameters.dataset_uri
+    if not uri.startswith("s3://") or not (settings.s3_endpoint or settings.s3_access_key):
+        return
+    try:
+        size = known_size(s3_client(settings), uri, prebuilt=any(s.name == "shards" for s in pipeline.steps))
+    except Exception as e:  # the store's errors are many (botocore, a damaged index): the step reports them
+        console().print(f"note: the size of {uri} was not checked here ({type(e).__name__}: {str(e)[:200]}); "
+                        "the run checks it before copying anything", markup=False, style="dim", soft_wrap=True)
+        return
+    if size is None:
+        return
+    try:
+        check_dataset_size(size, parameters.lane, compile_config().dataset_maxima())
+    except DatasetTooLarge as e:
+        fail(e.headline, e.hint, code=2)
 
 
 _LABEL_KEY = r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"

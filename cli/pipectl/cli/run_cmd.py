@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from pipectl.cli.parameters_help import PipelineCommand
-from pipectl.cli.common import console, fail, launcher_option, needs_steps_extra, output_option, parameter_option, training_parameters
+from pipectl.cli.common import compile_config, console, fail, launcher_option, needs_steps_extra, output_option, parameter_option, training_parameters
 from pipectl.components.errors import redact_credentials
 
 _CAUSE = re.compile(r"^(error|hint): |^[A-Za-z_.]+(Error|Exception): ")
@@ -49,6 +49,7 @@ def run(pipeline: str, params: tuple[str, ...], parameter_file: Path | None, out
 
     Interrupted (Ctrl-C, SIGTERM, SIGHUP) it stops every process it started; `--resume` continues it.
     A SIGINT or SIGHUP ignored when it starts (nohup, `cmd &` in a script) stays ignored: stop it with SIGTERM.
+    A dataset over its lane's maximum (the site file's lane_dataset_max, else the lane's own) is refused before anything starts.
     Exit codes: 0 Succeeded, 1 the workflow Failed, 2 bad input or nothing to resume, 3 a service
     is unreachable, 128+N stopped by signal N."""
     from pipectl.cli.pipeline_ref import load_pipeline, user_code_path
@@ -101,6 +102,7 @@ def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str |
     from pipectl.pipelines.backends.local import run_training_locally
 
     settings = RunSettings(**options)
+    site_dataset_max = compile_config().lane_dataset_max  # the site file's lane maxima apply here too
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=False)
     ids: dict[str, Any] = {}
     # written by the training, if it gets that far (bad input writes nothing anywhere)
@@ -127,7 +129,8 @@ def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str |
     try:
         with stop_on_signals(), live:
             summary = run_training_locally(parameters, settings, on_event, on_services, launcher=launcher, resume=resume,
-                                           pipeline=pipeline, progress_file=progress_file)
+                                           pipeline=pipeline, progress_file=progress_file,
+                                           lane_dataset_max=site_dataset_max)
     except (KeyboardInterrupt, SystemExit):
         progress.stop()
         _print_resume_hint(settings, started, console)

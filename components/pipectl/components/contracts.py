@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import decimal
 import enum
+import json
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipectl.components.names import (  # noqa: F401 - names the steps use, re-exported
@@ -331,6 +332,13 @@ class DatasetLayout(StrictModel):
             raise ValueError(f"{manifest_uri!r} is not a dataset's {cls.MANIFEST}")
         return cls(dataset_uri=base + "/")
 
+    @classmethod
+    def of_uri(cls, uri: str) -> "DatasetLayout | None":
+        """The layout of the staged dataset ``uri`` names (its folder ``…/datasets/<digest[:20]>/``
+        or its :attr:`data_uri`, what ``pipectl data push`` prints); None for any other URI."""
+        m = re.fullmatch(rf"(.+/{cls.DATASETS}/[0-9a-f]{{20}})/({cls.DATA}/?)?", uri)
+        return cls(dataset_uri=m[1] + "/") if m else None
+
     @property
     def data_uri(self) -> str:
         """``<dataset>/data/``: the images, one key per ``<label>/<file>``."""
@@ -411,6 +419,30 @@ class DatasetManifest(StrictModel):
         return sum(e.size for e in self.entries)
 
 
+class DatasetMax(StrictModel):
+    """The largest dataset a lane takes (``None``: no bound of that kind).
+
+    ``max_gib``: bytes of the dataset as submitted, in GiB (2**30 bytes): the staged images, or
+    the shard files of shards a team already has. ``max_samples``: images (a pre-built dataset's
+    samples, both splits)."""
+
+    max_gib: float | None = Field(None, gt=0, description="Most GiB of images (staged files, or shard files).")
+    max_samples: int | None = Field(None, ge=1, description="Most images (samples, every split).")
+
+
+def _lane_rows(value: Any) -> Any:
+    """Each lane's maximum given as JSON text of rows (a step's argument: ``[{"lane": "urgent",
+    "max_gib": 20, ...}, ...]``, never ``}}``, which Argo would read as the end of a tag) as a mapping."""
+    rows = json.loads(value) if isinstance(value, str) else value
+    if isinstance(rows, list) and all(isinstance(r, dict) and "lane" in r for r in rows):
+        return {r["lane"]: {k: v for k, v in r.items() if k != "lane"} for r in rows}
+    return rows
+
+
+LaneDatasetMax = Annotated[dict[Lane, DatasetMax], BeforeValidator(_lane_rows)]
+"""The largest dataset of each lane: what stage and the ``shards`` step refuse."""
+
+
 class StageInput(StrictModel):
     source_uri: str = Field(description="Local folder or s3://bucket/prefix in ImageFolder layout.")
     bucket: str
@@ -420,6 +452,8 @@ class StageInput(StrictModel):
         description="Where to stage: s3://<bucket> (default: s3://<bucket>), cephfs:///<path> (inside the CephFS "
         "mounted at PIPECTL_CEPHFS_MOUNT) or an absolute path on a mounted file system.",
     )
+    lane: Lane | None = Field(None, description="The run's lane: whose dataset maximum applies.")
+    dataset_max: LaneDatasetMax | None = Field(None, description="The largest dataset of each lane (JSON); none: no bound.")
 
 
 class StageOutput(StrictModel):
@@ -484,6 +518,8 @@ class PreprocessOutput(StrictModel):
 
 class PrebuiltInput(StrictModel):
     shards_uri: str = Field(description="s3://bucket/prefix/ holding index.json and the .npz shards it lists.")
+    lane: Lane | None = Field(None, description="The run's lane: whose dataset maximum applies.")
+    dataset_max: LaneDatasetMax | None = Field(None, description="The largest dataset of each lane (JSON); none: no bound.")
 
 
 class PrebuiltOutput(StrictModel):

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import logging
+import time
 import zipfile
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from pipectl.components.contracts import ShardIndex
 from pipectl.components.runtime import StepError, join_uri, parse_s3_uri, read_json
+
+log = logging.getLogger("pipectl.data")
 
 
 def put_npz(s3: Any, uri: str, images: np.ndarray, labels: np.ndarray) -> None:
@@ -25,20 +30,64 @@ def read_index(reader: Any, shards_uri: str) -> ShardIndex:
     return ShardIndex.model_validate(read_json(reader, join_uri(shards_uri, "index.json")))
 
 
-def read_shard(reader: Any, uri: str) -> tuple[np.ndarray, np.ndarray]:
-    """One ``.npz`` shard: (images [N, C, H, W] as stored, labels int64 [N]).
+READ_ATTEMPTS = 4
+"""GETs of one shard before a read the connection keeps cutting short counts as failed."""
 
-    A shard whose bytes are damaged (a flipped bit fails the zip member's CRC-32; cut short; not
-    an ``.npz``; pickled objects, never loaded) is a :class:`StepError` naming it: the data's
-    failure, not retried. A read the connection cut short is botocore's error (transient)."""
+
+def _cut_short() -> tuple[type[BaseException], ...]:
+    """botocore's errors for a body the connection ended early or stopped sending: the request
+    itself succeeded, so botocore's own retries never see them (they happen while the body streams)."""
+    from botocore.exceptions import ConnectionClosedError, IncompleteReadError, ReadTimeoutError, ResponseStreamingError
+
+    return ConnectionClosedError, IncompleteReadError, ReadTimeoutError, ResponseStreamingError
+
+
+def get_shard(reader: Any, uri: str) -> bytes:
+    """The bytes of the shard at ``uri``. A read the connection cuts short is sent again, up to
+    :data:`READ_ATTEMPTS` GETs, then a transient :class:`StepError` naming the shard (the step exits
+    75 and the workflow retries it); the store's own errors (404, 403) propagate."""
     bucket, key = parse_s3_uri(uri)
-    body = reader.get_object(Bucket=bucket, Key=key)["Body"].read()
+    cut_short = _cut_short()
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        try:
+            return reader.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except cut_short as e:
+            if attempt == READ_ATTEMPTS:
+                raise StepError(f"shard {uri}: the read was cut short {READ_ATTEMPTS} times ({type(e).__name__}: {str(e)[:200]})",
+                                "the store or the network is failing; the step is retried", transient=True) from e
+            log.warning("shard %s: read cut short (%s), reading it again (%d of %d)", uri, type(e).__name__, attempt + 1, READ_ATTEMPTS)
+            time.sleep(0.2 * 2 ** attempt)
+    raise AssertionError("unreachable")
+
+
+def load_shard(uri: str, body: bytes) -> Any:
+    """``np.load`` of a shard's bytes (a context manager: the ``.npz`` archive). Damaged bytes (a
+    flipped bit fails the zip member's CRC-32 when the member is read; cut short; not an ``.npz``;
+    pickled objects, never loaded) are a :class:`StepError` naming it when opened; read the members
+    inside :func:`shard_errors`."""
+    with shard_errors(uri):
+        return np.load(io.BytesIO(body))
+
+
+@contextlib.contextmanager
+def shard_errors(uri: str) -> Iterator[None]:
+    """Damaged shard bytes met inside the block: a :class:`StepError` naming the shard, the data's
+    failure (exit 1, not retried: reading it again finds the same bytes)."""
     try:
-        with np.load(io.BytesIO(body)) as z:
-            return z["images"], z["labels"]
+        yield
     except (zipfile.BadZipFile, ValueError, KeyError, EOFError, OSError) as e:
         raise StepError(f"shard {uri} cannot be read: {type(e).__name__}: {str(e)[:200]}",
                         "the shard is damaged: restore it, or preprocess the dataset again into new shards") from e
+
+
+def read_shard(reader: Any, uri: str) -> tuple[np.ndarray, np.ndarray]:
+    """One ``.npz`` shard: (images [N, C, H, W] as stored, labels int64 [N]).
+
+    A read cut short is sent again (:func:`get_shard`); damaged bytes are a :class:`StepError`
+    naming the shard, not retried (:func:`shard_errors`)."""
+    body = get_shard(reader, uri)
+    with shard_errors(uri), load_shard(uri, body) as z:
+        return z["images"], z["labels"]
 
 
 def load_split(s3: Any, shards_uri: str, split: str) -> tuple[np.ndarray, np.ndarray, ShardIndex]:

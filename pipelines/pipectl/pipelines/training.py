@@ -60,6 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pipectl.components.contracts import (
     AvoidInput,
     AvoidOutput,
+    DatasetMax,
     EvaluateInput,
     ReleaseInput,
     ReleaseOutput,
@@ -80,6 +81,7 @@ from pipectl.components.contracts import (
 from pipectl.components.names import (
     LANE_LABEL,
     OUTPUTS_DIR,
+    Lane,
     PART_OF,
     SEMAPHORE_CONFIGMAP,
     STORE_CONFIGMAP,
@@ -95,7 +97,7 @@ from pipectl.pipelines.autoscaling import DO_NOT_DISRUPT, AutoscalingConfig
 from pipectl.pipelines.fabric import FabricProfile
 from pipectl.pipelines.tenancy import TeamSpec, cluster_gpu_ceiling, team_problems
 from pipectl.pipelines.topology import Topology
-from pipectl.pipelines.policy import RetryPolicy, lane_toleration_for, step_metrics, training_metrics
+from pipectl.pipelines.policy import LANES, RetryPolicy, lane_toleration_for, step_metrics, training_metrics
 from pipectl.pipelines.security import TMP_VOLUME_NAME, restricted_container_security_context, tmp_volume, restricted_pod_security_context
 
 
@@ -158,6 +160,11 @@ class CompileConfig(BaseModel):
     teams: tuple[TeamSpec, ...] = Field((), description="Teams sharing the cluster, each with a namespace of its own "
                                         "(argo/cluster/teams/): name, namespace, groups (bound to pipectl-submitter), "
                                         "max_gpus, lane_gpus per lane (urgent granted only when listed), model_prefix, s3_prefix.")
+    lane_dataset_max: dict[Lane, DatasetMax] = Field(
+        default_factory=dict, description="The largest dataset a lane takes, per lane: max_samples (images) and max_gib "
+        "(GiB of staged files or shard files); a key left out keeps the lane's default (urgent 100000 images, 20 GiB; "
+        "standard 5000000, 500 GiB; batch 100000000, 20480 GiB), null removes that bound. A bigger dataset is refused: "
+        "at submit when its size is known then (staged, or shards you already have), else by stage or the shards step.")
     pipeline_parameters: tuple[ParameterSpec, ...] = Field(
         (), exclude=True, description="The pipeline's own parameters (set by Pipeline.build from its parameters class).")
 
@@ -203,6 +210,17 @@ class CompileConfig(BaseModel):
         if v not in LAUNCHERS:
             raise ValueError(f"unknown launcher {v!r}: one of {', '.join(LAUNCHERS)}")
         return v
+
+    def dataset_maxima(self) -> dict[Lane, DatasetMax]:
+        """The largest dataset of each lane: :data:`~pipectl.pipelines.policy.LANES`' ``dataset_max``
+        with the keys :attr:`lane_dataset_max` sets on top."""
+        return {lane: spec.dataset_max.model_copy(update=self.lane_dataset_max[lane].model_dump(exclude_unset=True))
+                if lane in self.lane_dataset_max else spec.dataset_max for lane, spec in LANES.items()}
+
+    def dataset_max_json(self) -> str:
+        """:meth:`dataset_maxima` as the one-line JSON the stage and shards steps take (``--dataset-max``)."""
+        return json.dumps([{"lane": lane.value, **m.model_dump(mode="json")} for lane, m in self.dataset_maxima().items()],
+                          separators=(",", ":"))
 
     def gang_affinity(self) -> str:
         """The train step's first ``gang-affinity`` (JSON, one line): the site's :attr:`topology`
@@ -511,7 +529,12 @@ def validate_templates(cfg: CompileConfig) -> list:
 
 
 def stage_templates(cfg: CompileConfig) -> list:
-    return [_step(cfg, "stage", cfg.light_image, "stage", StageInput, StageOutput, fixed={"bucket": cfg.bucket})]
+    return [_step(cfg, "stage", cfg.light_image, "stage", StageInput, StageOutput, fixed={"bucket": cfg.bucket, **_dataset_max(cfg)})]
+
+
+def _dataset_max(cfg: CompileConfig) -> dict[str, str]:
+    """The run's lane and every lane's dataset maximum: what stage and the shards step refuse."""
+    return {"lane": "{{workflow.parameters.lane}}", "dataset_max": cfg.dataset_max_json()}
 
 
 def warm_templates(cfg: CompileConfig) -> list:
@@ -527,7 +550,7 @@ def preprocess_templates(cfg: CompileConfig) -> list:
 
 def prebuilt_templates(cfg: CompileConfig) -> list:
     """``shards``: check pre-built shards (:mod:`pipectl.components.prebuilt`) in place of stage and preprocess."""
-    return [_step(cfg, "shards", cfg.light_image, "prebuilt", PrebuiltInput, PrebuiltOutput)]
+    return [_step(cfg, "shards", cfg.light_image, "prebuilt", PrebuiltInput, PrebuiltOutput, fixed=_dataset_max(cfg))]
 
 
 def train_templates(cfg: CompileConfig, entry: tuple[str, ...] = (), image: str | None = None, function: str = "",

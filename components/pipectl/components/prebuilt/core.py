@@ -8,13 +8,13 @@ The format is the one preprocess writes (:mod:`pipectl.components.shards`)::
                                 (normalised; preprocess writes float16),
                                 labels int64 [N] in 0 .. len(labels) - 1
 
-The check reads the index, HEADs every shard it lists, and loads the first shard of each split
+The check reads the index, lists the shards' sizes (every shard it names must exist; with the
+dataset's images, the shards' bytes must be within the run's lane's maximum), and loads the first shard of each split
 (its arrays' names, types, shapes and labels); train and evaluate stream the rest.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 from typing import Any
 
@@ -22,7 +22,9 @@ import numpy as np
 from pydantic import ValidationError
 
 from pipectl.components.contracts import PrebuiltInput, PrebuiltOutput, ShardIndex, StoreSettings
+from pipectl.components.datasize import DatasetSize, check_dataset_size, shard_bytes
 from pipectl.components.runtime import StepError, join_uri, object_exists, parse_s3_uri, read_json, s3_client
+from pipectl.components.shards import get_shard, load_shard, shard_errors
 
 log = logging.getLogger("pipectl.prebuilt")
 
@@ -53,8 +55,7 @@ def _check_sizes(index: ShardIndex) -> None:
 
 
 def _check_shard(s3: Any, uri: str, index: ShardIndex, size: int | None) -> None:
-    bucket, key = parse_s3_uri(uri)
-    with np.load(io.BytesIO(s3.get_object(Bucket=bucket, Key=key)["Body"].read())) as z:
+    with load_shard(uri, get_shard(s3, uri)) as z, shard_errors(uri):
         if set(z.files) != {"images", "labels"}:
             raise StepError(f"shard {uri} holds {sorted(z.files)}, not images and labels", "np.savez(f, images=..., labels=...)")
         images, labels = z["images"], z["labels"]
@@ -72,10 +73,14 @@ def _check_shard(s3: Any, uri: str, index: ShardIndex, size: int | None) -> None
 def check(inp: PrebuiltInput, s3: Any) -> PrebuiltOutput:
     """Check the shards under ``inp.shards_uri`` (module doc); StepError naming what is wrong."""
     index = _index(s3, inp.shards_uri)
-    missing = [u for u in index.train + index.validation if object_exists(s3, *parse_s3_uri(u)) is None]
+    found = shard_bytes(s3, inp.shards_uri, index.train + index.validation)
+    missing = [u for u in index.train + index.validation if u not in found]
     if missing:
         raise StepError(f"{len(missing)} shard(s) listed in the index are missing, e.g. {missing[0]}", "write every shard the index lists")
     _check_sizes(index)
+    if inp.lane is not None and inp.dataset_max:
+        size = DatasetSize(inp.shards_uri, index.train_count + index.validation_count, sum(found.values()))
+        check_dataset_size(size, inp.lane, inp.dataset_max)
     for split in ("train", "validation"):
         sizes = getattr(index, f"{split}_sizes")
         _check_shard(s3, getattr(index, split)[0], index, sizes[0] if sizes else None)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from pipectl.components.contracts import DatasetLayout, DatasetManifest, ManifestEntry, StageInput, StageOutput, StoreSettings
+from pipectl.components.datasize import DatasetSize, check_dataset_size
 from pipectl.components.runtime import StepError, s3_client
 from pipectl.components.stage.sources import (  # noqa: F401 - DatasetError, scan_local, validate_source: the step's API
     IMAGE_SUFFIXES,
@@ -76,11 +77,14 @@ def stage(inp: StageInput, s3: Any, *, example_dir: Path | None = None, target: 
     CSV/Parquet manifest of (uri, label) rows (:mod:`.sources`).
 
     Raises :class:`DatasetError` (exit 1 in a step; exit 2 at the CLI) before any write when the
-    source is missing, empty or unlabelled; :class:`StepError` when a written object fails
+    source is missing, empty or unlabelled; :class:`DatasetTooLarge` (the same exits) before any
+    write when it is over ``inp.lane``'s ``inp.dataset_max``; :class:`StepError` when a written object fails
     verification. S3 connection errors propagate (exit 75: transient).
     """
     with tempfile.TemporaryDirectory(prefix="pipectl-example-", dir=example_dir) as tmp:
         files = scan_source(inp.source_uri, s3, Path(tmp))
+        if inp.lane is not None and inp.dataset_max:
+            check_dataset_size(DatasetSize(inp.source_uri, len(files), sum(f.size for f in files)), inp.lane, inp.dataset_max)
         return _stage_files(inp, target if target is not None else make_target(inp, s3), files)
 
 

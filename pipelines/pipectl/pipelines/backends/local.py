@@ -109,23 +109,50 @@ def probe_mlflow(uri: str) -> None:
         raise Unreachable(f"MLflow tracking server {uri} is unreachable ({e})", hint) from e
 
 
-def validate_dataset(parameters: TrainingParameters, settings: RunSettings) -> None:
-    """Check the dataset before anything starts: missing, empty or unlabelled -> exit 2."""
+def validate_dataset(parameters: TrainingParameters, settings: RunSettings, maxima: dict | None = None) -> None:
+    """Check the dataset before anything starts: missing, empty or unlabelled -> exit 2; over the
+    run's lane's maximum in ``maxima`` (lane -> DatasetMax; none: no bound) -> exit 2 with the numbers."""
+    from pipectl.components.datasize import DatasetSize, DatasetTooLarge, check_dataset_size
     from pipectl.components.runtime import s3_client
-    from pipectl.components.stage.sources import DatasetError, is_manifest, scan_manifest, scan_s3, validate_source
+    from pipectl.components.stage.sources import (
+        EXAMPLE_SCHEME, DatasetError, is_manifest, scan_local, scan_manifest, scan_s3, validate_source,
+    )
 
+    uri = parameters.dataset_uri
     try:
-        if parameters.dataset_uri.startswith("s3://"):
+        if uri.startswith("s3://"):
             if settings.s3_endpoint is None and settings.s3_access_key is None:
                 raise ValidationFailed(
-                    f"dataset {parameters.dataset_uri} is on S3 but no --s3-endpoint is configured",
+                    f"dataset {uri} is on S3 but no --s3-endpoint is configured",
                     "the embedded S3 server starts empty; pass --s3-endpoint (and keys) of the store that holds it",
                 )
-            (scan_manifest if is_manifest(parameters.dataset_uri) else scan_s3)(s3_client(settings), parameters.dataset_uri)
+            files = (scan_manifest if is_manifest(uri) else scan_s3)(s3_client(settings), uri)
+        elif uri.startswith(EXAMPLE_SCHEME):
+            validate_source(uri)
+            return
         else:
-            validate_source(parameters.dataset_uri)
-    except DatasetError as e:
+            files = scan_manifest(None, uri) if is_manifest(uri) else scan_local(Path(uri.removeprefix("file://")))
+        if maxima:
+            check_dataset_size(DatasetSize(uri, len(files), sum(f.size for f in files)), parameters.lane, maxima)
+    except (DatasetError, DatasetTooLarge) as e:
         raise ValidationFailed(e.headline, e.hint) from e
+
+
+def validate_shards(parameters: TrainingParameters, settings: RunSettings, maxima: dict | None) -> None:
+    """Shards a team already has (``dataset-uri`` with its ``index.json``) over the run's lane's
+    maximum -> exit 2 with the numbers. Checked when the run uses a configured store (the embedded
+    one starts empty); a dataset without an index is the ``shards`` step's to report."""
+    from pipectl.components.datasize import DatasetTooLarge, check_dataset_size, known_size
+    from pipectl.components.runtime import s3_client
+
+    if not maxima or not (settings.s3_endpoint or settings.s3_access_key):
+        return
+    size = known_size(s3_client(settings), parameters.dataset_uri, prebuilt=True)
+    if size is not None:
+        try:
+            check_dataset_size(size, parameters.lane, maxima)
+        except DatasetTooLarge as e:
+            raise ValidationFailed(e.headline, e.hint) from e
 
 
 def gpu_count() -> int:
@@ -184,16 +211,20 @@ def summarise(result: RunResult, parameters: TrainingParameters) -> dict[str, An
     return summary
 
 
-def preflight(parameters: TrainingParameters, settings: RunSettings, stages_a_dataset: bool = True) -> None:
+def preflight(parameters: TrainingParameters, settings: RunSettings, stages_a_dataset: bool = True,
+              maxima: dict | None = None, prebuilt: bool = False) -> None:
     """Everything ``pipectl run`` checks before it starts a service or writes a byte: configured
-    endpoints answer (exit 3 otherwise), the dataset is usable (when the pipeline stages one),
-    warm-cache has an Alluxio, GPUs asked for exist (exit 2 otherwise)."""
+    endpoints answer (exit 3 otherwise), the dataset is usable (when the pipeline stages one) and
+    within the lane's maximum (``maxima``: lane -> DatasetMax; ``prebuilt``: the pipeline takes
+    shards a team already has), warm-cache has an Alluxio, GPUs asked for exist (exit 2 otherwise)."""
     if settings.s3_endpoint or settings.s3_access_key:
         probe_s3(settings)
     if settings.mlflow_uri:
         probe_mlflow(settings.mlflow_uri)
     if stages_a_dataset:
-        validate_dataset(parameters, settings)
+        validate_dataset(parameters, settings, maxima)
+    elif prebuilt:
+        validate_shards(parameters, settings, maxima)
 
     if parameters.warm_cache and not (settings.alluxio_proxy_url and settings.alluxio_job_master_url):
         raise ValidationFailed(
@@ -338,12 +369,14 @@ def run_training_locally(
     resume: str | bool = False,
     pipeline: Pipeline | None = None,
     progress_file: Path | None = None,
+    lane_dataset_max: dict | None = None,
 ) -> dict[str, Any]:
     """Run the compiled workflow of ``pipeline`` (default: the built-in ``training``) on this
     machine; returns :func:`summarise`'s dict.
 
     ``launcher``: the gang launcher (None: the default, or the resumed run's).
     ``progress_file``: where the training appends its per-epoch progress (:mod:`pipectl.components.progress`).
+    ``lane_dataset_max``: the site file's ``lane_dataset_max`` (lane -> DatasetMax; none: the lanes' own).
     ``resume``: False for a new run; True to resume the state folder's last run; a workflow name to
     resume that run (see :func:`resumable_run`). Parameters explicitly set in ``parameters`` must
     equal the resumed run's.
@@ -376,8 +409,10 @@ def run_training_locally(
             launcher = recorded_launcher
             _check_same_store(record, settings)
         launcher = launcher or DEFAULT_LAUNCHER
-        preflight(parameters, settings, any(s.name == "stage" for s in (pipeline or training).steps))
-        template = (pipeline or training).build(CompileConfig(bucket=settings.bucket, launcher=launcher)).to_dict()
+        cfg = CompileConfig(bucket=settings.bucket, launcher=launcher, lane_dataset_max=lane_dataset_max or {})
+        steps = {s.name for s in (pipeline or training).steps}
+        preflight(parameters, settings, "stage" in steps, cfg.dataset_maxima(), prebuilt="shards" in steps)
+        template = (pipeline or training).build(cfg).to_dict()
         if record is not None and record.template != template:
             raise ValidationFailed(f"run {record.name} ran another compiled workflow than this pipectl compiles",
                                    "resume it with the pipectl version that started it, or start a new run")
