@@ -452,12 +452,13 @@ class ArgoCluster:
 
 
 class ArgoServer:
-    """The Argo Server's HTTP API (what the Argo UI and the `argo` CLI use), for the operations
-    the Kubernetes API alone cannot do, such as retrying a workflow in place.
+    """The Argo Server's API (what the Argo UI and the `argo` CLI use), through Hera's
+    ``WorkflowsService``, for the operations the Kubernetes API alone cannot do, such as retrying a
+    workflow in place.
 
     Configured like the `argo` CLI (Argo docs, "Argo Server" / CLI environment variables):
     ``ARGO_SERVER`` host:port, ``ARGO_SECURE`` (default true: https), ``ARGO_INSECURE_SKIP_VERIFY``,
-    ``ARGO_TOKEN`` (sent as the Authorization header, e.g. ``Bearer ...``).
+    ``ARGO_TOKEN`` (the Authorization header, e.g. ``Bearer ...``; a bare token gets ``Bearer``).
     Errors: unreachable or 401/403 -> :class:`Unreachable` (3); 400/409 (the request does not
     fit the workflow's state) -> :class:`ValidationFailed` (2); other -> :class:`PipectlError`.
     """
@@ -478,34 +479,26 @@ class ArgoServer:
                    verify=os.environ.get("ARGO_INSECURE_SKIP_VERIFY", "false").lower() not in truthy,
                    token=os.environ.get("ARGO_TOKEN", ""))
 
-    def _call(self, what: str, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _call(self, what: str, request: Callable[[Any], Any]) -> Any:
+        """``request(service)`` with Hera's ``WorkflowsService`` for this server (30 s per HTTP
+        request); its failures mapped to the CLI's errors."""
         import requests
+        from hera.exceptions import HeraException
+        from hera.workflows.service import WorkflowsService
 
-        headers = {"Authorization": self.token} if self.token else {}
+        session = _timed_session()
         try:
-            r = requests.request(method, self.base + path, json=body, headers=headers, verify=self.verify, timeout=30)
+            with WorkflowsService(host=self.base.rstrip("/") + "/", verify_ssl=self.verify, token=self.token or None,
+                                  session=session) as service:
+                return request(service)
         except requests.RequestException as e:
             raise Unreachable(f"{what}: the Argo Server {self.base} is unreachable ({e})", "check ARGO_SERVER / ARGO_SECURE") from e
-        if r.ok:
-            return r.json() if r.content else {}
-        try:
-            detail = r.json().get("message", r.text)
-        except ValueError:
-            detail = r.text
-        if r.status_code in (401, 403):
-            raise Unreachable(f"{what}: the Argo Server refused us ({r.status_code}): {detail}", "check ARGO_TOKEN")
-        if r.status_code in (400, 409, 412):
-            raise ValidationFailed(f"{what}: {detail}", "only a Failed or Error workflow can be retried in place")
-        if r.status_code == 404:
-            raise PipectlError(f"{what}: not found ({detail})", "check the name and namespace")
-        # the Argo Server reports a state that does not allow the operation as a 500 (seen with v4.0.5)
-        if "must be" in detail or "cannot" in detail:
-            raise ValidationFailed(f"{what}: {detail}", "only a Failed or Error workflow can be retried in place")
-        raise PipectlError(f"{what}: Argo Server error {r.status_code}: {detail}")
+        except HeraException as e:
+            raise _server_error(what, e) from e
 
     def version(self) -> dict[str, Any]:
         """The Argo Server's build (GET /api/v1/version): ``version`` (e.g. ``v4.0.5``), ``gitCommit``, ``buildDate``..."""
-        return self._call("version", "GET", "/api/v1/version")
+        return self._call("version", lambda service: service.get_version()).model_dump(by_alias=True)
 
     def workflow_url(self, namespace: str, name: str) -> str:
         """The page of workflow ``name`` in the Argo UI, which the Argo Server serves at its own
@@ -515,5 +508,41 @@ class ArgoServer:
     def retry(self, namespace: str, name: str) -> dict[str, Any]:
         """Retry workflow ``name`` in place: failed steps run again, succeeded ones keep their
         outputs (PUT /api/v1/workflows/{namespace}/{name}/retry)."""
-        return self._call(f"retry {name}", "PUT", f"/api/v1/workflows/{namespace}/{name}/retry",
-                          {"name": name, "namespace": namespace})
+        from hera.workflows.models import WorkflowRetryRequest
+
+        request = WorkflowRetryRequest(name=name, namespace=namespace)
+        return self._call(f"retry {name}", lambda service: service.retry_workflow(name, request, namespace=namespace)).model_dump(
+            by_alias=True, exclude_none=True)
+
+
+def _timed_session() -> Any:
+    """A ``requests.Session`` whose requests time out after 30 s unless told otherwise (Hera's
+    service sets no timeout of its own)."""
+    import requests
+
+    class Session(requests.Session):
+        def request(self, *args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("timeout", 30)
+            return super().request(*args, **kwargs)
+
+    return Session()
+
+
+def _server_error(what: str, e: Exception) -> PipectlError:
+    """The CLI's error for an Argo Server's answer that Hera raised (its message carries the
+    status code and the server's own message)."""
+    import re
+
+    m = re.match(r"Server returned status code (\d+) with message: `(.*)`\Z", str(e), re.S)
+    status, detail = (int(m[1]), m[2]) if m else (getattr(e, "status_code", 0), str(e))
+    hint = "only a Failed or Error workflow can be retried in place"
+    if status in (401, 403):
+        return Unreachable(f"{what}: the Argo Server refused us ({status}): {detail}", "check ARGO_TOKEN")
+    if status in (400, 409, 412):
+        return ValidationFailed(f"{what}: {detail}", hint)
+    if status == 404:
+        return PipectlError(f"{what}: not found ({detail})", "check the name and namespace")
+    # the Argo Server reports a state that does not allow the operation as a 500 (seen with v4.0.5)
+    if "must be" in detail or "cannot" in detail:
+        return ValidationFailed(f"{what}: {detail}", hint)
+    return PipectlError(f"{what}: Argo Server error {status}: {detail}")
