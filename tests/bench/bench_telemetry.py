@@ -7,7 +7,8 @@ batch 32 per process, seed 0) on the digits example data, in two ways:
 - **telemetry on**: :class:`~pipectl.components.train.context.TrainContext` as the train step
   builds it: the :class:`StepClock` marks every step, :meth:`TrainContext.wrap` registers the
   timing all-reduce hook on DDP, every epoch end gathers the ranks' numbers (``all_gather_object``)
-  and rank 0 logs the gang's shares (8 metrics) to MLflow and checks the verdicts;
+  and rank 0 logs the gang's shares and each rank's figures to MLflow (one background request), sets
+  the run's step-time and verdict tags (another) and checks the verdicts;
 - **telemetry off**: the same class and loop with the anatomy taken out, in this file only (no
   switch in the product): a clock whose marks do nothing, plain ``DDP(model)`` without the hook,
   no gather and no anatomy report at the epoch end. Everything else is the product's code:
@@ -126,9 +127,9 @@ def _contexts() -> dict[str, type]:
             self.gathers.append(time.perf_counter() - t0)
             return ranks
 
-        def _end_epoch(self, epoch: int) -> None:
+        def _end_epoch(self, epoch: int, model: nn.Module) -> None:
             t0 = time.perf_counter()
-            super()._end_epoch(epoch)
+            super()._end_epoch(epoch, model)
             now = time.perf_counter()
             self.marks.append((now, time.process_time(), now - t0))
 
@@ -174,7 +175,7 @@ def child(side: str, store: str, out_dir: str, mlflow_url: str, epochs: int) -> 
     from pipectl.components.contracts import TrainInput
     from pipectl.components.shard_stream import ShardStream
     from pipectl.components.train import builtin
-    from pipectl.components.train.core import _init_process, mlflow_metrics
+    from pipectl.components.train.core import _init_process, mlflow_metrics, mlflow_tags
 
     proc = _init_process()  # the train step's own: threads per process, gloo process group
     inp = TrainInput(shards_uri=SHARDS_URI, run_uri="s3://bench/runs/telemetry", workflow_name=f"telemetry-{side}",
@@ -192,7 +193,8 @@ def child(side: str, store: str, out_dir: str, mlflow_url: str, epochs: int) -> 
         params=inp, rank=proc.rank, world_size=proc.world_size, device=proc.device, distributed=proc.distributed,
         data=data, label_names=list(data.index.labels), image_size=data.index.image_size,
         checkpoint=lambda step, model, opt: None, restore=lambda model, opt: (0, None),
-        log_metrics=mlflow_metrics(proc.rank))  # as the train step's (core._context)
+        log_metrics=mlflow_metrics(proc.rank),  # as the train step's (core._context)
+        log_tags=mlflow_tags(proc.rank) if side == "on" else (lambda tags: None))  # off: no anatomy, no tags
     torch.manual_seed(inp.seed)
     try:
         builtin.train(ctx)
@@ -344,7 +346,7 @@ def main() -> None:
         steps_only = [(a.ms_per_step - a.epoch_end_ms * (EPOCHS - 1) / a.timed_steps)
                       / (c.ms_per_step - c.epoch_end_ms * (EPOCHS - 1) / c.timed_steps) for a, c in zip(on, off)]
         b.rows.append(Row("on ÷ off, the steps alone, per adjacent pair", "×", Stats(steps_only), None))
-        b.rows.append(Row("epoch end, rank 0 (on: gather, anatomy, 9 MLflow metrics; off: 1)", "ms",
+        b.rows.append(Row("epoch end, rank 0 (on: gather, anatomy, its MLflow metrics and tags; off: train_loss)", "ms",
                           Stats([r.epoch_end_ms for r in on]), Stats([r.epoch_end_ms for r in off])))
         end_share = [(a.epoch_end_ms - c.epoch_end_ms) * (EPOCHS - 1) / a.timed_steps / c.ms_per_step for a, c in zip(on, off)]
         b.rows.append(Row("epoch end, on − off, per step ÷ off's ms per step, per adjacent pair", "%", Stats([100 * x for x in end_share]), None,
@@ -392,7 +394,7 @@ def main() -> None:
                        f"last epoch: {', '.join(f'{k} {v}' for k, v in on[-1].anatomy.items() if k.startswith('share_'))}")
         b.notes.append("checkpoints not written on either side (barrier kept): the share is an upper bound for a run that "
                        "writes them; MLflow: one embedded server, rank 0 logs train_loss each epoch on both sides, "
-                       "the 8 anatomy metrics on the on side")
+                       "the anatomy's metrics (the gang's and each rank's) and the run's step-time and verdict tags on the on side")
 
 
 if __name__ == "__main__":
