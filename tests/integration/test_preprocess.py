@@ -180,6 +180,20 @@ def test_shards_hold_each_split_in_content_hash_order_across_shard_boundaries(se
         assert y.tolist() == [manifest.labels.index(e.label) for e in entries]
 
 
+def test_the_runs_shard_mib_bounds_each_shards_bytes(settings, s3, dataset_with_corrupt_jpeg):
+    """shard-mib=1 at image-size 64 (24 KiB of float16 per image): at most 42 images a shard, every
+    image still in one."""
+    staged = stage(StageInput(source_uri=str(dataset_with_corrupt_jpeg), bucket=settings.bucket), s3)
+    out = preprocess(_inp(staged.manifest_uri, settings.bucket, image_size=64, shard_mib=1), s3)
+    index = read_json(s3, f"{out.shards_uri}index.json")
+    for split, count in (("train", out.train_count), ("validation", out.validation_count)):
+        sizes = index[f"{split}_sizes"]
+        assert max(sizes) == min(42, count) and sum(sizes) == count and len(sizes) == -(-count // 42)
+        for uri in index[split]:
+            bucket, key = uri.removeprefix("s3://").split("/", 1)
+            assert s3.head_object(Bucket=bucket, Key=key)["ContentLength"] <= (1 << 20) + 4096  # images + labels + zip headers
+
+
 def test_a_failed_step_leaves_no_shards(settings, s3, dataset_with_corrupt_jpeg):
     """Shards are written while decoding; when the step then fails, they are removed."""
     staged = stage(StageInput(source_uri=str(dataset_with_corrupt_jpeg), bucket=settings.bucket), s3)

@@ -74,4 +74,6 @@ def test_a_shard_holds_at_most_256_mib_of_images():
 
     assert shard_images(2048, 64) == 2048
     assert shard_images(2048, 224) == 891 and 891 * 3 * 224 * 224 * 2 <= SHARD_BYTES < 892 * 3 * 224 * 224 * 2
+    assert shard_images(2048, 224, 64 << 20) == 222 and shard_images(2048, 16, 1 << 20) == 682  # the run's shard-mib
+    assert shard_images(2048, 512, 2 << 20) == 1
     assert shard_images(100, 512) == 100 and shard_images(2048, 512) == 170

@@ -67,6 +67,12 @@ class Decision(str, enum.Enum):
     keep = "keep"
 
 
+DEFAULT_SHARD_MIB = 256
+"""Most MiB of images per shard unless a run says otherwise: ~890 images at 224x224 in float16, so
+a training process's data memory (about four shards) stays near 1 GiB whatever the dataset's size."""
+SINGLE_PUT_MAX_MIB = 5 * 1024
+"""The most one PUT may write: 5 GiB on S3 (AWS S3 docs, "Uploading objects": one PUT up to 5 GB) and
+on Ceph RGW (``rgw_max_put_size``, 5 GiB by default). preprocess writes each shard with one PUT."""
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _INT_TEXT = re.compile(r"0|[1-9][0-9]*")
@@ -183,6 +189,11 @@ class TrainingParameters(CanonicalModel):
         0.01, ge=0, le=1, description="Preprocess fails if more than this share of images is corrupt."
     )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Random seed for initialisation and sampling.")
+    shard_mib: int = Field(
+        DEFAULT_SHARD_MIB, ge=1, le=SINGLE_PUT_MAX_MIB,
+        description="Most MiB of images in one shard file preprocess writes (float16): a training process holds "
+        "about four shards at a time. At least one image of image-size; at most 5120, the store's limit for one PUT.",
+    )
     gang_preflight: bool = Field(
         True,
         description="Before training, time every link of the gang's ring (3 processes or more) and fail the "
@@ -203,6 +214,14 @@ class TrainingParameters(CanonicalModel):
                 f"processes-per-worker ({self.processes_per_worker}) must equal gpus-per-worker "
                 f"({self.gpus_per_worker}) on GPU pods: one torchrun process per GPU"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _shard_holds_an_image(self) -> "TrainingParameters":
+        image = 3 * self.image_size * self.image_size * 2  # float16 [3, S, S], as preprocess writes it
+        if self.shard_mib << 20 < image:
+            raise ValueError(f"shard-mib={self.shard_mib} holds no image of image-size={self.image_size} "
+                             f"({image / 2**20:.2f} MiB each in float16): use shard-mib={-(-image >> 20)} or more")
         return self
 
     @classmethod
@@ -487,7 +506,8 @@ class PreprocessInput(StrictModel):
     validation_fraction: float = Field(gt=0, lt=1)
     max_corrupt_fraction: float = Field(ge=0, le=1)
     batch_size: int = Field(256, ge=1)
-    shard_size: int = Field(2048, ge=1, description="Images per shard file.")
+    shard_size: int = Field(2048, ge=1, description="Images per shard file (fewer where shard-mib is reached first).")
+    shard_mib: int = Field(DEFAULT_SHARD_MIB, ge=1, le=SINGLE_PUT_MAX_MIB, description="Most MiB of images per shard file.")
     device: Literal["auto", "cpu", "gpu"] = "auto"
 
 

@@ -542,7 +542,8 @@ def warm_templates(cfg: CompileConfig) -> list:
 
 
 def preprocess_templates(cfg: CompileConfig) -> list:
-    preprocess = _step(cfg, "preprocess", cfg.train_image, "preprocess", PreprocessInput, PreprocessOutput)
+    preprocess = _step(cfg, "preprocess", cfg.train_image, "preprocess", PreprocessInput, PreprocessOutput,
+                       fixed={"shard_mib": "{{workflow.parameters.shard-mib}}"})
     preprocess.volume_mounts += [VolumeMount(name="dshm", mount_path="/dev/shm")]
     preprocess.volumes += [Volume(name="dshm", empty_dir=EmptyDirVolumeSource(medium="Memory", size_limit=f"{cfg.shm_gib}Gi"))]
     return [preprocess]

@@ -255,7 +255,7 @@ def preprocess_timed(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> tu
         try:
             writer = decode_to_shards(
                 fetched(), splits, labels, output_uri=inp.output_uri, image_size=inp.image_size,
-                batch_size=inp.batch_size, shard_size=shard_images(inp.shard_size, inp.image_size), use_gpu=use_gpu, put=put,
+                batch_size=inp.batch_size, shard_size=shard_images(inp.shard_size, inp.image_size, inp.shard_mib << 20), use_gpu=use_gpu, put=put,
                 on_undecodable=lambda i, blob: quarantine(i, blob, reasons.pop(i, Verdict(Corrupt.UNDECODABLE, "decoder error"))),
                 timings=timings, reasons=reasons,
             )

@@ -19,22 +19,23 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pipectl.components.contracts import ShardIndex
+from pipectl.components.contracts import DEFAULT_SHARD_MIB, ShardIndex
 from pipectl.components.runtime import StepError, join_uri, write_json
 from pipectl.components.preprocess.decode import MEAN, STD
 from pipectl.components.preprocess.npz import ShardFile, fits
 
 WRITES_IN_FLIGHT = 2
 
-SHARD_BYTES = 256 << 20
-"""Most bytes of images in one shard: what a training process holds per shard it reads
-(pipectl.components.shard_stream keeps about four), whatever the dataset's size."""
+SHARD_BYTES = DEFAULT_SHARD_MIB << 20
+"""Most bytes of images in one shard unless the run's ``shard-mib`` says otherwise: what a training
+process holds per shard it reads (pipectl.components.shard_stream keeps about four), whatever the
+dataset's size."""
 
 
-def shard_images(shard_size: int, image_size: int) -> int:
-    """Images per shard: ``shard_size``, fewer when their float16 bytes would pass :data:`SHARD_BYTES`
-    (at 224x224: 891 images)."""
-    return max(1, min(shard_size, SHARD_BYTES // (3 * image_size * image_size * 2)))
+def shard_images(shard_size: int, image_size: int, shard_bytes: int = SHARD_BYTES) -> int:
+    """Images per shard: ``shard_size``, fewer when their float16 bytes would pass ``shard_bytes``
+    (at 224x224 and 256 MiB: 891 images); at least one (``shard-mib`` is checked to hold one)."""
+    return max(1, min(shard_size, shard_bytes // (3 * image_size * image_size * 2)))
 
 
 class _NumpyShard:
