@@ -403,6 +403,66 @@ def test_two_teams_share_the_cluster_and_neither_reaches_the_other(test_cluster,
             core.delete_namespace(ns)
 
 
+QUEUE_TEAMS = [{"name": "maps", "namespace": "team-maps", "groups": ["maps-ml"], "max_gpus": 8, "lane_gpus": {"urgent": 4},
+                "model_prefix": "maps", "s3_prefix": "s3://pipectl/teams/maps/"},
+               {"name": "radar", "namespace": "team-radar", "groups": ["radar-ml"], "max_gpus": 16,
+                "model_prefix": "radar", "s3_prefix": "s3://pipectl/teams/radar/"}]
+
+
+def test_a_teams_gangs_use_its_own_queues_only(test_cluster, k8s_api):
+    """Each team's Volcano queues as argo/cluster/teams/ renders them (its GPU share per lane): in
+    its own namespace a team's gang job is admitted to its own queue, and refused — naming its
+    queues — in the other team's queue, in a lane's shared queue or with no queue; so is a PodGroup
+    (what Volcano's and the training operator's controllers create for a gang). A namespace of no
+    team may use no team's queue. Whoever creates them: the API server's ``pipectl-lanes``."""
+    from kubernetes import client
+
+    from pipectl.components.names import team_queue_name
+    from pipectl.pipelines.manifests import cluster_manifests
+    from pipectl.pipelines.training import CompileConfig
+
+    files = cluster_manifests(CompileConfig(teams=QUEUE_TEAMS))
+    test_cluster.apply([d for t in QUEUE_TEAMS for d in files[f"cluster/teams/{t['name']}.yaml"]], field_manager="pipectl-tests")
+    core, custom = client.CoreV1Api(k8s_api), client.CustomObjectsApi(k8s_api)
+    maps, radar = "team-maps", "team-radar"
+
+    def job(queue: str | None) -> dict:
+        spec = {"minAvailable": 1, "schedulerName": "volcano",
+                "tasks": [{"name": "w", "replicas": 1, "template": _small_pod("w", "pipectl-standard")}]}
+        return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "gang"},
+                "spec": spec | ({"queue": queue} if queue else {})}
+
+    def refusal(ns: str, obj: dict, plural: str = "jobs") -> str | None:
+        group, version = obj["apiVersion"].split("/")
+        try:
+            custom.create_namespaced_custom_object(group, version, ns, plural, obj, dry_run="All")
+        except client.ApiException as e:
+            return f"{e.status} {json.loads(e.body)['message']}"
+        return None
+
+    own, theirs = team_queue_name("maps", "batch"), team_queue_name("radar", "batch")
+    try:
+        queues = {q["metadata"]["name"]: q["spec"] for q in custom.list_cluster_custom_object("scheduling.volcano.sh", "v1beta1", "queues")["items"]}
+        assert queues[team_queue_name("maps", "urgent")]["capability"] == {"nvidia.com/gpu": "4"}
+        assert queues[team_queue_name("radar", "standard")]["capability"] == {"nvidia.com/gpu": "16"}
+        test_cluster.wait_for("the team's queues in force", lambda: "belongs to team maps" in (refusal(maps, job(theirs)) or "") or None)
+        test_cluster.wait_for("its own queue open", lambda: refusal(maps, job(own)) is None or None)
+        assert refusal(radar, job(theirs)) is None
+        for queue in (theirs, "pipectl-batch", None):
+            why = refusal(maps, job(queue))
+            assert why and why.startswith("403 ") and "belongs to team maps" in why and own in why, (queue, why)
+        group = {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup", "metadata": {"name": "gang"},
+                 "spec": {"minMember": 1, "queue": theirs}}
+        assert "belongs to team maps" in (refusal(maps, group, "podgroups") or "")
+        assert refusal(maps, {**group, "spec": {"minMember": 1, "queue": own}}, "podgroups") is None
+        outside = refusal(NS, job(own))
+        assert outside and "is a team share" in outside and "belongs to no team" in outside, outside
+        assert refusal(NS, job("pipectl-batch")) is None
+    finally:
+        for ns in (maps, radar):
+            core.delete_namespace(ns)
+
+
 def test_step_code_holds_no_kubernetes_token(test_cluster, k8s_api, training_outputs_supplied):
     """Every pod of a run, as the real controller builds it: the steps' own containers mount no
     service-account token (only Argo's executor containers do, the executor account's); the one

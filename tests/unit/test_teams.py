@@ -33,7 +33,7 @@ def _team_objects(cfg: CompileConfig, name: str) -> dict[tuple[str, str], dict]:
 def test_each_team_gets_its_namespace_quotas_lanes_prefixes_and_submitters():
     cfg = CompileConfig(teams=[VISION, SPEECH])
     vision = _team_objects(cfg, "vision")
-    assert {o["metadata"].get("namespace") for k, o in vision.items() if k[0] != "Namespace"} == {"ml-vision"}
+    assert {o["metadata"].get("namespace") for k, o in vision.items() if k[0] not in ("Namespace", "Queue")} == {"ml-vision"}
     ns = vision[("Namespace", "ml-vision")]["metadata"]
     assert ns["labels"][MODEL_PREFIX_LABEL] == "vision" and ns["labels"]["lanes.pipectl.io/urgent"] == "true"
     assert ns["labels"]["pipectl.io/submission-policy"] == "enforce"

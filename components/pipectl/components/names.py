@@ -51,6 +51,20 @@ def lane_object_name(lane: str) -> str:
 LANE_OBJECT_NAMES: frozenset[str] = frozenset(lane_object_name(name) for name in LANE_NAMES)
 """Every lane's PriorityClass / Volcano Queue name (what lint accepts)."""
 
+TEAM_QUEUE_PREFIX = "pipectl-team-"
+"""Prefix of a team's Volcano Queues (``pipectl-team-<team>-<lane>``): the team's share, per lane."""
+
+
+def team_queue_name(team: str, lane: str) -> str:
+    """The Volcano Queue of ``lane`` (a Lane value or an expression's placeholder) for the team
+    named ``team`` (:mod:`pipectl.pipelines.teams`)."""
+    return f"{TEAM_QUEUE_PREFIX}{team}-{lane}"
+
+
+def is_queue_name(queue: str) -> bool:
+    """Whether ``queue`` is a lane's queue or a team's queue of a lane."""
+    return queue in LANE_OBJECT_NAMES or (queue.startswith(TEAM_QUEUE_PREFIX) and queue.rsplit("-", 1)[-1] in LANE_NAMES)
+
 LANE_TAINT_KEY = "pipectl.io/lane"
 """Taint (and toleration) key of reserved buffer nodes: ``pipectl.io/lane=<lane>:NoSchedule``."""
 

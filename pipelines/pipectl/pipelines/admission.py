@@ -52,7 +52,7 @@ from typing import Any
 import annotated_types as at
 
 from pipectl.components.contracts import _DECIMAL_TEXT, _INT_TEXT, _LINE_SEPARATORS, _MODEL_NAME, TrainingParameters
-from pipectl.components.names import PART_OF, kebab
+from pipectl.components.names import LANE_NAMES, PART_OF, TEAM_QUEUE_PREFIX, kebab
 from pipectl.pipelines.policy import LANES
 
 MODEL_PREFIX_LABEL = "pipectl.io/model-prefix"
@@ -61,6 +61,8 @@ MODEL_PREFIX_LABEL = "pipectl.io/model-prefix"
 DATA_PREFIX_ANNOTATION = "pipectl.io/data-prefix"
 """Namespace annotation (``s3://bucket/path/``): every ``dataset-uri`` submitted in the namespace
 must start with it (the data a team's runs may read when teams share one object store)."""
+TEAM_LABEL = "pipectl.io/team"
+"""Namespace label: the team the namespace belongs to (its gangs use only the team's queues)."""
 SUBMISSION_LABEL = "pipectl.io/submission-policy"
 """Namespace label (value ``enforce``) that puts a namespace's Workflows under ``pipectl-submission``."""
 LANE_LABEL_PREFIX = "lanes.pipectl.io/"
@@ -433,7 +435,19 @@ def lanes_policy() -> list[dict]:
         {"name": "lane", "expression": f"variables.priorityClass in {classes} ? {classes}[variables.priorityClass] : "
                                        f"(variables.queue in {queues} ? {queues}[variables.queue] : '')"},
         {"name": "labels", "expression": "has(namespaceObject.metadata.labels) ? namespaceObject.metadata.labels : {}"},
+        {"name": "team", "expression": f"{_cel(TEAM_LABEL)} in variables.labels ? variables.labels[{_cel(TEAM_LABEL)}] : ''"},
+        {"name": "teamQueues", "expression": f"{json.dumps(list(LANE_NAMES))}.map(l, {_cel(TEAM_QUEUE_PREFIX)} + variables.team + '-' + l)"},
     ]
+    # a team's namespace: its own queues only (a Job or PodGroup with no queue is Volcano's
+    # "default" by the time this runs); any other namespace: no team's queue
+    own_queues = {
+        "expression": f"variables.queue == '' && request.resource.resource == 'pods' || (variables.team != '' "
+                      f"? variables.queue in variables.teamQueues : !variables.queue.startsWith({_cel(TEAM_QUEUE_PREFIX)}))",
+        "messageExpression": "variables.team != '' ? 'namespace ' + namespaceObject.metadata.name + ' belongs to team ' "
+                             "+ variables.team + ': its gangs use the team queues (' + variables.teamQueues.join(', ') + ') only, not ' "
+                             "+ (variables.queue == '' ? 'no queue' : variables.queue) : 'queue ' + variables.queue "
+                             "+ ' is a team share: namespace ' + namespaceObject.metadata.name + ' belongs to no team'",
+        "reason": "Forbidden"}
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": "pipectl-lanes", "labels": dict(PART_OF)},
@@ -451,7 +465,7 @@ def lanes_policy() -> list[dict]:
                 "messageExpression": "'the ' + variables.lane + ' lane (it preempts other work) is not granted to namespace ' "
                                      f"+ namespaceObject.metadata.name + ': a cluster admin labels the namespace {LANE_LABEL_PREFIX}' "
                                      "+ variables.lane + '=true'",
-                "reason": "Forbidden"}],
+                "reason": "Forbidden"}, own_queues],
         },
     }
     binding = {

@@ -221,7 +221,7 @@ def _container_findings(c: dict, at: str) -> list[Finding]:
 
 def _gang_findings(job: dict, at: str) -> list[Finding]:
     """Gang rules (C03, lanes) and pod security on one substituted gang job."""
-    from pipectl.components.names import LANE_OBJECT_NAMES
+    from pipectl.components.names import LANE_OBJECT_NAMES, is_queue_name
     from pipectl.pipelines.launchers import launcher_for
     from pipectl.pipelines.launchers.base import refusal
 
@@ -239,8 +239,8 @@ def _gang_findings(job: dict, at: str) -> list[Finding]:
     min_available, queue = launcher.gang_fields(job)
     if min_available != gang:
         findings.append(Finding(at, f"minAvailable {min_available!r} must equal the gang size {gang} (all pods or none)"))
-    if queue not in LANE_OBJECT_NAMES:
-        findings.append(Finding(at, f"queue {queue!r} is not a lane's queue"))
+    if not is_queue_name(str(queue)):
+        findings.append(Finding(at, f"queue {queue!r} is not a lane's queue (nor a team's queue of a lane)"))
     for group in groups:
         pod = group.pod_spec
         findings += [Finding(f"{at} {group.name}", m) for m in security.pod_spec_problems(pod) + security.pod_problems(pod.get("securityContext") or {})]

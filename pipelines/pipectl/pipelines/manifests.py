@@ -26,7 +26,7 @@ from pipectl.pipelines.admission import (
 from pipectl.pipelines.autoscaling import buffer_node_pool, node_pools
 from pipectl.pipelines.gang_reaper import gang_reaper
 from pipectl.pipelines.launchers import LAUNCHERS
-from pipectl.pipelines.policy import LANES, exported
+from pipectl.pipelines.policy import LANES, LaneSpec, exported
 from pipectl.pipelines.security import POD_SECURITY_LABELS, restricted_container_security_context
 from pipectl.pipelines.teams import teams_files
 from pipectl.pipelines.builtin import build_training
@@ -179,22 +179,26 @@ def priority_classes() -> list[dict]:
 UNBOUNDED_DESERVED = {"cpu": "1000000", "memory": "1000Pi", "nvidia.com/gpu": "1000000"}
 
 
+def lane_queue(spec: LaneSpec, name: str | None = None, gpus: int | None = None) -> dict:
+    """The Volcano Queue of a lane (``spec``): ``name`` (default: the lane's own), and with ``gpus``
+    a share of that many GPUs at most (a team's queue of the lane: deserved and capability no more
+    than ``gpus``)."""
+    deserved = (dict(UNBOUNDED_DESERVED) if spec.queue_deserved_gpus is None
+                else {"nvidia.com/gpu": str(spec.queue_deserved_gpus)})
+    capability = spec.queue_capability_gpus
+    if gpus is not None:
+        deserved["nvidia.com/gpu"] = str(min(int(deserved["nvidia.com/gpu"]), gpus))
+        capability = gpus if capability is None else min(capability, gpus)
+    # weight: Volcano's webhook default, written out; the capacity plugin does not read it
+    queue: dict[str, Any] = {"weight": 1, "reclaimable": spec.queue_reclaimable, "deserved": deserved}
+    if capability is not None:
+        queue["capability"] = {"nvidia.com/gpu": str(capability)}
+    return {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+            "metadata": {"name": name or spec.queue, "labels": dict(PART_OF)}, "spec": queue}
+
+
 def volcano_queues() -> list[dict]:
-    out = []
-    for spec in LANES.values():
-        deserved = (dict(UNBOUNDED_DESERVED) if spec.queue_deserved_gpus is None
-                     else {"nvidia.com/gpu": str(spec.queue_deserved_gpus)})
-        # weight: Volcano's webhook default, written out; the capacity plugin does not read it
-        queue: dict[str, Any] = {"weight": 1, "reclaimable": spec.queue_reclaimable, "deserved": deserved}
-        if spec.queue_capability_gpus:
-            queue["capability"] = {"nvidia.com/gpu": str(spec.queue_capability_gpus)}
-        out.append({
-            "apiVersion": "scheduling.volcano.sh/v1beta1",
-            "kind": "Queue",
-            "metadata": {"name": spec.queue, "labels": dict(PART_OF)},
-            "spec": queue,
-        })
-    return out
+    return [lane_queue(spec) for spec in LANES.values()]
 
 
 # Volcano scheduler configuration that makes the lanes work (Volcano v1.10 docs, "Scheduler
@@ -538,7 +542,7 @@ def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]
         TEMPLATE_FILE: [build_training(cfg).to_dict()],
         CRON_FILE: [retrain_cron(cfg).to_dict()],
         f"{KARPENTER_DIR}/nodepools.yaml": node_pools(cfg.autoscaling) + buffer_node_pool(cfg.autoscaling),
-        **teams_files(cfg, admin, namespace_limits, (ARGO_PARALLELISM_LABEL, NAMESPACE_PARALLELISM)),
+        **teams_files(cfg, admin, namespace_limits, (ARGO_PARALLELISM_LABEL, NAMESPACE_PARALLELISM), lane_queue),
     }
 
 

@@ -6,7 +6,8 @@ the submission policy, the preempting lanes granted to it (``pipectl-lanes``), i
 (label) and data prefix (annotation) that ``pipectl-submission`` holds every run to. Beside it:
 a GPU ResourceQuota across all lanes, one per lane listed in ``lane_gpus`` (scoped to the lane's
 PriorityClass), the LimitRange of pipectl's own namespace, the ``pipectl-submitter`` Role bound
-to the team's groups, and the (empty) parameter-rules ConfigMap the submission policy reads.
+to the team's groups, the (empty) parameter-rules ConfigMap the submission policy reads, and the
+team's Volcano Queues (one per lane, its GPU share), the only queues its namespace may use.
 What runs in the namespace (templates, ServiceAccounts, the store's Secret) is the team's own
 ``argo/namespace``, rendered from a site file naming the team's namespace.
 """
@@ -15,25 +16,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from pipectl.components.names import PART_OF, Lane, lane_object_name
+from pipectl.components.names import PART_OF, Lane, lane_object_name, team_queue_name
 from pipectl.pipelines.admission import (
     DATA_PREFIX_ANNOTATION,
     LANE_LABEL_PREFIX,
     MODEL_PREFIX_LABEL,
     SUBMISSION_LABEL,
     SUBMITTER_ROLE,
+    TEAM_LABEL,
     parameter_rules_configmap,
     submitter_role,
 )
-from pipectl.pipelines.policy import LANES
+from pipectl.pipelines.policy import LANES, LaneSpec
 from pipectl.pipelines.security import POD_SECURITY_LABELS
 from pipectl.pipelines.tenancy import TeamSpec
 
 if TYPE_CHECKING:
     from pipectl.pipelines.training import CompileConfig
 
-TEAM_LABEL = "pipectl.io/team"
-"""Namespace label: the team the namespace belongs to."""
 
 
 def team_namespace(team: TeamSpec, parallelism: tuple[str, int]) -> dict:
@@ -65,17 +65,34 @@ def submitter_binding(team: TeamSpec) -> dict:
 NamespaceLimits = Callable[["CompileConfig"], list[dict]]
 """What renders a namespace's GPU quota and LimitRange from a config
 (:func:`pipectl.pipelines.manifests.namespace_limits`, the install's own namespace's)."""
+LaneQueue = Callable[[LaneSpec, str, int], dict]
+"""What renders a lane's Volcano Queue under another name with a GPU share
+(:func:`pipectl.pipelines.manifests.lane_queue`)."""
 
 
-def team_manifests(team: TeamSpec, cfg: CompileConfig, limits: NamespaceLimits, parallelism: tuple[str, int]) -> list[dict]:
+def team_queues(team: TeamSpec, queue: LaneQueue) -> list[dict]:
+    """The team's Volcano Queues, one per lane (``pipectl-team-<team>-<lane>``): each the lane's
+    queue (reclaimable or not, as the lane) with the team's GPUs of that lane (``lane_gpus``, else
+    ``max_gpus``) as deserved and capability, so the team's gangs never take more than its share
+    in Volcano and one team's gangs cannot fill another's. ``pipectl-lanes`` admits the team's
+    namespace to these queues only."""
+    return [queue(spec, team_queue_name(team.name, lane.value), team.lane_gpus.get(lane, team.max_gpus))
+            for lane, spec in LANES.items()]
+
+
+def team_manifests(team: TeamSpec, cfg: CompileConfig, limits: NamespaceLimits, parallelism: tuple[str, int],
+                   queue: LaneQueue) -> list[dict]:
     """Every cluster-admin object of ``team``: ``limits`` of ``cfg`` as the team's namespace and GPUs
-    (the steps' default requests are the site's), ``parallelism`` the namespace's workflow-limit label."""
+    (the steps' default requests are the site's), ``parallelism`` the namespace's workflow-limit
+    label, its queues (:func:`team_queues`)."""
     own = cfg.model_copy(update={"namespace": team.namespace, "namespace_max_gpus": team.max_gpus})
     lanes = [lane_quota(team, lane, gpus) for lane, gpus in sorted(team.lane_gpus.items(), key=lambda kv: kv[0].value)]
     return [team_namespace(team, parallelism), *limits(own), *lanes,
-            submitter_role(team.namespace), submitter_binding(team), parameter_rules_configmap(team.namespace)]
+            submitter_role(team.namespace), submitter_binding(team), parameter_rules_configmap(team.namespace),
+            *team_queues(team, queue)]
 
 
-def teams_files(cfg: CompileConfig, folder: str, limits: NamespaceLimits, parallelism: tuple[str, int]) -> dict[str, list[dict]]:
+def teams_files(cfg: CompileConfig, folder: str, limits: NamespaceLimits, parallelism: tuple[str, int],
+                queue: LaneQueue) -> dict[str, list[dict]]:
     """``<folder>/teams/<name>.yaml`` -> objects, one file per team of the site."""
-    return {f"{folder}/teams/{t.name}.yaml": team_manifests(t, cfg, limits, parallelism) for t in cfg.teams}
+    return {f"{folder}/teams/{t.name}.yaml": team_manifests(t, cfg, limits, parallelism, queue) for t in cfg.teams}

@@ -157,6 +157,10 @@ class CompileConfig(BaseModel):
                                       "a node's rack or block, preferred or required (none: no placement constraint).")
     cluster_gpus: int | None = Field(None, ge=1, description="GPUs the cluster holds at most: no team's max_gpus may be "
                                      "over it (none: the sum of the Karpenter GPU node pools' limit_gpus, when each has one).")
+    team: str = Field("", pattern=r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$",
+                      description="The team this namespace belongs to (a name under teams: in the cluster admin's site "
+                      "file), when argo/namespace is rendered for a team's namespace: its gangs use the team's Volcano "
+                      "queues (pipectl-team-<team>-<lane>), the only ones the team's namespace may use. Empty: the lanes' own.")
     teams: tuple[TeamSpec, ...] = Field((), description="Teams sharing the cluster, each with a namespace of its own "
                                         "(argo/cluster/teams/): name, namespace, groups (bound to pipectl-submitter), "
                                         "max_gpus, lane_gpus per lane (urgent granted only when listed), model_prefix, s3_prefix.")
@@ -235,7 +239,8 @@ class CompileConfig(BaseModel):
         return GangConfig(image=image or self.train_image, service_account=self.training_service_account, shm_gib=self.shm_gib, tmp_gib=self.step_tmp_gib,
                           max_restarts=self.retry.infra_limit, retry_oom=self.retry.retry_oom, entry=entry,
                           function=function, exports_onnx=exports_onnx,
-                          parameters=tuple(p.name for p in self.pipeline_parameters), fabric=self.fabric)
+                          parameters=tuple(p.name for p in self.pipeline_parameters), fabric=self.fabric,
+                          team=self.team)
 
 
 def _input_params(names: list[str]) -> list[Parameter]:

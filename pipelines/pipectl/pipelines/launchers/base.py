@@ -49,6 +49,7 @@ from pipectl.components.names import (
     WORKFLOW_LABEL,
     kebab,
     lane_object_name,
+    team_queue_name,
 )
 from pipectl.pipelines.autoscaling import DO_NOT_DISRUPT, GPU_TOLERATION
 from pipectl.pipelines.fabric import FabricProfile
@@ -274,6 +275,13 @@ class GangConfig:
     ``PIPECTL_PARAM_<NAME>`` (:meth:`pipectl.sdk.Parameters.from_env` reads them)."""
     fabric: FabricProfile | None = None
     """The site's network settings for the collectives (NCCL/gloo environment, RDMA devices)."""
+    team: str = ""
+    """The team whose namespace the template is rendered for (the site's ``teams``): the gang uses
+    the team's queue of its lane; empty: the lane's own queue."""
+
+    def queue(self) -> Bare | str:
+        """The gang's Volcano queue: the team's queue of the run's lane, or the lane's own."""
+        return text(team_queue_name(self.team, "{lane}") if self.team else lane_object_name("{lane}"))
 
 
 TRAIN_ENV_PREFIX = "PIPECTL_TRAIN_"

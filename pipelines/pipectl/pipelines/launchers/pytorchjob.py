@@ -43,7 +43,7 @@ class PyTorchJob(Launcher):
 
     def manifest(self, cfg: GangConfig) -> str:
         pod = pod_template(cfg, "$(RANK)", [])
-        lane_objects = text(lane_object_name("{lane}"))
+        lane_objects = text(lane_object_name("{lane}"))  # the PriorityClass
         return dump_manifest({
             "apiVersion": self.api_version,
             "kind": self.kind,
@@ -54,7 +54,7 @@ class PyTorchJob(Launcher):
                     # collective with a dead Worker, C09); finished pods stay for their logs
                     "cleanPodPolicy": "Running",
                     "backoffLimit": 0,
-                    "schedulingPolicy": {"minAvailable": integer("workers"), "queue": lane_objects, "priorityClass": lane_objects},
+                    "schedulingPolicy": {"minAvailable": integer("workers"), "queue": cfg.queue(), "priorityClass": lane_objects},
                 },
                 "pytorchReplicaSpecs": {
                     "Master": {"replicas": 1, "restartPolicy": "Never", "template": pod},

@@ -90,7 +90,7 @@ class VolcanoJob(Launcher):
             {"name": "MASTER_ADDR", "value": "$(PIPECTL_GANG_JOB)-worker-0.$(PIPECTL_GANG_JOB)"},
             {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
         ]
-        lane_objects = text(lane_object_name("{lane}"))
+        lane_objects = text(lane_object_name("{lane}"))  # the PriorityClass
         return dump_manifest({
             "apiVersion": self.api_version,
             "kind": self.kind,
@@ -98,7 +98,7 @@ class VolcanoJob(Launcher):
             "spec": {
                 "schedulerName": "volcano",
                 "minAvailable": integer("workers"),
-                "queue": lane_objects,
+                "queue": cfg.queue(),
                 "priorityClassName": lane_objects,
                 "maxRetry": max_retry(cfg.max_restarts),
                 "policies": VOLCANO_POLICIES,
