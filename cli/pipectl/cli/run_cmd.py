@@ -76,21 +76,38 @@ def run(pipeline: str, params: tuple[str, ...], parameter_file: Path | None, out
               help="The state folder of `pipectl run`.")
 def ui(state_dir: Path) -> None:
     """Open the MLflow UI of the local runs in the state folder (experiments, metrics such as the
-    step-time shares, registered models) on a loopback port, until Ctrl-C."""
+    step-time shares, registered models) on a loopback port, until Ctrl-C; prints the page of the
+    newest run, whose Artifacts tab holds its pictures (confusion matrix, learning curve)."""
     from pipectl.pipelines.backends.services import mlflow_store_exists, start_mlflow
 
     if not mlflow_store_exists(state_dir):
         fail(f"no local runs in {state_dir} (no MLflow store there)", "run one first: pipectl run training", code=2)
     svc = start_mlflow(state_dir)
     try:
-        console().print(f"MLflow UI of {state_dir}: {svc.url}  (Ctrl-C to stop)", markup=False, soft_wrap=True)
         with stop_on_signals():
+            latest = _latest_run_page(svc.url)
+            console().print(f"MLflow UI of {state_dir}: {svc.url}  (Ctrl-C to stop)", markup=False, soft_wrap=True)
+            if latest:
+                console().print(f"latest run: {latest}  (metrics; pictures under Artifacts, evaluation/)", markup=False, soft_wrap=True)
             svc.process.wait()
     except SystemExit as e:
         if e.code not in (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP):
             raise
     finally:
         svc.stop()
+
+
+def _latest_run_page(mlflow_url: str) -> str:
+    """The MLflow UI page of the newest run at ``mlflow_url`` (one run per pipeline run: the
+    training's, where evaluate logs its pictures); empty when there is none."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_url)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments, order_by=["attributes.start_time DESC"], max_results=1) if experiments else []
+    if not runs:
+        return ""
+    return f"{mlflow_url.rstrip('/')}/#/experiments/{runs[0].info.experiment_id}/runs/{runs[0].info.run_id}"
 
 
 def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str | None, console: Any,
