@@ -142,3 +142,55 @@ def test_shards_a_team_has_are_refused_by_size_by_submit_and_by_the_shards_step(
                        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert "150 images > 100" in r.stderr and "127.0.0.1:9" not in r.stderr, r.stderr
+
+
+SHARDS_PIPELINE = ("from pipectl.sdk import Pipeline, evaluate, register, shards, train\n"
+                   "pipeline = Pipeline('from-shards', [shards(), train(), evaluate(), register()])\n")
+
+
+def _store_options(settings) -> list[str]:
+    return ["--s3-endpoint", settings.s3_endpoint, "--s3-access-key", settings.s3_access_key,
+            "--s3-secret-key", settings.s3_secret_key, "--bucket", settings.bucket]
+
+
+def test_run_refuses_shards_over_the_lanes_maximum_on_a_configured_store_and_starts_nothing(settings, s3, tmp_path, site):
+    uri = _team_shards(s3, settings.bucket)
+    (tmp_path / "fromshards.py").write_text(SHARDS_PIPELINE)
+    state = tmp_path / "state"
+    r = subprocess.run([PIPECTL, "--site", str(site), "run", "fromshards.py:pipeline", "--state-dir", str(state),
+                        *_store_options(settings), "-p", f"dataset-uri={uri}", "-p", "lane=urgent"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert f"dataset {uri} (150 images" in r.stderr and "150 images > 100" in r.stderr, r.stderr
+    assert not state.exists()
+
+
+def test_a_damaged_shard_met_in_training_ends_the_run_as_the_datas_failure_not_retried(settings, s3, tmp_path, small_digits_dir):
+    """Shards a team has, the last train shard damaged in the store (a flipped bit): the shards
+    step checks the first shard of each split and passes; the training meets the damaged one, names
+    it and exits 1, which ends the gang (no restart) and the run Failed (exit 1)."""
+    from pipectl.components.contracts import PreprocessInput
+    from pipectl.components.preprocess.core import preprocess
+    from pipectl.components.runtime import read_json
+    from pipectl.components.stage.core import stage
+
+    staged = stage(StageInput(source_uri=str(small_digits_dir), bucket=settings.bucket), s3)
+    uri = preprocess(PreprocessInput(manifest_uri=staged.manifest_uri, output_uri=f"s3://{settings.bucket}/team-shards/",
+                                     image_size=16, validation_fraction=0.2, max_corrupt_fraction=0.01, shard_size=50), s3).shards_uri
+    damaged = read_json(s3, join_uri(uri, "index.json"))["train"][-1]
+    key = damaged.removeprefix(f"s3://{settings.bucket}/")
+    body = bytearray(s3.get_object(Bucket=settings.bucket, Key=key)["Body"].read())
+    body[len(body) // 2] ^= 0x01
+    s3.put_object(Bucket=settings.bucket, Key=key, Body=bytes(body))
+    (tmp_path / "fromshards.py").write_text(SHARDS_PIPELINE)
+    r = subprocess.run([PIPECTL, "run", "fromshards.py:pipeline", "--output", "json", "--state-dir", str(tmp_path / "state"),
+                        *_store_options(settings), "-p", f"dataset-uri={uri}", "-p", "epochs=1", "-p", "processes-per-worker=1"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 1, r.stderr[-4000:]
+    import json
+
+    steps = json.loads(r.stdout)["steps"]
+    assert [(s["task"], s["phase"]) for s in steps] == [("validate", "Succeeded"), ("shards", "Succeeded"), ("train", "Failed")]
+    log = Path(steps[-1]["log"]).read_text()
+    assert f"shard {damaged} cannot be read: BadZipFile: Bad CRC-32" in log, log[-4000:]
+    assert "restarts the whole gang" not in log and steps[-1]["exit_code"] == 1
