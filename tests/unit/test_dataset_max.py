@@ -114,6 +114,7 @@ def test_a_staged_datasets_uri_is_recognised_by_its_layout(uri, dataset):
     assert (layout.dataset_uri if layout else None) == (dataset + "/" if dataset else None)
 
 
-@pytest.mark.parametrize("n,text", [(0, "0 B"), (512, "512 B"), (1536, "1.5 KiB"), (20 * GIB, "20 GiB"), (3 * 1024 * GIB, "3 TiB")])
+@pytest.mark.parametrize("n,text", [(0, "0 B"), (512, "512 B"), (1536, "1.5 KiB"), (20 * GIB, "20 GiB"), (3 * 1024 * GIB, "3 TiB"),
+                                    (int(1023.4 * 2**20), "1,023 MiB"), (150 * 2**20, "150 MiB"), (1500 * 1024 * GIB, "1,500 TiB")])
 def test_sizes_are_written_in_binary_units(n, text):
     assert size_text(n) == text

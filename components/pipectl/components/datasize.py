@@ -33,12 +33,12 @@ class DatasetSize:
 
 
 def size_text(n: float) -> str:
-    """Bytes for people, in binary units: ``512 B``, ``1.5 KiB``, ``20 GiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.3g} {unit}" if unit != "B" else f"{int(n)} B"
+    """Bytes for people, in binary units, never an exponent: ``512 B``, ``1.5 KiB``, ``1,023 MiB``, ``20 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.3g} {unit}" if n < 100 else f"{n:,.0f} {unit}"
         n /= 1024
-    return f"{n:,.3g} TiB"
+    raise AssertionError("unreachable")
 
 
 def _limit_text(m: DatasetMax) -> str:
