@@ -629,19 +629,21 @@ def test_a_user_train_function_pipeline_with_its_own_defaults_reaches_succeeded_
 
 def _lane_gang(name: str, lane: str, workers: int, gpus: int, run_duration: str) -> dict:
     """The train gang exactly as the training template renders it (pipelines/pipectl/pipelines/launchers/volcano.py),
-    with the Argo tags a workflow of ``lane`` would substitute, plus how long KWOK keeps its pods running."""
+    its tags and expressions evaluated as Argo would for a workflow ``name`` of ``lane`` (the local
+    backend's substitution), plus how long KWOK keeps its pods running."""
+    from pipectl.components.contracts import TrainingParameters
     from pipectl.pipelines.launchers import LAUNCHERS
     from pipectl.pipelines.launchers.base import GANG_AFFINITY_INPUT
+    from pipectl.pipelines.substitution import substitute
     from pipectl.pipelines.training import CompileConfig
 
-    text = LAUNCHERS["volcano"].manifest(CompileConfig().gang())
-    values = {JOB_NAME: name, "{{workflow.name}}": name, "{{inputs.parameters.lane}}": lane,
-              "{{inputs.parameters.workers}}": str(workers), "{{inputs.parameters.gpus-per-worker}}": str(gpus),
-              "{{inputs.parameters.processes-per-worker}}": str(gpus), "{{inputs.parameters.cpu-per-worker}}": "2.0",
-              "{{inputs.parameters.memory-gib-per-worker}}": "8", "{{inputs.parameters.%s}}" % GANG_AFFINITY_INPUT: "{}"}
-    for tag, value in values.items():
-        text = text.replace(tag, value)
-    job = yaml.safe_load(text)
+    params = {**TrainingParameters().as_arguments(), "lane": lane, "workers": str(workers), "gpus-per-worker": str(gpus),
+              "processes-per-worker": str(gpus), "cpu-per-worker": "2.0", "memory-gib-per-worker": "8",
+              GANG_AFFINITY_INPUT: "{}", "run-uri": f"s3://pipectl/runs/{name}/", "shards-uri": f"s3://pipectl/runs/{name}/shards/"}
+    values = {"workflow.name": name,
+              **{f"inputs.parameters.{k}": v for k, v in params.items()}}
+    job = yaml.safe_load(substitute(LAUNCHERS["volcano"].manifest(CompileConfig().gang()), values, where="gang"))
+    job["metadata"]["name"] = name
     assert "{{" not in yaml.safe_dump(job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["resources"])
     job["metadata"]["namespace"] = "pipectl"
     job["spec"]["tasks"][0]["template"]["metadata"].setdefault("annotations", {})["pipectl.io/run-duration"] = run_duration
