@@ -122,3 +122,24 @@ def test_quotas_with_other_scopes_or_counts_it_cannot_read_are_not_judged():
              {"metadata": {"name": "s"}, "spec": {"hard": {"requests.nvidia.com/gpu": "1k"}}}]
     assert quota_refusal(other, "batch", 100, 8) is None   # 800 <= 1k; 8Ki is not a plain count
     assert "allows 1000" in quota_refusal(other, "batch", 126, 8)
+
+
+@pytest.mark.parametrize("team, lane, workers, setting", [
+    (False, "batch", 9, "(site setting namespace_max_gpus)"),
+    (False, "urgent", 3, "(site setting preempting_max_gpus, preempting_max_pods)"),
+    (True, "batch", 5, "(site setting teams[vision].max_gpus)"),
+    (True, "urgent", 2, "(site setting teams[vision].lane_gpus.urgent)"),
+])
+def test_a_refused_gang_names_the_site_setting_of_the_quota_that_refuses_it(team, lane, workers, setting):
+    """A team's namespace's quotas are set by its entry under teams:, not by namespace_max_gpus."""
+    from pipectl.pipelines.admission import quota_refusal
+    from pipectl.pipelines.manifests import cluster_manifests
+    from pipectl.pipelines.training import CompileConfig
+
+    vision = {"name": "vision", "namespace": "team-vision", "groups": ["vision-ml"], "max_gpus": 32, "lane_gpus": {"urgent": 8},
+              "model_prefix": "vision", "s3_prefix": "s3://pipectl/teams/vision/"}
+    files = cluster_manifests(CompileConfig(teams=[vision]))
+    objects = files["cluster/teams/vision.yaml"] if team else files["cluster/namespace.yaml"]
+    why = quota_refusal([o for o in objects if o["kind"] == "ResourceQuota"], lane, workers, 8)
+    assert why and setting in why, why
+    assert "namespace_max_gpus" not in why or not team

@@ -69,3 +69,13 @@ def test_the_lanes_policy_admits_a_teams_namespace_to_its_own_queues_only():
     assert TEAM_LABEL in variables["team"] and "pipectl-team-" in variables["teamQueues"]
     assert "variables.queue in variables.teamQueues" in rule["expression"]
     assert "belongs to team" in rule["messageExpression"]
+
+
+def test_a_teams_namespace_gets_no_retrain_schedule_it_would_be_refused():
+    """Runs in a team's namespace must name their model and dataset (its prefixes); pipectl cannot
+    choose them for a schedule, so argo/namespace rendered for a team has none (the team writes its own)."""
+    from pipectl.pipelines.manifests import CRON_FILE, render_files
+
+    assert CRON_FILE in cluster_manifests(CompileConfig())
+    team = render_files(CompileConfig(namespace="ml-vision", team="vision"))
+    assert CRON_FILE not in team and "cronworkflows" not in team["namespace/kustomization.yaml"]

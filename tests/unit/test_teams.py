@@ -103,3 +103,29 @@ def test_a_site_file_with_teams_renders_a_file_per_team_in_the_cluster_kustomiza
     assert {"teams/vision.yaml", "teams/speech.yaml"} <= set(kustomization["resources"])
     lint = _run("--site", site, "lint")
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_a_team_removed_from_the_site_file_loses_its_rendered_file_and_nothing_else(tmp_path):
+    """The real pipectl, as an admin runs it: a render after a team left the site file removes the
+    team file an earlier render wrote, and keeps a file of the admin's own in the same folder."""
+    from pathlib import Path
+
+    def site(*names: str) -> Path:
+        teams = [{"name": n, "namespace": f"ml-{n}", "groups": [f"{n}-ml"], "max_gpus": 8, "model_prefix": n,
+                  "s3_prefix": f"s3://pipectl/teams/{n}/"} for n in names]
+        path = tmp_path / f"site-{len(names)}.yaml"
+        path.write_text(yaml.safe_dump({"teams": teams}))
+        return path
+
+    out = tmp_path / "argo"
+    r = _run("--site", site("vision", "speech"), "render", "cluster", "--write", out)
+    assert r.returncode == 0, r.stderr
+    own = out / "cluster" / "teams" / "admin-notes.yaml"
+    own.write_text("# the admin's own objects\n")
+    assert (out / "cluster/teams/speech.yaml").exists()
+    r = _run("--site", site("vision"), "render", "cluster", "--write", out)
+    assert r.returncode == 0, r.stderr
+    said = "".join(r.stderr.split())
+    assert not (out / "cluster/teams/speech.yaml").exists() and f"removed{out / 'cluster/teams/speech.yaml'}:" in said, r.stderr
+    assert (out / "cluster/teams/vision.yaml").exists() and own.read_text() == "# the admin's own objects\n"
+    assert "teams/speech.yaml" not in (out / "cluster/kustomization.yaml").read_text()

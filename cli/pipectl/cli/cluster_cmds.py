@@ -116,8 +116,8 @@ def _refuse_gang_over_quota(cluster: Any, parameters: Any) -> None:
     quotas = cluster.resource_quotas()
     why = quota_refusal(quotas or [], parameters.lane.value, parameters.workers, parameters.gpus_per_worker)
     if why:
-        fail(why, "use fewer workers or GPUs per worker, or ask the namespace's admin for a larger quota "
-                  "(site settings namespace_max_gpus, preempting_max_gpus, preempting_max_pods)", code=2)
+        named = " (the site setting named above)" if "(site setting " in why else ""
+        fail(why, f"use fewer workers or GPUs per worker, or ask the namespace's admin for a larger quota{named}", code=2)
 
 
 def _refuse_dataset_over_lane(pipeline: Any, parameters: Any) -> None:

@@ -49,6 +49,20 @@ def render(what: str, bucket: str | None, launcher: str | None, registry: str | 
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
         console().print(f"wrote {target}", markup=False)
+    _remove_stale(write_dir, files)
+
+
+def _remove_stale(write_dir: Path, files: dict[str, str]) -> None:
+    """Remove the team files an earlier render wrote for teams no longer in the site file."""
+    from pipectl.pipelines.manifests import TEAMS_DIR, stale_files
+
+    teams = write_dir / TEAMS_DIR
+    existing = {str(p.relative_to(write_dir)): (p.read_text().splitlines() or [""])[0]
+                for p in sorted(teams.glob("*.yaml"))} if teams.is_dir() else {}
+    for rel in stale_files(existing, files):
+        (write_dir / rel).unlink()
+        console().print(f"removed {write_dir / rel}: its team is no longer in the site file (its namespace and "
+                        "queues stay in the cluster until an admin deletes them)", markup=False)
 
 
 @click.command()

@@ -63,6 +63,8 @@ DATA_PREFIX_ANNOTATION = "pipectl.io/data-prefix"
 must start with it (the data a team's runs may read when teams share one object store)."""
 TEAM_LABEL = "pipectl.io/team"
 """Namespace label: the team the namespace belongs to (its gangs use only the team's queues)."""
+QUOTA_SETTING_ANNOTATION = "pipectl.io/site-setting"
+"""ResourceQuota annotation: the site setting that sets the quota (what an admin raises for a larger one)."""
 SUBMISSION_LABEL = "pipectl.io/submission-policy"
 """Namespace label (value ``enforce``) that puts a namespace's Workflows under ``pipectl-submission``."""
 LANE_LABEL_PREFIX = "lanes.pipectl.io/"
@@ -533,9 +535,11 @@ def quota_refusal(quotas: list[dict], lane: str, workers: int, gpus_per_worker: 
             allowed = _int_quantity(hard.get(key))
             if allowed is not None and need > allowed:
                 scope = f" for lane {lane}" if exprs else ""
+                setting = (q["metadata"].get("annotations") or {}).get(QUOTA_SETTING_ANNOTATION)
                 return (f"the training gang needs {need} {what} at once ({workers} workers x {gpus_per_worker} GPUs); "
                         f"ResourceQuota {q['metadata']['name']} of namespace {q['metadata'].get('namespace', '')} "
-                        f"allows {allowed}{scope}: its pods would never be created")
+                        f"allows {allowed}{scope}" + (f" (site setting {setting})" if setting else "")
+                        + ": its pods would never be created")
     return None
 
 

@@ -17,6 +17,7 @@ from hera.workflows.models import Metadata, WorkflowTemplateRef
 from pipectl.components.train.telemetry import STARVED_SHARE
 from pipectl.components.names import PART_OF, SEMAPHORE_CONFIGMAP, STEP_LABEL, STORE_CONFIGMAP, STORE_SECRET, TEMPLATE_NAME, template_name
 from pipectl.pipelines.admission import (
+    QUOTA_SETTING_ANNOTATION,
     SUBMISSION_LABEL,
     admission_policies,
     parameter_rules_configmap,
@@ -77,7 +78,9 @@ def namespace_limits(cfg: CompileConfig) -> list[dict]:
     on the GPUs of all its pods together (every lane), and a LimitRange giving a container that
     requests nothing the steps' requests (so no pod of the namespace is BestEffort, the kubelet's
     first eviction victims: C07). No default limits: steps may burst, as they are compiled."""
-    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": _meta("pipectl-namespace-gpus", cfg),
+    setting = f"teams[{cfg.team}].max_gpus" if cfg.team else "namespace_max_gpus"
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota",
+             "metadata": _meta("pipectl-namespace-gpus", cfg, annotations={QUOTA_SETTING_ANNOTATION: setting}),
              "spec": {"hard": {"requests.nvidia.com/gpu": str(cfg.namespace_max_gpus)}}}
     limits = {"apiVersion": "v1", "kind": "LimitRange", "metadata": _meta("pipectl-defaults", cfg),
               "spec": {"limits": [{"type": "Container",
@@ -97,7 +100,8 @@ def preempting_lane_quota(cfg: CompileConfig) -> list[dict]:
     consumption by default"). Who may use those classes at all is the admission policy's
     (``pipectl-lanes``: a namespace label only the cluster admin sets)."""
     scope = {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In", "values": preempting_lanes()}]}
-    return [{"apiVersion": "v1", "kind": "ResourceQuota", "metadata": _meta("pipectl-preempting-lanes", cfg),
+    setting = {QUOTA_SETTING_ANNOTATION: "preempting_max_gpus, preempting_max_pods"}
+    return [{"apiVersion": "v1", "kind": "ResourceQuota", "metadata": _meta("pipectl-preempting-lanes", cfg, annotations=setting),
              "spec": {"hard": {"pods": str(cfg.preempting_max_pods), "requests.nvidia.com/gpu": str(cfg.preempting_max_gpus)},
                       "scopeSelector": scope}}]
 
@@ -523,7 +527,8 @@ def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]
     applies (RBAC, the gang reaper, config, templates, cron, monitoring), all namespaced. ``autoscaling/karpenter/``
     (NodePools, the urgent lane's warm buffer among them) is a cluster-admin kustomization of its
     own, applied when the cluster runs Karpenter. ``cluster/teams/<name>.yaml``: each team of the
-    site's ``teams`` (:mod:`~pipectl.pipelines.teams`).
+    site's ``teams`` (:mod:`~pipectl.pipelines.teams`). Rendered for a team's namespace (``team``),
+    ``namespace/`` has no retrain schedule: its runs must name their model and dataset.
     """
     cfg = cfg or CompileConfig()
     admin, owner = CLUSTER_ADMIN_DIR, NAMESPACE_OWNER_DIR
@@ -540,7 +545,9 @@ def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]
         f"{owner}/monitoring/prometheus-rules.yaml": prometheus_rules(cfg),
         f"{owner}/monitoring/grafana-dashboard.yaml": grafana_dashboard(cfg),
         TEMPLATE_FILE: [build_training(cfg).to_dict()],
-        CRON_FILE: [retrain_cron(cfg).to_dict()],
+        # a team's namespace: runs must name their model and dataset (the team's prefixes), which
+        # pipectl cannot choose for a schedule; the team writes its own (docs/security.md, "Teams")
+        **({} if cfg.team else {CRON_FILE: [retrain_cron(cfg).to_dict()]}),
         f"{KARPENTER_DIR}/nodepools.yaml": node_pools(cfg.autoscaling) + buffer_node_pool(cfg.autoscaling),
         **teams_files(cfg, admin, namespace_limits, (ARGO_PARALLELISM_LABEL, NAMESPACE_PARALLELISM), lane_queue),
     }
@@ -550,6 +557,20 @@ def kustomization(resources: list[str]) -> dict:
     return {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": sorted(resources)}
 
 
+RENDERED_HEADER = "# Rendered by `pipectl render cluster --write argo` (make golden). Do not edit by hand.\n"
+"""The first line of every file ``render cluster --write`` writes."""
+TEAMS_DIR = f"{CLUSTER_ADMIN_DIR}/teams"
+"""Where each team's file goes: the one folder whose files come and go with the site file."""
+
+
+def stale_files(existing: dict[str, str], files: dict[str, str]) -> list[str]:
+    """Of ``existing`` (relative path under ``argo/`` -> the file's first line), the team files a
+    render wrote earlier (:data:`RENDERED_HEADER`) that this render (``files``) no longer makes: a
+    team removed from the site file. Any other file there (one an admin added) is never listed."""
+    return sorted(rel for rel, first in existing.items()
+                  if rel.startswith(TEAMS_DIR + "/") and rel not in files and first + "\n" == RENDERED_HEADER)
+
+
 def render_files(cfg: CompileConfig | None = None) -> dict[str, str]:
     """``argo/`` as text: each manifest file (multi-document YAML), ``cluster/`` and ``namespace/``
     kustomizations, and a top-level one with both (a single-tenant install: ``kubectl apply
@@ -557,7 +578,7 @@ def render_files(cfg: CompileConfig | None = None) -> dict[str, str]:
     import yaml
 
     manifests = cluster_manifests(cfg)
-    header = "# Rendered by `pipectl render cluster --write argo` (make golden). Do not edit by hand.\n"
+    header = RENDERED_HEADER
     files = {path: header + yaml.safe_dump_all(objs, sort_keys=False) for path, objs in manifests.items()}
     for folder in KUSTOMIZATION_DIRS:
         members = [p[len(folder) + 1:] for p in manifests if p.startswith(folder + "/")]

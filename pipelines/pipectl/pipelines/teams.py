@@ -21,6 +21,7 @@ from pipectl.pipelines.admission import (
     DATA_PREFIX_ANNOTATION,
     LANE_LABEL_PREFIX,
     MODEL_PREFIX_LABEL,
+    QUOTA_SETTING_ANNOTATION,
     SUBMISSION_LABEL,
     SUBMITTER_ROLE,
     TEAM_LABEL,
@@ -50,7 +51,8 @@ def lane_quota(team: TeamSpec, lane: Lane, gpus: int) -> dict:
     """A ResourceQuota on the GPUs the namespace's pods of ``lane`` (its PriorityClass) request together."""
     scope = {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In", "values": [lane_object_name(lane.value)]}]}
     return {"apiVersion": "v1", "kind": "ResourceQuota",
-            "metadata": {"name": f"pipectl-lane-{lane.value}", "namespace": team.namespace, "labels": dict(PART_OF)},
+            "metadata": {"name": f"pipectl-lane-{lane.value}", "namespace": team.namespace, "labels": dict(PART_OF),
+                         "annotations": {QUOTA_SETTING_ANNOTATION: f"teams[{team.name}].lane_gpus.{lane.value}"}},
             "spec": {"hard": {"requests.nvidia.com/gpu": str(gpus)}, "scopeSelector": scope}}
 
 
@@ -85,7 +87,7 @@ def team_manifests(team: TeamSpec, cfg: CompileConfig, limits: NamespaceLimits, 
     """Every cluster-admin object of ``team``: ``limits`` of ``cfg`` as the team's namespace and GPUs
     (the steps' default requests are the site's), ``parallelism`` the namespace's workflow-limit
     label, its queues (:func:`team_queues`)."""
-    own = cfg.model_copy(update={"namespace": team.namespace, "namespace_max_gpus": team.max_gpus})
+    own = cfg.model_copy(update={"namespace": team.namespace, "namespace_max_gpus": team.max_gpus, "team": team.name})
     lanes = [lane_quota(team, lane, gpus) for lane, gpus in sorted(team.lane_gpus.items(), key=lambda kv: kv[0].value)]
     return [team_namespace(team, parallelism), *limits(own), *lanes,
             submitter_role(team.namespace), submitter_binding(team), parameter_rules_configmap(team.namespace),
