@@ -107,7 +107,7 @@ def _latest_run_page(mlflow_url: str) -> str:
     runs = client.search_runs(experiments, order_by=["attributes.start_time DESC"], max_results=1) if experiments else []
     if not runs:
         return ""
-    return f"{mlflow_url.rstrip('/')}/#/experiments/{runs[0].info.experiment_id}/runs/{runs[0].info.run_id}"
+    return f"{mlflow_url.rstrip('/')}/#/runs/{runs[0].info.run_id}"  # MLflow's route, as the Argo UI's link
 
 
 def _run_with_progress(parameters: Any, options: dict[str, Any], launcher: str | None, console: Any,
