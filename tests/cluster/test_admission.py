@@ -14,6 +14,7 @@ import json
 import time
 
 import pytest
+import yaml
 
 from pipectl.pipelines.admission import PARAMETER_RULES_CONFIGMAP
 from tests.cluster.test_control_plane import _small_pod, project_applied, training_outputs_supplied  # noqa: F401 - fixtures
@@ -401,6 +402,33 @@ def test_two_teams_share_the_cluster_and_neither_reaches_the_other(test_cluster,
     finally:
         for ns in (vision, speech):
             core.delete_namespace(ns)
+
+
+def test_the_api_server_refuses_a_gang_job_holding_a_value_validate_refuses(k8s_api):
+    """The gang job as the training template renders it, with a value that bypassed ``validate``
+    (an exempt identity, a retry with overridden parameters where no policy is installed): the job's
+    parameters label holds a sentence naming the parameter, which the API server refuses (quoting
+    it), so no gang job exists; with the canonical value the same job is admitted."""
+    from kubernetes import client
+
+    from pipectl.components.contracts import TrainingParameters
+    from pipectl.pipelines.launchers import LAUNCHERS
+    from pipectl.pipelines.substitution import substitute
+    from pipectl.pipelines.training import CompileConfig
+
+    def job(**over: str) -> dict:
+        params = {**TrainingParameters().as_arguments(), "gang-affinity": "{}", "run-uri": "s3://pipectl/runs/typed/",
+                  "shards-uri": "s3://pipectl/runs/typed/shards/", **over}
+        values = {"workflow.name": "typed", **{f"inputs.parameters.{k}": v for k, v in params.items()}}
+        return yaml.safe_load(substitute(LAUNCHERS["volcano"].manifest(CompileConfig().gang()), values, where="gang"))
+
+    custom = client.CustomObjectsApi(k8s_api)
+    custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", job(workers="10"), dry_run="All")
+    for name, value in (("workers", "010"), ("checkpoint-every-steps", "10000000"), ("gang-preflight", "True")):
+        with pytest.raises(client.ApiException) as refused:
+            custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", job(**{name: value}), dry_run="All")
+        message = json.loads(refused.value.body)["message"]
+        assert refused.value.status == 422 and f"parameter {name}: {value} is refused" in message, message
 
 
 QUEUE_TEAMS = [{"name": "maps", "namespace": "team-maps", "groups": ["maps-ml"], "max_gpus": 8, "lane_gpus": {"urgent": 4},
