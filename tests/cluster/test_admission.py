@@ -740,11 +740,13 @@ def test_submit_refuses_a_gang_the_namespaces_quotas_can_never_admit_and_sends_n
 
     before = workflows()
     for args, words in ((["-p", "workers=9", "-p", "gpus-per-worker=8", "-p", "processes-per-worker=8"], "needs 72 GPUs at once (9 workers x 8 GPUs); "
-                         "ResourceQuota pipectl-namespace-gpus of namespace pipectl allows 64"),
+                         "ResourceQuota pipectl-namespace-gpus of namespace pipectl allows 64 (site setting namespace_max_gpus)"),
                         (["--lane", "urgent", "-p", "workers=3", "-p", "gpus-per-worker=8", "-p", "processes-per-worker=8"],
-                         "ResourceQuota pipectl-preempting-lanes of namespace pipectl allows 16 for lane urgent")):
+                         "ResourceQuota pipectl-preempting-lanes of namespace pipectl allows 16 for lane urgent "
+                         "(site setting preempting_max_gpus, preempting_max_pods)")):
         r = _pipectl(test_cluster, "submit", "training", *args)
-        assert r.returncode == 2 and words in r.stderr and "namespace_max_gpus" in r.stderr, (r.returncode, r.stderr)
+        said = " ".join(r.stderr.split())  # as one line, however the terminal wrapped it
+        assert r.returncode == 2 and words in said and "the site setting named above" in said, (r.returncode, r.stderr)
     assert workflows() == before
     assert client.CoreV1Api(_api(test_cluster, *SUBMITTER)).list_namespaced_resource_quota(NS).items
 
