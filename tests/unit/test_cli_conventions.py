@@ -289,6 +289,38 @@ def test_follow_prints_durations_and_links(capsys, monkeypatch):
     assert "/#/runs/0123abcd" in err, err
 
 
+def test_wait_links_the_site_files_argo_ui_without_argo_server(capsys, monkeypatch, tmp_path):
+    """Without ARGO_SERVER, the site file's argo_ui is where the run's page is; a bad one exits 2
+    naming the key; with ARGO_SERVER set, its address wins."""
+    import click
+
+    from pipectl.cli.cluster_cmds import _follow
+    from pipectl.cli.common import SITE_META
+    from pipectl.pipelines.site import site_config
+
+    class Cluster:
+        namespace = "team-a"
+
+        def wait(self, name, on_change, timeout_s=None):
+            on_change(_finished_workflow())
+            return _finished_workflow()
+
+    site = tmp_path / "site.yaml"
+    site.write_text("argo_ui: https://argo.example.com/\n")
+    monkeypatch.delenv("ARGO_SERVER", raising=False)
+    with click.Context(click.Command("wait")) as ctx:
+        ctx.meta[SITE_META] = site
+        _follow(Cluster(), "training-x7k2p")
+        assert "Argo UI: https://argo.example.com/workflows/team-a/training-x7k2p" in capsys.readouterr().err
+        monkeypatch.setenv("ARGO_SERVER", "localhost:2746")
+        monkeypatch.setenv("ARGO_SECURE", "false")
+        _follow(Cluster(), "training-x7k2p")
+        assert "Argo UI: http://localhost:2746/workflows/team-a/training-x7k2p" in capsys.readouterr().err
+    site.write_text("argo_ui: argo.example.com\n")
+    with pytest.raises(Exception, match="argo_ui"):
+        site_config(site)
+
+
 def test_submit_log_prints_each_pods_lines_then_each_steps_outcome_and_links(capsys, monkeypatch):
     """`submit --log` on a workflow dict (no cluster; the log following itself runs against the
     control plane in tests/cluster): log lines on stdout prefixed with their pod, as `logs -f`;

@@ -776,11 +776,19 @@ def _workflow_links(wf: dict, namespace: str, argo_server: str | None, mlflow_ur
 
 
 def _argo_server_base() -> str | None:
-    """The Argo Server's address as the `argo` CLI finds it (``ARGO_SERVER``, ``ARGO_SECURE``); None when unset."""
+    """The Argo UI's address: the Argo Server's as the `argo` CLI finds it (``ARGO_SERVER``,
+    ``ARGO_SECURE``), else the site file's ``argo_ui``; None when neither is set (or the site file
+    cannot be read: the link is left out, the command's outcome stays)."""
+    from pipectl.components.errors import PipectlError
     from pipectl.pipelines.backends.kube import ArgoServer
 
     server = ArgoServer.from_env()
-    return server.base if server is not None else None
+    if server is not None:
+        return server.base
+    try:
+        return compile_config().argo_ui or None
+    except PipectlError:
+        return None
 
 
 def _mlflow_uri() -> str | None:

@@ -134,6 +134,9 @@ class CompileConfig(BaseModel):
                              "Argo's artifact repository), e.g. https://s3.example.com; credentials go in the Secret, never here.")
     mlflow_uri: str = Field(DEFAULT_MLFLOW_URI, pattern=r"^https?://[^\s?#@]+$",
                             description="The MLflow tracking server as step pods reach it; also the Argo UI's link to a run.")
+    argo_ui: str = Field("", pattern=r"^(https?://[^\s?#@]+)?$",
+                         description="The Argo UI's address as users open it (e.g. https://argo.example.com): `submit --wait` "
+                         "and `wait` end with the run's page there. Empty: only when ARGO_SERVER is set, at its address.")
     service_account: str = Field("pipectl-workflow", description="ServiceAccount of step pods: Argo's executor reports results (WorkflowTaskResults), nothing more.")
     launcher_service_account: str = Field("pipectl-launcher", description="ServiceAccount of the train step's resource pod: creates, gets and patches the gang job kind in use.")
     training_service_account: str = Field("pipectl-training", description="ServiceAccount of the gang's pods: no Role, token not mounted.")
