@@ -198,3 +198,24 @@ def test_the_local_live_row_shows_the_data_and_sync_shares_and_the_verdict_kinds
         "epoch 3/15 · step 60/300 · loss 0.412 · 950 images/s · data 3% · sync 15% · starved, straggler"
     progress.report(4, 15, 80, 300, float("nan"), {}, [])  # a train function's own loop: nothing measured
     assert progress.describe(progress.last(path)) == "epoch 4/15 · step 80/300"
+
+
+def test_hostile_anatomy_tags_print_as_plain_bounded_text(capsys):
+    """Anyone who can write to the MLflow run can set its tags: pipectl status prints them as plain
+    text (no escape sequence reaches the terminal, no rich markup is read), each line bounded, at
+    most ten verdicts."""
+    from pipectl.cli.common import console
+    from pipectl.components.train.live import SHOWN_CHARS, VERDICTS_TAG, STEP_TIME_TAG, lines
+
+    tags = {STEP_TIME_TAG: "epoch 1 of 2: [bold red]red[/] \x1b[2J\x1b]0;title\x07 \r\x08\u202eevil" + "x" * 20000,
+            VERDICTS_TAG: "\n".join([f"\x1b[31mv{i}\x9b2J" for i in range(50)] + ["\x1b]8;;http://x\x1b\\link"])}
+    shown = lines(tags)
+    assert len(shown) == 12 and shown[-1] == "verdict: and 41 more"
+    assert all(len(line) <= SHOWN_CHARS for line in shown)
+    assert shown[0].startswith("training step time (epoch 1 of 2, the latest): [bold red]red[/] ?[2J?]0;title? ???evil")
+    assert shown[1] == "verdict: ?[31mv0?2J"
+    for line in shown:  # as pipectl status prints them
+        console().print(line, markup=False, soft_wrap=True)
+    err = capsys.readouterr().err
+    assert "[bold red]red[/]" in err
+    assert not any(c in err for c in "\x1b\x07\r\x08\x9b\u202e"), repr(err[:200])

@@ -20,6 +20,11 @@ VERDICTS_TAG = "pipectl.verdicts"
 """The verdicts so far, one a line (empty: none)."""
 TAG_LIMIT = 5000
 """The most characters of a tag value every MLflow server keeps."""
+SHOWN_CHARS = 300
+"""The most characters ``pipectl status`` prints of one line read from the tags (anyone who can
+write to the MLflow run can set them)."""
+SHOWN_VERDICTS = 10
+"""The most verdicts ``pipectl status`` prints, then how many more there are."""
 READ_TIMEOUT_S = 10
 """``pipectl status`` waits this long for each answer of the MLflow server, asked once: an MLflow
 that cannot be reached leaves the anatomy out, never the status."""
@@ -31,14 +36,26 @@ def epoch_tags(epoch: int, epochs: int, step_time: str, verdicts: list[str]) -> 
             VERDICTS_TAG: "\n".join(verdicts)[:TAG_LIMIT]}
 
 
+def _plain(text: str) -> str:
+    """``text`` as one line of plain text: every control or format character (escape sequences, a
+    carriage return, bidirectional overrides) shown as ``?``, at most :data:`SHOWN_CHARS` characters."""
+    import unicodedata
+
+    text = "".join("?" if unicodedata.category(c).startswith("C") else c for c in text)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 1] + "…"
+
+
 def lines(tags: dict[str, str]) -> list[str]:
-    """What ``pipectl status`` prints of a run's tags: the latest epoch's step time, then each verdict."""
+    """What ``pipectl status`` prints of a run's tags: the latest epoch's step time, then each verdict
+    (at most :data:`SHOWN_VERDICTS`); plain text, each line bounded (:func:`_plain`)."""
     step_time = tags.get(STEP_TIME_TAG, "")
     if not step_time:
         return []
     epoch, _, text = step_time.partition(": ")
-    verdicts = [v for v in tags.get(VERDICTS_TAG, "").splitlines() if v]
-    return [f"training step time ({epoch}, the latest): {text}", *(f"verdict: {v}" for v in verdicts)]
+    verdicts = [v for v in tags.get(VERDICTS_TAG, "").splitlines() if v.strip()]
+    more = [f"verdict: and {len(verdicts) - SHOWN_VERDICTS} more"] if len(verdicts) > SHOWN_VERDICTS else []
+    return [_plain(f"training step time ({epoch}, the latest): {text}"),
+            *(_plain(f"verdict: {v}") for v in verdicts[:SHOWN_VERDICTS]), *more]
 
 
 def _auth() -> Any:
@@ -69,6 +86,6 @@ def read(mlflow_uri: str, workflow: str, timeout_s: int = READ_TIMEOUT_S) -> tup
         runs = post("runs/search", {"experiment_ids": experiments, "max_results": 1,
                                     "filter": f"tags.`{WORKFLOW_TAG}` = '{workflow}'"}).get("runs", []) if experiments else []
     except (requests.RequestException, ValueError) as e:  # unreachable, refused, not MLflow: said, never fatal
-        return [], f"the training's step anatomy could not be read from MLflow at {mlflow_uri} ({type(e).__name__}: {str(e)[:200]})"
+        return [], f"the training's step anatomy could not be read from MLflow at {mlflow_uri} ({type(e).__name__}: {_plain(str(e))[:200]})"
     tags = {t["key"]: t.get("value", "") for t in runs[0].get("data", {}).get("tags", [])} if runs else {}
     return lines(tags), ""
