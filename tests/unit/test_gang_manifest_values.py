@@ -189,3 +189,27 @@ def test_a_pipelines_own_parameter_reaches_the_gang_as_one_string(argo):
     pod = job["spec"]["tasks"][0]["template"]["spec"]
     assert {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}["PIPECTL_PARAM_NOTE"] == payload
     assert _paths(job) == _paths(_argo_job(argo, _train("volcano"), {})) | {".spec.tasks[].template.spec.containers[].env[].value"}
+
+
+@pytest.mark.parametrize("payload", ["{{inputs.parameters.lane}}", "{{=inputs.parameters['lane']}}",
+                                     "{{=sprig.b64dec('Ig==')}}",  # '"': would end the string
+                                     "{{=sprig.b64dec('eAogICAgICAgIGhvc3RQSUQ6IHRydWUK')}}",  # 'x\n  hostPID: true'
+                                     "{ {{{ }} \\u007b \\ \"' é\u2028"])
+def test_a_pipelines_own_parameter_holding_a_tag_is_not_read_again_by_the_inputs_pass(argo, payload):
+    """The controller's second pass (the inputs) reads the text its first pass (the workflow's
+    parameters) wrote: a team parameter holding ``{{`` reaches the pod as typed, never evaluated."""
+    from pydantic import Field
+
+    from pipectl.sdk import Parameters, Pipeline, preprocess, stage, train
+
+    class Free(Parameters):
+        note: str = Field("hello", description="Free text.")
+
+    wt = Pipeline("free", [stage(), preprocess(), train()], parameters=Free).build().to_dict()
+    template = next(t for t in wt["spec"]["templates"] if t["name"] == "train")
+    first = argo.substitute(template, {"workflow.name": "training-abcde", "workflow.parameters.note": payload})
+    job = yaml.safe_load(argo.substitute(first, _values({}))["resource"]["manifest"])
+    env = {e["name"]: e.get("value") for e in job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["env"]}
+    assert env["PIPECTL_PARAM_NOTE"] == payload
+    local = substitute(template["resource"]["manifest"], _values({}) | {"workflow.parameters.note": payload}, where="test")
+    assert yaml.safe_load(local) == job

@@ -10,6 +10,7 @@ the two (tests/tools/argoexpr: Argo's ``template.Replace``).
 from __future__ import annotations
 
 import ast
+import base64
 import json
 import re
 import secrets
@@ -69,6 +70,8 @@ _SPRIG: dict[str, Callable[..., Any]] = {
     "compact": lambda items: [v for v in items if v not in ("", None, 0, False, [], {})],
     "join": lambda sep, items: sep.join(str(v) for v in items),
     "default": lambda d, given: given if given not in ("", None, 0, False, [], {}) else d,
+    "replace": lambda old, new, s: s.replace(old, new),
+    "b64dec": lambda s: base64.b64decode(s).decode(),
 }
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "asInt": int,

@@ -139,8 +139,12 @@ def json_input(name: str) -> Bare:
 
 
 def workflow_parameter(name: str) -> Bare:
-    """The workflow parameter ``name`` (kebab-case) as a JSON string."""
-    return Bare("{{=toJson(workflow.parameters[%s])}}" % _literal(name))
+    """The workflow parameter ``name`` (kebab-case) as a JSON string, every ``{`` in it written as
+    the escape ``\\u007b`` (the same string to a JSON or YAML reader). The controller substitutes
+    the workflow's parameters first and then reads the text that pass wrote for the inputs' tags:
+    a value holding ``{{`` would be a tag there, and its result text as it is (a quote could end
+    the string). ``ew==`` is ``{`` in base64: no brace may stand inside a tag."""
+    return Bare("{{=sprig.replace(sprig.b64dec('ew=='), '\\\\u007b', toJson(workflow.parameters[%s]))}}" % _literal(name))
 
 
 def _rule(name: str) -> tuple[str, str] | None:
