@@ -441,7 +441,8 @@ def test_a_teams_gangs_use_its_own_queues_only(test_cluster, k8s_api):
     """Each team's Volcano queues as argo/cluster/teams/ renders them (its GPU share per lane): in
     its own namespace a team's gang job is admitted to its own queue, and refused — naming its
     queues — in the other team's queue, in a lane's shared queue or with no queue; so is a PodGroup
-    (what Volcano's and the training operator's controllers create for a gang). A namespace of no
+    (what Volcano's and the training operator's controllers create for a gang). A team's queue of
+    the urgent lane is the urgent lane's: refused where the lane is not granted. A namespace of no
     team may use no team's queue. Whoever creates them: the API server's ``pipectl-lanes``."""
     from kubernetes import client
 
@@ -483,6 +484,8 @@ def test_a_teams_gangs_use_its_own_queues_only(test_cluster, k8s_api):
                  "spec": {"minMember": 1, "queue": theirs}}
         assert "belongs to team maps" in (refusal(maps, group, "podgroups") or "")
         assert refusal(maps, {**group, "spec": {"minMember": 1, "queue": own}}, "podgroups") is None
+        urgent = refusal(radar, job(team_queue_name("radar", "urgent")))  # radar is not granted the urgent lane
+        assert urgent and "urgent lane" in urgent and "lanes.pipectl.io/urgent=true" in urgent, urgent
         outside = refusal(NS, job(own))
         assert outside and "is a team share" in outside and "belongs to no team" in outside, outside
         assert refusal(NS, job("pipectl-batch")) is None

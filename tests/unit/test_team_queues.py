@@ -24,7 +24,7 @@ def _queues(team: str) -> dict[str, dict]:
     return {o["metadata"]["name"]: o["spec"] for o in files[f"cluster/teams/{team}.yaml"] if o["kind"] == "Queue"}
 
 
-def test_each_team_has_a_queue_per_lane_holding_its_gpu_share():
+def test_each_team_has_a_queue_per_lane_it_may_use_holding_its_gpu_share():
     vision, speech = _queues("vision"), _queues("speech")
     assert sorted(vision) == sorted(team_queue_name("vision", lane) for lane in LANE_NAMES)
     urgent, standard, batch = (vision[team_queue_name("vision", lane)] for lane in ("urgent", "standard", "batch"))
@@ -33,6 +33,7 @@ def test_each_team_has_a_queue_per_lane_holding_its_gpu_share():
     assert (batch["capability"], batch["deserved"], batch["reclaimable"]) == ({"nvidia.com/gpu": "8"}, {"nvidia.com/gpu": "0"}, True)
     assert not urgent["reclaimable"] and not standard["reclaimable"]
     assert speech[team_queue_name("speech", "standard")]["capability"] == {"nvidia.com/gpu": "32"}
+    assert team_queue_name("speech", "urgent") not in speech  # a preempting lane's queue only when granted
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
@@ -69,6 +70,7 @@ def test_the_lanes_policy_admits_a_teams_namespace_to_its_own_queues_only():
     assert TEAM_LABEL in variables["team"] and "pipectl-team-" in variables["teamQueues"]
     assert "variables.queue in variables.teamQueues" in rule["expression"]
     assert "belongs to team" in rule["messageExpression"]
+    assert 'variables.queue.endsWith("-urgent") ? "urgent"' in variables["lane"]  # a team's urgent queue needs the grant
 
 
 def test_a_teams_namespace_gets_no_retrain_schedule_it_would_be_refused():

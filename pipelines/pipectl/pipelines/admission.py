@@ -427,6 +427,11 @@ def lanes_policy() -> list[dict]:
     bound = {s.lane.value: (s.priority_class, s.queue) for s in LANES.values() if s.preemption_policy == "PreemptLowerPriority"}
     classes = json.dumps({pc: lane for lane, (pc, _) in bound.items()})
     queues = json.dumps({q: lane for lane, (_, q) in bound.items()})
+    # a team's queue of a preempting lane (pipectl-team-<team>-<lane>) is that lane's too
+    team_lane = "''"
+    for lane in bound:
+        team_lane = (f"(variables.queue.startsWith({_cel(TEAM_QUEUE_PREFIX)}) && variables.queue.endsWith({_cel('-' + lane)}) "
+                     f"? {_cel(lane)} : {team_lane})")
     variables = [
         {"name": "priorityClass", "expression": "request.resource.resource == 'pods' && has(object.spec.priorityClassName) "
                                                 "? object.spec.priorityClassName : ''"},
@@ -435,7 +440,7 @@ def lanes_policy() -> list[dict]:
                                         "? object.metadata.annotations['scheduling.volcano.sh/queue-name'] : '') "
                                         ": (has(object.spec.queue) ? object.spec.queue : '')"},
         {"name": "lane", "expression": f"variables.priorityClass in {classes} ? {classes}[variables.priorityClass] : "
-                                       f"(variables.queue in {queues} ? {queues}[variables.queue] : '')"},
+                                       f"(variables.queue in {queues} ? {queues}[variables.queue] : {team_lane})"},
         {"name": "labels", "expression": "has(namespaceObject.metadata.labels) ? namespaceObject.metadata.labels : {}"},
         {"name": "team", "expression": f"{_cel(TEAM_LABEL)} in variables.labels ? variables.labels[{_cel(TEAM_LABEL)}] : ''"},
         {"name": "teamQueues", "expression": f"{json.dumps(list(LANE_NAMES))}.map(l, {_cel(TEAM_QUEUE_PREFIX)} + variables.team + '-' + l)"},

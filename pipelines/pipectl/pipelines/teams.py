@@ -76,10 +76,11 @@ def team_queues(team: TeamSpec, queue: LaneQueue) -> list[dict]:
     """The team's Volcano Queues, one per lane (``pipectl-team-<team>-<lane>``): each the lane's
     queue (reclaimable or not, as the lane) with the team's GPUs of that lane (``lane_gpus``, else
     ``max_gpus``) as deserved and capability, so the team's gangs never take more than its share
-    in Volcano and one team's gangs cannot fill another's. ``pipectl-lanes`` admits the team's
+    in Volcano and one team's gangs cannot fill another's. A preempting lane's queue only when the
+    team is granted the lane (listed in ``lane_gpus``). ``pipectl-lanes`` admits the team's
     namespace to these queues only."""
     return [queue(spec, team_queue_name(team.name, lane.value), team.lane_gpus.get(lane, team.max_gpus))
-            for lane, spec in LANES.items()]
+            for lane, spec in LANES.items() if spec.preemption_policy != "PreemptLowerPriority" or lane in team.lane_gpus]
 
 
 def team_manifests(team: TeamSpec, cfg: CompileConfig, limits: NamespaceLimits, parallelism: tuple[str, int],
