@@ -355,10 +355,12 @@ class Bench:
         """S3: an urgent 2 x 8-GPU gang while 128-pod batch gangs fill the cluster; no buffer, then
         a 2-node urgent buffer."""
         fill = (self.nodes // GANG - (self.nodes % GANG < 2)) * GANG  # room for 2 buffer nodes
-        gangs = [f"s3-batch-{i}" for i in range(fill // GANG)]
-        out: dict = {"schedulable_nodes": fill, "batch_gangs": len(gangs)}
+        out: dict = {"schedulable_nodes": fill, "batch_gangs": fill // GANG}
         try:
             for buffer in (2, 0):
+                # new names each round: a Volcano job re-created under the name of one whose pods
+                # are still being deleted can be left without pods or events (volcano-sh/volcano#5973)
+                gangs = [f"s3-batch-b{buffer}-{i}" for i in range(fill // GANG)]
                 self.schedulable(fill, buffer)
                 for g in gangs:
                     self.gang(g, "batch")
