@@ -48,6 +48,8 @@ HOSTILE = [
     ("gang-preflight", "yes", "a YAML 1.1 boolean"),
     ("lane", "standard\n  hostPID: true", "YAML of its own after a newline"),
     ("lane", "Urgent", "no lane"),
+    ("lane", "standard\n", "a last newline (Go's $ is the end of the text, Python's passes it)"),
+    ("learning-rate", "0.002\n", "a last newline"),
     ("architecture", "resnet18'", "a quote"),
     ("model-name", "x'\n          securityContext:\n            privileged: true\n          args:\n          - '", "breaks out of quotes"),
     ("model-name", "a\u2028b", "a line separator YAML reads as a line break"),

@@ -52,6 +52,23 @@ def _float64(v: Any) -> float:
         return 0.0
 
 
+def _go_pattern(pattern: str) -> str:
+    """A Go (RE2) pattern as Python's ``re`` reads it the same: ``$`` outside a class is the end of
+    the text in Go, where Python's also matches before a last newline (``standard\\n`` would pass
+    ``^(standard)$``)."""
+    out, in_class, i = [], False, 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        in_class = (in_class and c != "]") or (not in_class and c == "[")
+        out.append("\\Z" if c == "$" and not in_class else c)
+        i += 1
+    return "".join(out)
+
+
 def _from_json(v: Any) -> Any:
     try:
         return json.loads(v)
@@ -64,7 +81,7 @@ _SPRIG: dict[str, Callable[..., Any]] = {
     "lower": lambda s: s.lower(),
     "atoi": _atoi,
     "float64": _float64,
-    "regexMatch": lambda pattern, s: re.search(pattern, s) is not None,
+    "regexMatch": lambda pattern, s: re.search(_go_pattern(pattern), s) is not None,
     "ternary": lambda vt, vf, cond: vt if cond else vf,
     "fromJson": _from_json,
     "compact": lambda items: [v for v in items if v not in ("", None, 0, False, [], {})],
