@@ -74,6 +74,11 @@ def test_the_site_file_overrides_a_lanes_maximum_key_by_key(tmp_path):
     ({"urgent": {"max_gib": -1}}, "lane_dataset_max.urgent.max_gib"),
     ({"urgent": {"max_images": 5}}, "lane_dataset_max.urgent.max_images"),
     ({"fast": {"max_samples": 5}}, "lane_dataset_max.fast"),
+    ({"urgent": {"max_samples": True}}, "lane_dataset_max.urgent.max_samples"),  # not a maximum of 1 image
+    ({"urgent": {"max_samples": "100000"}}, "lane_dataset_max.urgent.max_samples"),
+    ({"urgent": {"max_gib": True}}, "lane_dataset_max.urgent.max_gib"),
+    ({"urgent": {"max_gib": float("inf")}}, "lane_dataset_max.urgent.max_gib"),  # null is no bound; Infinity is no JSON
+    ({"urgent": {"max_gib": float("nan")}}, "lane_dataset_max.urgent.max_gib"),
 ])
 def test_a_bad_maximum_in_the_site_file_is_refused_naming_the_key(tmp_path, value, expected):
     site = tmp_path / "site.yaml"

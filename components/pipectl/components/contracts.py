@@ -445,8 +445,10 @@ class DatasetMax(StrictModel):
     the shard files of shards a team already has. ``max_samples``: images (a pre-built dataset's
     samples, both splits)."""
 
-    max_gib: float | None = Field(None, gt=0, description="Most GiB of images (staged files, or shard files).")
-    max_samples: int | None = Field(None, ge=1, description="Most images (samples, every split).")
+    # strict: a site file's `max_samples: true` is no maximum of 1 image; no infinity (null is no bound)
+    max_gib: float | None = Field(None, gt=0, strict=True, allow_inf_nan=False,
+                                  description="Most GiB of images (staged files, or shard files).")
+    max_samples: int | None = Field(None, ge=1, strict=True, description="Most images (samples, every split).")
 
 
 def _lane_rows(value: Any) -> Any:
