@@ -75,6 +75,10 @@ def test_the_submission_policy_holds_dataset_uris_to_the_namespaces_data_prefix(
     ({"lane_gpus": {"urgent": 17}}, "team speech: lane_gpus.urgent 17 is over the team's max_gpus 16"),
     ({"s3_prefix": "s3://pipectl/teams/speech"}, "s3_prefix: String should match pattern"),
     ({"groups": []}, "groups: Tuple should have at least 1 item"),
+    # a negative quota the API server refuses (kubectl apply stops half way); a boolean is no 1 GPU
+    ({"lane_gpus": {"standard": -1}}, "lane_gpus.standard: Input should be greater than or equal to 0"),
+    ({"lane_gpus": {"batch": True}}, "lane_gpus.batch: Input should be a valid integer"),
+    ({"max_gpus": True}, "max_gpus: Input should be a valid integer"),
 ])
 def test_a_team_that_takes_anothers_namespace_prefix_or_more_than_the_cluster_exits_2_and_writes_nothing(tmp_path, change, words):
     site = tmp_path / "site.yaml"

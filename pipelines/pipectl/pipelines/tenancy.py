@@ -20,7 +20,7 @@ Example (in the site file)::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,8 +38,9 @@ class TeamSpec(BaseModel):
     name: str = Field(pattern=_DNS_LABEL, description="The team's name (argo/cluster/teams/<name>.yaml).")
     namespace: str = Field(pattern=_DNS_LABEL, description="The team's namespace: its runs, templates and secrets.")
     groups: tuple[str, ...] = Field(min_length=1, description="Identity groups bound to pipectl-submitter in the namespace.")
-    max_gpus: int = Field(ge=0, description="GPUs all pods of the namespace may request together, every lane.")
-    lane_gpus: dict[Lane, int] = Field(default_factory=dict, description="GPUs per lane (a lane left out: only max_gpus "
+    # strict: `max_gpus: true` is no quota of 1 GPU; a negative count no quota the API server takes
+    max_gpus: int = Field(ge=0, strict=True, description="GPUs all pods of the namespace may request together, every lane.")
+    lane_gpus: dict[Lane, Annotated[int, Field(ge=0, strict=True)]] = Field(default_factory=dict, description="GPUs per lane (a lane left out: only max_gpus "
                                        "bounds it); a preempting lane (urgent) is granted only when listed.")
     model_prefix: str = Field(pattern=_DNS_LABEL, description="The team's models are named <model_prefix>-<name>.")
     s3_prefix: str = Field(pattern=_S3_PREFIX, description="Every run's dataset-uri must be under this prefix "
