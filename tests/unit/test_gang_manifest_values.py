@@ -23,6 +23,7 @@ from pipectl.pipelines.launchers import LAUNCHERS
 from pipectl.pipelines.launchers.base import PARAMETERS_CHECKED, PARAMETERS_LABEL, refusal
 from pipectl.pipelines.substitution import substitute
 from pipectl.pipelines.training import CompileConfig
+from tests.tools.shape import key_paths
 
 DEFAULTS = TrainingParameters().as_arguments()
 # a Kubernetes label value (apimachinery validation.IsValidLabelValue)
@@ -84,14 +85,6 @@ def _argo_job(argo, train: dict, params: dict[str, str]) -> dict:
     return yaml.safe_load(argo.substitute(first, _values(params))["resource"]["manifest"])
 
 
-def _paths(obj, prefix: str = "") -> set[str]:
-    """Every key path of a document (list items collapse to []): its shape, not its values."""
-    if isinstance(obj, dict):
-        return {p for k, v in obj.items() for p in {f"{prefix}.{k}"} | _paths(v, f"{prefix}.{k}")}
-    if isinstance(obj, list):
-        return {p for v in obj for p in _paths(v, prefix + "[]")}
-    return set()
-
 
 def _counts(launcher: str, job: dict) -> list:
     lau = LAUNCHERS[launcher]
@@ -103,7 +96,7 @@ def _counts(launcher: str, job: dict) -> list:
 def test_a_hostile_value_keeps_the_jobs_shape_and_the_api_server_refuses_the_job(argo, launcher, name, value, why):
     train = _train(launcher)
     job, default = _argo_job(argo, train, {name: value}), _argo_job(argo, train, {})
-    assert _paths(job) == _paths(default), why
+    assert key_paths(job) == key_paths(default), why
     assert all(isinstance(n, int) for n in _counts(launcher, job)), (why, _counts(launcher, job))
     label = job["metadata"]["labels"][PARAMETERS_LABEL]
     assert label.startswith(f"parameter {name}: {value} is refused, it must be "), label
@@ -190,7 +183,7 @@ def test_a_pipelines_own_parameter_reaches_the_gang_as_one_string(argo):
     job = yaml.safe_load(argo.substitute(first, _values({}))["resource"]["manifest"])
     pod = job["spec"]["tasks"][0]["template"]["spec"]
     assert {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}["PIPECTL_PARAM_NOTE"] == payload
-    assert _paths(job) == _paths(_argo_job(argo, _train("volcano"), {})) | {".spec.tasks[].template.spec.containers[].env[].value"}
+    assert key_paths(job) == key_paths(_argo_job(argo, _train("volcano"), {})) | {".spec.tasks[].template.spec.containers[].env[].value"}
 
 
 @pytest.mark.parametrize("payload", ["{{inputs.parameters.lane}}", "{{=inputs.parameters['lane']}}",

@@ -22,6 +22,7 @@ from pipectl.components.validate.core import run
 from pipectl.pipelines.substitution import substitute
 from pipectl.pipelines.builtin import build_training
 from tests.tools.argo import ArgoExpr
+from tests.tools.shape import key_paths
 
 WT = build_training().to_dict()
 TEMPLATES = {t["name"]: t for t in WT["spec"]["templates"]}
@@ -42,14 +43,6 @@ STRUCTURAL = [
 INVALID = [("model-name", "digits-cnn\n"), ("seed", "1 #"), ("epochs", "1e3"), ("lane", "Urgent"),
            ("cpu-per-worker", " 2"), ("dataset-uri", "s3://b/p\tx"), ("memory-gib-per-worker", "8Gi")]
 
-
-def _paths(obj, prefix: str = "") -> set[str]:
-    """Every key path of a YAML document (list items collapse to []): its shape, not its values."""
-    if isinstance(obj, dict):
-        return {p for k, v in obj.items() for p in {f"{prefix}.{k}"} | _paths(v, f"{prefix}.{k}")}
-    if isinstance(obj, list):
-        return {p for v in obj for p in _paths(v, prefix + "[]")}
-    return set()
 
 
 def _train_job(params: dict[str, str]) -> dict | list | str | None:
@@ -90,7 +83,7 @@ def test_C15_hostile_value_keeps_the_manifests_shape_and_validate_stops_it(name,
     from pipectl.pipelines.launchers.base import refusal
 
     hostile = _train_job({name: value})
-    assert _paths(hostile) == _paths(_train_job({})) and refusal(hostile).startswith(f"parameter {name}: ")
+    assert key_paths(hostile) == key_paths(_train_job({})) and refusal(hostile).startswith(f"parameter {name}: ")
     code, err = _validate({name: value})
     assert code == 1, err
     assert f"parameter {name}:" in err and repr(value)[:40] in err, err  # named, value shown on one line
@@ -130,7 +123,7 @@ def test_C15_with_argos_own_substitution_the_payload_keeps_the_jobs_shape_and_va
             return f"YAML error: {e}"
 
     hostile = job({name: value})
-    assert _paths(hostile) == _paths(job({})), hostile
+    assert key_paths(hostile) == key_paths(job({})), hostile
     argv = argo.substitute(TEMPLATES["validate"], params({name: value}))["container"]["args"]
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
