@@ -52,12 +52,26 @@ def _nested(a: str, b: str) -> bool:
     return a.startswith(b) or b.startswith(a)
 
 
+SYSTEM_NAMESPACES = {"default": "Kubernetes'", "argo": "Argo's controller's", "volcano-system": "Volcano's"}
+"""Namespaces no team may be given (besides ``kube-*``): a team's file labels its namespace with
+the restricted Pod Security Standard and puts quotas in it, which would stop the pods these run."""
+
+
+def _system_owner(namespace: str) -> str | None:
+    """Whose namespace ``namespace`` is when no team may have it (Kubernetes', Argo's...), else None."""
+    return "Kubernetes'" if namespace.startswith("kube-") else SYSTEM_NAMESPACES.get(namespace)
+
+
 def _owner_conflicts(teams: tuple[TeamSpec, ...], own_namespace: str) -> list[str]:
-    """Pairs of teams sharing a name, a namespace, model names or S3 objects; a team in the install's own namespace."""
+    """Pairs of teams sharing a name, a namespace, model names or S3 objects; a team in the install's
+    own namespace or a system namespace (:func:`_system_owner`)."""
     out = []
     for t in teams:
         if t.namespace == own_namespace:
             out.append(f"team {t.name}: namespace {t.namespace} is the install's own (namespace:); give the team one of its own")
+        elif (owner := _system_owner(t.namespace)) is not None:
+            out.append(f"team {t.name}: namespace {t.namespace} is {owner} own (the team's file would enforce the "
+                       "restricted Pod Security Standard and GPU quotas there); give the team one of its own")
     for i, a in enumerate(teams):
         for b in teams[i + 1:]:
             pair = f"teams {a.name} and {b.name}"
