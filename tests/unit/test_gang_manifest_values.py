@@ -18,7 +18,7 @@ import re
 import pytest
 import yaml
 
-from pipectl.components.contracts import TrainingParameters, TrainInput
+from pipectl.components.contracts import GangShape, TrainingParameters, TrainInput
 from pipectl.pipelines.launchers import LAUNCHERS
 from pipectl.pipelines.launchers.base import PARAMETERS_CHECKED, PARAMETERS_LABEL, refusal
 from pipectl.pipelines.substitution import substitute
@@ -26,6 +26,7 @@ from pipectl.pipelines.training import CompileConfig
 from tests.tools.shape import key_paths
 
 DEFAULTS = TrainingParameters().as_arguments()
+TRAIN_ARGS_AND_SHAPE = set(TrainInput.model_fields) | set(GangShape.model_fields)
 # a Kubernetes label value (apimachinery validation.IsValidLabelValue)
 LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 
@@ -208,3 +209,23 @@ def test_a_pipelines_own_parameter_holding_a_tag_is_not_read_again_by_the_inputs
     assert env["PIPECTL_PARAM_NOTE"] == payload
     local = substitute(template["resource"]["manifest"], _values({}) | {"workflow.parameters.note": payload}, where="test")
     assert yaml.safe_load(local) == job
+
+
+SPELLINGS = ["1", "1.0", "1.000", "1.0000", "0.001", "0.0001", "10.000000000001", "0.0000000000000001",
+             "0.00000000000000001", "1.00000000000000000", "512.000", "2147483647", "999999999999999999"]
+
+
+@pytest.mark.parametrize("name", sorted(n for n in DEFAULTS if n.replace("-", "_") in TrainingParameters.model_fields
+                                        and TrainingParameters.model_fields[n.replace("-", "_")].annotation in (int, float)
+                                        and n.replace("-", "_") in TRAIN_ARGS_AND_SHAPE))
+def test_what_validate_accepts_the_gang_job_checks(argo, name):
+    """A number validate accepts is one the gang job's label checks: else the run would pass validate,
+    stage and preprocess and then have its gang refused by the API server (cpu-per-worker=1.0000)."""
+    train = _train("volcano")
+    for value in SPELLINGS:
+        try:
+            TrainingParameters.from_overrides({name: value})
+        except ValueError:
+            continue
+        label = _argo_job(argo, train, {name: value})["metadata"]["labels"][PARAMETERS_LABEL]
+        assert label == PARAMETERS_CHECKED, (name, value, label)

@@ -77,6 +77,9 @@ _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _INT_TEXT = re.compile(r"0|[1-9][0-9]*")
 _DECIMAL_TEXT = re.compile(r"(0|[1-9][0-9]*)(\.[0-9]+)?")
+NUMBER_TEXT_MAX = 18
+"""The most characters of a number parameter's text: every one within its bounds fits, and the gang
+job's check of its parameters (Argo's sprig.atoi, a 64-bit integer) reads no longer text."""
 _LINE_SEPARATORS = "\x85\u2028\u2029"
 """Characters YAML 1.1 (PyYAML, and Kubernetes' YAML reader) takes as line breaks besides LF/CR."""
 
@@ -114,6 +117,12 @@ class CanonicalModel(StrictModel):
         if kind is float and not _DECIMAL_TEXT.fullmatch(v):
             raise ValueError(f"{v!r} is not a plain decimal: digits with an optional fraction, no sign, exponent, "
                              "'_' or leading zero (e.g. 0.002)")
+        if kind in (int, float) and len(v) > NUMBER_TEXT_MAX:
+            raise ValueError(f"{v!r} is longer than {NUMBER_TEXT_MAX} characters")
+        step = next((m.multiple_of for m in cls.model_fields[info.field_name].metadata
+                     if hasattr(m, "multiple_of")), None) if kind is float else None
+        if step is not None and len(v.partition(".")[2]) > -decimal.Decimal(str(step)).normalize().as_tuple().exponent:
+            raise ValueError(f"{v!r} has more decimals than a multiple of {step} needs")
         return v
 
     @field_validator("model_name", check_fields=False)

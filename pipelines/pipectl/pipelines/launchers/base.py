@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from pipectl.components.contracts import _MODEL_NAME, GangShape, RunLayout, TrainInput
+from pipectl.components.contracts import _MODEL_NAME, NUMBER_TEXT_MAX, GangShape, RunLayout, TrainInput
 from pipectl.components.pipeline_parameters import env_name
 from pipectl.components.train.preemption import GRACE_PERIOD_S
 from pipectl.components.names import (
@@ -185,7 +185,7 @@ def _rule(name: str) -> tuple[str, str] | None:
                 "1 to 100 letters, digits, dots, underscores or dashes")
     else:
         return None
-    checks = [f"sprig.regexMatch({_literal(pattern)}, {ref})", f"len({ref}) <= 18"]
+    checks = [f"sprig.regexMatch({_literal(pattern)}, {ref})", f"len({ref}) <= {NUMBER_TEXT_MAX}"]
     checks += [f"{conv}({ref}) {ops[k]} {v!r}" for k, v in bounds.items()]
     limits = " and ".join(f"{ops[k]} {v}" for k, v in bounds.items())
     return " and ".join(checks), f"{spelled} {limits}".strip()
