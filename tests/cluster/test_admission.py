@@ -429,6 +429,11 @@ def test_the_api_server_refuses_a_gang_job_holding_a_value_validate_refuses(k8s_
             custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs", job(**{name: value}), dry_run="All")
         message = json.loads(refused.value.body)["message"]
         assert refused.value.status == 422 and f"parameter {name}: {value} is refused" in message, message
+    with pytest.raises(client.ApiException) as refused:  # validate's rule across two parameters
+        custom.create_namespaced_custom_object("batch.volcano.sh", "v1alpha1", NS, "jobs",
+                                               job(**{"gpus-per-worker": "8", "processes-per-worker": "1"}), dry_run="All")
+    message = json.loads(refused.value.body)["message"]
+    assert refused.value.status == 422 and "parameter processes-per-worker: 1 is refused" in message, message
 
 
 QUEUE_TEAMS = [{"name": "maps", "namespace": "team-maps", "groups": ["maps-ml"], "max_gpus": 8, "lane_gpus": {"urgent": 4},

@@ -229,3 +229,20 @@ def test_what_validate_accepts_the_gang_job_checks(argo, name):
             continue
         label = _argo_job(argo, train, {name: value})["metadata"]["labels"][PARAMETERS_LABEL]
         assert label == PARAMETERS_CHECKED, (name, value, label)
+
+
+@pytest.mark.parametrize("gpus,processes,checked", [("8", "1", False), ("1", "8", False), ("0", "4", True), ("4", "4", True)])
+def test_the_gang_job_holds_one_process_per_gpu_as_validate_does(argo, gpus, processes, checked):
+    """validate's rule across two parameters (processes-per-worker equals gpus-per-worker on GPU
+    pods) holds for a value that never met validate too: a retry with overridden parameters."""
+    for launcher in sorted(LAUNCHERS):
+        train = _train(launcher)
+        params = {"gpus-per-worker": gpus, "processes-per-worker": processes}
+        label = _argo_job(argo, train, params)["metadata"]["labels"][PARAMETERS_LABEL]
+        local = yaml.safe_load(substitute(train["resource"]["manifest"], _values(params), where="test"))
+        assert local["metadata"]["labels"][PARAMETERS_LABEL] == label
+        if checked:
+            assert label == PARAMETERS_CHECKED
+        else:
+            assert label == f"parameter processes-per-worker: {processes} is refused, it must equal gpus-per-worker ({gpus}) on GPU pods"
+            assert not LABEL_VALUE.fullmatch(label)

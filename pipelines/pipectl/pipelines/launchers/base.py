@@ -209,6 +209,11 @@ def parameters_check() -> Bare:
             check, must = rule
             message = f"{_literal(f'parameter {kebab(name)}: ')} + {_ref(name)} + {_literal(f' is refused, it must be {must}')}"
             refused.append(f"sprig.ternary('', {message}, {check})")
+    # validate's one rule across parameters of the gang (TrainingParameters._one_process_per_gpu)
+    gpus, procs = f"sprig.atoi({_ref('gpus_per_worker')})", f"sprig.atoi({_ref('processes_per_worker')})"
+    message = (f"'parameter processes-per-worker: ' + {_ref('processes_per_worker')} + "
+               f"' is refused, it must equal gpus-per-worker (' + {_ref('gpus_per_worker')} + ') on GPU pods'")
+    refused.append(f"sprig.ternary('', {message}, {gpus} == 0 or {procs} == {gpus})")
     return Bare("{{=toJson(sprig.default(%s, sprig.join('; ', sprig.compact([%s]))))}}"
                 % (_literal(PARAMETERS_CHECKED), ", ".join(refused)))
 
