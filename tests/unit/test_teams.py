@@ -81,8 +81,8 @@ def test_the_submission_policy_holds_dataset_uris_to_the_namespaces_data_prefix(
     ({"groups": []}, "groups: Tuple should have at least 1 item"),
     # a negative quota the API server refuses (kubectl apply stops half way); a boolean is no 1 GPU
     ({"lane_gpus": {"standard": -1}}, "lane_gpus.standard: Input should be greater than or equal to 0"),
-    ({"lane_gpus": {"batch": True}}, "lane_gpus.batch: Input should be a valid integer"),
-    ({"max_gpus": True}, "max_gpus: Input should be a valid integer"),
+    ({"lane_gpus": {"batch": True}}, "lane_gpus: Value error, a number of GPUs per lane, not true or false"),
+    ({"max_gpus": True}, "max_gpus: Value error, a number of GPUs, not true or false"),
 ])
 def test_a_team_that_takes_anothers_namespace_prefix_or_more_than_the_cluster_exits_2_and_writes_nothing(tmp_path, change, words):
     site = tmp_path / "site.yaml"

@@ -454,10 +454,16 @@ class DatasetMax(StrictModel):
     the shard files of shards a team already has. ``max_samples``: images (a pre-built dataset's
     samples, both splits)."""
 
-    # strict: a site file's `max_samples: true` is no maximum of 1 image; no infinity (null is no bound)
-    max_gib: float | None = Field(None, gt=0, strict=True, allow_inf_nan=False,
+    max_gib: float | None = Field(None, gt=0, allow_inf_nan=False,  # no infinity: null is no bound
                                   description="Most GiB of images (staged files, or shard files).")
-    max_samples: int | None = Field(None, ge=1, strict=True, description="Most images (samples, every split).")
+    max_samples: int | None = Field(None, ge=1, description="Most images (samples, every split).")
+
+    @field_validator("max_gib", "max_samples", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # a site file's `max_samples: true` is no maximum of 1 image
+            raise ValueError("a number, not true or false (null: no bound)")
+        return v
 
 
 def _lane_rows(value: Any) -> Any:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipectl.components.names import Lane
 
@@ -38,13 +38,27 @@ class TeamSpec(BaseModel):
     name: str = Field(pattern=_DNS_LABEL, description="The team's name (argo/cluster/teams/<name>.yaml).")
     namespace: str = Field(pattern=_DNS_LABEL, description="The team's namespace: its runs, templates and secrets.")
     groups: tuple[str, ...] = Field(min_length=1, description="Identity groups bound to pipectl-submitter in the namespace.")
-    # strict: `max_gpus: true` is no quota of 1 GPU; a negative count no quota the API server takes
-    max_gpus: int = Field(ge=0, strict=True, description="GPUs all pods of the namespace may request together, every lane.")
-    lane_gpus: dict[Lane, Annotated[int, Field(ge=0, strict=True)]] = Field(default_factory=dict, description="GPUs per lane (a lane left out: only max_gpus "
+    max_gpus: int = Field(ge=0, description="GPUs all pods of the namespace may request together, every lane.")
+    # a negative count is no quota the API server takes
+    lane_gpus: dict[Lane, Annotated[int, Field(ge=0)]] = Field(default_factory=dict, description="GPUs per lane (a lane left out: only max_gpus "
                                        "bounds it); a preempting lane (urgent) is granted only when listed.")
     model_prefix: str = Field(pattern=_DNS_LABEL, description="The team's models are named <model_prefix>-<name>.")
     s3_prefix: str = Field(pattern=_S3_PREFIX, description="Every run's dataset-uri must be under this prefix "
                            "(s3://bucket/path/, ending in /).")
+
+    @field_validator("max_gpus", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # `max_gpus: true` is no quota of 1 GPU
+            raise ValueError("a number of GPUs, not true or false")
+        return v
+
+    @field_validator("lane_gpus", mode="before")
+    @classmethod
+    def _no_boolean_lane(cls, v: Any) -> Any:
+        if isinstance(v, dict) and any(isinstance(n, bool) for n in v.values()):
+            raise ValueError("a number of GPUs per lane, not true or false")
+        return v
 
 
 def _nested(a: str, b: str) -> bool:
