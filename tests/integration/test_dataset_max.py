@@ -144,6 +144,20 @@ def test_shards_a_team_has_are_refused_by_size_by_submit_and_by_the_shards_step(
     assert "150 images > 100" in r.stderr and "127.0.0.1:9" not in r.stderr, r.stderr
 
 
+def test_an_index_whose_counts_are_negative_is_no_shard_index(settings, s3):
+    """A negative count in index.json would let any number of images pass a lane's max_samples."""
+    from pipectl.components.prebuilt.core import check
+    from pipectl.components.runtime import StepError, read_json
+
+    uri = _team_shards(s3, settings.bucket)
+    index = read_json(s3, join_uri(uri, "index.json"))
+    index.update(train_count=-1_000_000, train_sizes=[], validation_sizes=[])
+    write_json(s3, join_uri(uri, "index.json"), index)
+    with pytest.raises(StepError, match=r"index.json is not a shard index: .*train_count") as e:
+        check(PrebuiltInput(shards_uri=uri, lane="urgent", dataset_max=_maxima_json()), s3)
+    assert not isinstance(e.value, DatasetTooLarge)
+
+
 SHARDS_PIPELINE = ("from pipectl.sdk import Pipeline, evaluate, register, shards, train\n"
                    "pipeline = Pipeline('from-shards', [shards(), train(), evaluate(), register()])\n")
 

@@ -538,8 +538,8 @@ class ShardIndex(StrictModel):
     std: list[float]
     train: list[str]
     validation: list[str]
-    train_count: int
-    validation_count: int
+    train_count: int = Field(ge=0)  # a negative count would pass a lane's max_samples
+    validation_count: int = Field(ge=0)
     train_sizes: list[int] = Field(default_factory=list, description="Samples in each train shard (same order as train).")
     validation_sizes: list[int] = Field(default_factory=list, description="Samples in each validation shard.")
 

@@ -36,7 +36,9 @@ def _index(s3: Any, shards_uri: str) -> ShardIndex:
     try:
         index = ShardIndex.model_validate(read_json(s3, uri))
     except (ValidationError, ValueError) as e:
-        raise StepError(f"{uri} is not a shard index: {str(e).splitlines()[0]}",
+        why = ("; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()[:5])
+               if isinstance(e, ValidationError) else str(e).splitlines()[0])
+        raise StepError(f"{uri} is not a shard index: {why}",
                         "fields: labels, image_size, channels, mean, std, train, validation, train_count, validation_count") from e
     if len(index.labels) < 2 or not index.train or not index.validation:
         raise StepError(f"{uri}: needs at least 2 labels and shards in both splits "
