@@ -37,6 +37,8 @@ HOSTILE = [
     ("workers", "+4", "a sign"),
     ("workers", "1.0", "a float where the manifest needs an integer"),
     ("workers", "4096", "beyond the bound"),
+    ("workers", "1234567890123456789", "19 digits: Go's atoi reads them"),
+    ("workers", "99999999999999999999", "past a 64-bit integer: Go's atoi gives the largest"),
     ("workers", "1\n  hostNetwork: true", "YAML of its own after a newline"),
     ("gpus-per-worker", "0x1", "YAML hexadecimal"),
     ("memory-gib-per-worker", "8.0", "a float where the manifest needs an integer"),

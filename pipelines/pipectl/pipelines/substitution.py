@@ -39,9 +39,10 @@ def _name(node: ast.AST) -> str | None:
 
 
 def _atoi(v: Any) -> int:
-    """Go's ``strconv.Atoi`` as sprig's ``atoi`` uses it: 0 for text it cannot read."""
+    """Go's ``strconv.Atoi`` as sprig's ``atoi`` uses it: 0 for text it cannot read, a number past
+    a 64-bit integer as the nearest one (Go returns it with the error sprig drops)."""
     text = str(v)
-    return int(text) if re.fullmatch(r"[+-]?[0-9]{1,18}", text) else 0
+    return max(-(2**63), min(2**63 - 1, int(text))) if re.fullmatch(r"[+-]?[0-9]+", text) else 0
 
 
 def _float64(v: Any) -> float:
