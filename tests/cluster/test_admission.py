@@ -16,7 +16,7 @@ import time
 import pytest
 import yaml
 
-from pipectl.pipelines.admission import PARAMETER_RULES_CONFIGMAP
+from pipectl.pipelines.admission import PARAMETER_RULES_CONFIGMAP, TEAM_LABEL
 from tests.cluster.test_control_plane import _small_pod, project_applied, training_outputs_supplied  # noqa: F401 - fixtures
 
 NS = "pipectl"
@@ -159,6 +159,7 @@ def test_a_submitter_holds_no_rights_beyond_submitting(test_cluster, submitter):
                                                          "metadata": {"name": "j"}, "spec": {}}, dry_run="All"),
         "edit the config": lambda: client.CoreV1Api(api).patch_namespaced_config_map("pipectl-store", NS, {"data": {"x": "y"}}),
         "label its namespace": lambda: client.CoreV1Api(api).patch_namespace(NS, {"metadata": {"labels": {"lanes.pipectl.io/urgent": "true"}}}),
+        "claim another team's queues": lambda: client.CoreV1Api(api).patch_namespace(NS, {"metadata": {"labels": {TEAM_LABEL: "other"}}}),
         "edit the parameter rules": lambda: client.CoreV1Api(api).patch_namespaced_config_map(
             PARAMETER_RULES_CONFIGMAP, NS, {"data": {"training-v1.run-uri.kind": "text"}}),
         "apply parameter rules": lambda: client.CoreV1Api(api).patch_namespaced_config_map(
