@@ -79,6 +79,9 @@ def test_the_submission_policy_holds_dataset_uris_to_the_namespaces_data_prefix(
     ({"lane_gpus": {"urgent": 17}}, "team speech: lane_gpus.urgent 17 is over the team's max_gpus 16"),
     ({"s3_prefix": "s3://pipectl/teams/speech"}, "s3_prefix: String should match pattern"),
     ({"groups": []}, "groups: Tuple should have at least 1 item"),
+    ({"groups": ["speech-ml", "system:authenticated"]}, "system:authenticated: Kubernetes puts every signed-in identity"),
+    ({"groups": ["system:serviceaccounts"]}, "system:serviceaccounts: Kubernetes puts every ServiceAccount"),
+    ({"groups": [""]}, "'': a group name, not empty"),
     # a negative quota the API server refuses (kubectl apply stops half way); a boolean is no 1 GPU
     ({"lane_gpus": {"standard": -1}}, "lane_gpus.standard: Input should be greater than or equal to 0"),
     ({"lane_gpus": {"batch": True}}, "lane_gpus: Value error, a number of GPUs per lane, not true or false"),

@@ -30,6 +30,12 @@ _DNS_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 _S3_PREFIX = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/([A-Za-z0-9._=-]+/)*$"
 
 
+EVERYONE_GROUPS = {"system:authenticated": "every signed-in identity", "system:unauthenticated": "every anonymous request",
+                   "system:serviceaccounts": "every ServiceAccount of every namespace"}
+"""Groups no team's ``groups`` may name: bound to ``pipectl-submitter`` in the team's namespace,
+each would let everyone in it submit runs on the team's GPUs and data."""
+
+
 class TeamSpec(BaseModel):
     """One team's share of the cluster (see the module doc)."""
 
@@ -45,6 +51,16 @@ class TeamSpec(BaseModel):
     model_prefix: str = Field(pattern=_DNS_LABEL, description="The team's models are named <model_prefix>-<name>.")
     s3_prefix: str = Field(pattern=_S3_PREFIX, description="Every run's dataset-uri must be under this prefix "
                            "(s3://bucket/path/, ending in /).")
+
+    @field_validator("groups")
+    @classmethod
+    def _groups_of_people(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for g in v:
+            if not g or g != g.strip():
+                raise ValueError(f"{g!r}: a group name, not empty, no surrounding spaces")
+            if g in EVERYONE_GROUPS:
+                raise ValueError(f"{g}: Kubernetes puts {EVERYONE_GROUPS[g]} in this group; name the team's own group")
+        return v
 
     @field_validator("max_gpus", mode="before")
     @classmethod
