@@ -282,3 +282,17 @@ def test_pyproject_lists_every_package():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     packages = {m for m, p in MODULES.items() if p.name == "__init__.py"}
     assert listed == packages
+
+
+def test_test_files_collected_in_one_process_have_distinct_names():
+    """Tier 1 and 1b collect tests/ but tests/cluster in one pytest process each; the test folders
+    are not packages (rootdir-relative imports), so two files of one name there stop collection
+    ("import file mismatch") and the whole tier runs nothing."""
+    from collections import defaultdict
+
+    seen: dict[str, list[str]] = defaultdict(list)
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        rel = path.relative_to(ROOT / "tests")
+        if rel.parts[0] not in ("cluster", "bench"):
+            seen[path.name].append(str(rel))
+    assert not {name: where for name, where in seen.items() if len(where) > 1}
