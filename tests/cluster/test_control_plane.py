@@ -1127,17 +1127,19 @@ def _gang_manifest(wt: dict, train: dict, job: str, **params: str) -> str:
     """The train step's manifest as Argo substitutes it for a job named ``job`` (its random
     per-attempt suffix: the tail of ``job``): workflow parameters' defaults, then ``params``
     (kebab names), ``{{workflow.name}}`` (``job`` up to ``-train-``) and ``{{retries}}`` = 0."""
-    import re
+    from pipectl.pipelines.substitution import substitute
 
     workflow = job.rsplit("-train-", 1)[0]
 
     values = {f"inputs.parameters.{p['name']}": str(p.get("value", "")) for p in wt["spec"]["arguments"]["parameters"]}
     values.update({"inputs.parameters.shards-uri": "s3://pipectl/runs/x/shards/", "inputs.parameters.run-uri": "s3://pipectl/runs/x"})
     values.update({f"inputs.parameters.{k}": v for k, v in params.items()})
+    values.update({f"workflow.parameters.{p['name']}": str(p.get("value", "")) for p in wt["spec"]["arguments"]["parameters"]})
     values.update({"workflow.name": workflow, "retries": "0", "inputs.parameters.gang-affinity": "{}"})
     manifest = train["resource"]["manifest"]
     assert manifest.count(JOB_NAME) == 1, manifest
-    return re.sub(r"\{\{\s*([^}=]+?)\s*\}\}", lambda m: values[m.group(1)], manifest.replace(JOB_NAME, job))
+    # the tags and expressions evaluated as Argo would (the local backend's substitution)
+    return substitute(manifest.replace(JOB_NAME, job), values, where=f"gang job {job}")
 
 
 def test_C16_gang_job_write_resent_after_a_lost_response_attaches_to_the_job(project_applied, test_cluster, k8s_api, tmp_path):
