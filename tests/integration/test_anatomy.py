@@ -59,10 +59,15 @@ def test_a_rank_slowed_by_30_percent_is_named_within_20_steps_and_a_clean_gang_g
     """Two processes; rank 1 sleeps 30% of its own step's time at the end of every step: the check
     after step 20 names it (its median step over steps 1-20 against rank 0's), and never rank 0.
     The same gang without the fault for 15 epochs (300 steps: 15 checks of 20 steps, 15 epochs):
-    no verdict at all."""
+    no straggler and no leak named. (A verdict on the shares can be true of a clean gang on a
+    saturated machine — in a full test run its data wait once measured 22%, over the starved
+    rule's 20% — and those rules are checked against the measured truth in the test above.)"""
     run, clean = _anatomy_run("gang", "straggler:0.3", "clean:15")
     print(json.dumps([run, clean], indent=1))
     when, first = run["named"][0]
     assert when == "step 20" and first.startswith("straggler: rank 1 on node ") and "over steps 1-20" in first, run
     assert not [v for _, v in run["named"] if not v.startswith("straggler: rank 1 ")], run
-    assert clean["steps_per_epoch"] == 20 and clean["named"] == [] and clean["verdicts"] == [], clean
+    by_rank = ("straggler:", "memory growing:")
+    assert clean["steps_per_epoch"] == 20, clean
+    assert not [v for _, v in clean["named"] if v.startswith(by_rank)], clean
+    assert not [v for v in clean["verdicts"] if v.startswith(by_rank)], clean
