@@ -634,18 +634,15 @@ def _lane_gang(name: str, lane: str, workers: int, gpus: int, run_duration: str)
     from pipectl.components.contracts import TrainingParameters
     from pipectl.pipelines.launchers import LAUNCHERS
     from pipectl.pipelines.launchers.base import GANG_AFFINITY_INPUT
-    from pipectl.pipelines.substitution import substitute
     from pipectl.pipelines.training import CompileConfig
+    from tests.tools.gang import gang_job
 
     params = {**TrainingParameters().as_arguments(), "lane": lane, "workers": str(workers), "gpus-per-worker": str(gpus),
               "processes-per-worker": str(gpus), "cpu-per-worker": "2.0", "memory-gib-per-worker": "8",
               GANG_AFFINITY_INPUT: "{}", "run-uri": f"s3://pipectl/runs/{name}/", "shards-uri": f"s3://pipectl/runs/{name}/shards/"}
-    values = {"workflow.name": name,
-              **{f"inputs.parameters.{k}": v for k, v in params.items()}}
-    job = yaml.safe_load(substitute(LAUNCHERS["volcano"].manifest(CompileConfig().gang()), values, where="gang"))
+    job = gang_job(LAUNCHERS["volcano"].manifest(CompileConfig().gang()), workflow=name, inputs=params, namespace="pipectl")
     job["metadata"]["name"] = name
     assert "{{" not in yaml.safe_dump(job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["resources"])
-    job["metadata"]["namespace"] = "pipectl"
     job["spec"]["tasks"][0]["template"]["metadata"].setdefault("annotations", {})["pipectl.io/run-duration"] = run_duration
     return job
 
@@ -1082,20 +1079,37 @@ def test_code_failure_in_the_gang_fails_the_workflow_without_retries(
 
 def test_pipectl_retry_in_place_through_the_argo_server_and_resubmit(
         project_applied, train_pod_annotations, test_cluster, k8s_api):
-    """`pipectl retry` with ARGO_SERVER: the SAME workflow runs its failed train step again
-    (stage and preprocess are not re-run) and Succeeds; a Succeeded workflow cannot be retried
-    (exit 2); without ARGO_SERVER (or --resubmit) a new Workflow labelled retry-of is created.
-    The template as compiled now: C10's train-retry must keep a plain Argo retry working (a
-    retryStrategy with backoff on a DAG around the attempt did not: the omitted evaluate/register
-    stayed below that DAG's node, which the retry keeps, and the workflow stayed Running)."""
+    """`pipectl retry` has one meaning, in place: with no Argo Server configured (no ARGO_SERVER, no
+    site file) it exits 2 naming what to set and `pipectl resubmit`, and the Failed workflow is
+    left as it was (same resourceVersion, no new Workflow). With ARGO_SERVER the SAME workflow runs
+    its failed train step again (stage and preprocess are not re-run) and Succeeds; a Succeeded
+    workflow cannot be retried (exit 2, naming resubmit); `pipectl resubmit` creates a new Workflow
+    labelled retry-of. The template as compiled now: C10's train-retry must keep a plain Argo retry
+    working (a retryStrategy with backoff on a DAG around the attempt did not: the omitted
+    evaluate/register stayed below that DAG's node, which the retry keeps, and the workflow stayed
+    Running)."""
     import os
 
     if not test_cluster.volcano_ok:
         pytest.skip(f"Volcano did not start: {test_cluster.errors}")
     name = submit_a_run_whose_gang_fails(test_cluster, train_pod_annotations)
     train_pod_annotations({})  # the "fix"
-    env = {**os.environ, "KUBECONFIG": str(test_cluster.kubeconfig),
-           "ARGO_SERVER": test_cluster.argo_server_url.split("://", 1)[1], "ARGO_SECURE": "false"}
+    custom = _custom(k8s_api)
+
+    bare = {k: v for k, v in os.environ.items() if k not in ("ARGO_SERVER", "PIPECTL_SITE")}
+    bare["KUBECONFIG"] = str(test_cluster.kubeconfig)
+    before = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", name)
+    r = subprocess.run([str(PIPECTL), "retry", name], capture_output=True, text=True, timeout=60, env=bare)
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+    text = " ".join(r.stderr.split())
+    assert "none is configured" in text and "ARGO_SERVER" in text and f"pipectl resubmit {name}" in text, text
+    after = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", name)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]  # nothing changed
+    retried = custom.list_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows",
+                                                   label_selector=f"pipectl.io/retry-of={name}")["items"]
+    assert retried == []
+
+    env = {**bare, "ARGO_SERVER": test_cluster.argo_server_url.split("://", 1)[1], "ARGO_SECURE": "false"}
     r = subprocess.run([str(PIPECTL), "retry", name], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0 and r.stdout.strip() == name, r.stderr
     wf = _wait_phase(k8s_api, "pipectl", name, {"Succeeded", "Failed", "Error"}, timeout_s=120)
@@ -1106,15 +1120,16 @@ def test_pipectl_retry_in_place_through_the_argo_server_and_resubmit(
     assert any(n["displayName"].startswith("register") and n["phase"] == "Succeeded" for n in pods)
 
     r = subprocess.run([str(PIPECTL), "retry", name], capture_output=True, text=True, timeout=60, env=env)
-    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert r.returncode == 2 and f"pipectl resubmit {name}" in " ".join(r.stderr.split()), (r.returncode, r.stderr)
 
-    r = _pipectl(test_cluster, "retry", name)  # no ARGO_SERVER: a new Workflow
+    r = _pipectl(test_cluster, "resubmit", name)  # a new Workflow with the same arguments
     assert r.returncode == 0, r.stderr
     new = r.stdout.strip()
     assert new != name
-    wf2 = _training_wf(_custom(k8s_api), new)
+    wf2 = _training_wf(custom, new)
     assert wf2["metadata"]["labels"]["pipectl.io/retry-of"] == name
-    _custom(k8s_api).delete_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", new)
+    assert wf2["spec"]["arguments"] == wf["spec"]["arguments"]
+    custom.delete_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", new)
 
 
 def _train_template(path: Path = ARGO_DIR / TEMPLATE_FILE) -> tuple[dict, dict]:
@@ -1127,19 +1142,15 @@ def _gang_manifest(wt: dict, train: dict, job: str, **params: str) -> str:
     """The train step's manifest as Argo substitutes it for a job named ``job`` (its random
     per-attempt suffix: the tail of ``job``): workflow parameters' defaults, then ``params``
     (kebab names), ``{{workflow.name}}`` (``job`` up to ``-train-``) and ``{{retries}}`` = 0."""
-    from pipectl.pipelines.substitution import substitute
+    from tests.tools.gang import gang_job_text, template_defaults
 
     workflow = job.rsplit("-train-", 1)[0]
-
-    values = {f"inputs.parameters.{p['name']}": str(p.get("value", "")) for p in wt["spec"]["arguments"]["parameters"]}
-    values.update({"inputs.parameters.shards-uri": "s3://pipectl/runs/x/shards/", "inputs.parameters.run-uri": "s3://pipectl/runs/x"})
-    values.update({f"inputs.parameters.{k}": v for k, v in params.items()})
-    values.update({f"workflow.parameters.{p['name']}": str(p.get("value", "")) for p in wt["spec"]["arguments"]["parameters"]})
-    values.update({"workflow.name": workflow, "retries": "0", "inputs.parameters.gang-affinity": "{}"})
+    defaults = template_defaults(wt)
+    inputs = {**defaults, "shards-uri": "s3://pipectl/runs/x/shards/", "run-uri": "s3://pipectl/runs/x",
+              **params, "gang-affinity": "{}"}
     manifest = train["resource"]["manifest"]
     assert manifest.count(JOB_NAME) == 1, manifest
-    # the tags and expressions evaluated as Argo would (the local backend's substitution)
-    return substitute(manifest.replace(JOB_NAME, job), values, where=f"gang job {job}")
+    return gang_job_text(manifest.replace(JOB_NAME, job), workflow=workflow, inputs=inputs, workflow_parameters=defaults)
 
 
 def test_C16_gang_job_write_resent_after_a_lost_response_attaches_to_the_job(project_applied, test_cluster, k8s_api, tmp_path):

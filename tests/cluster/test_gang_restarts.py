@@ -262,9 +262,9 @@ def test_a_gang_the_preflight_ended_is_retried_away_from_the_named_node(
 def test_resubmitting_a_run_whose_gang_still_trains_releases_that_gang_first(
         project_applied, train_pod_annotations, test_cluster, k8s_api):
     """A run terminated the way the Argo UI's TERMINATE does it (``spec.shutdown: Terminate``, no
-    exit handler, nothing released) keeps its gang training. `pipectl retry NAME` without
-    ARGO_SERVER resubmits it: when the command returns, the old run has no gang job and no gang
-    pod, and the new run exists. A run that has not ended is refused (exit 2) and nothing changes."""
+    exit handler, nothing released) keeps its gang training. `pipectl resubmit NAME` starts it
+    again: when the command returns, the old run has no gang job and no gang pod, and the new run
+    exists. A run that has not ended is refused (exit 2) and nothing changes."""
     if not test_cluster.volcano_ok:
         pytest.skip(f"Volcano did not start: {test_cluster.errors}")
     from kubernetes import client
@@ -274,7 +274,7 @@ def test_resubmitting_a_run_whose_gang_still_trains_releases_that_gang_first(
     name, job, _ = submit_two_worker_training(test_cluster, k8s_api, train_pod_annotations, run_s=600)
     new = ""
     try:
-        r = _pipectl(test_cluster, "retry", name)  # still Running: refused, the gang untouched
+        r = _pipectl(test_cluster, "resubmit", name)  # still Running: refused, the gang untouched
         assert r.returncode == 2 and "stop it first" in r.stderr, (r.returncode, r.stderr)
         assert _gang_left(core, k8s_api, name)[0] == [job]
         custom.patch_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name,
@@ -282,10 +282,10 @@ def test_resubmitting_a_run_whose_gang_still_trains_releases_that_gang_first(
         wf = _wait_phase(k8s_api, NS, name, {"Failed", "Error"}, timeout_s=60)
         jobs, pods = _gang_left(core, k8s_api, name)
         assert jobs == [job] and len(pods) == 2, (wf["status"].get("message"), jobs, pods)  # the gang outlived its run
-        r = _pipectl(test_cluster, "retry", name)
+        r = _pipectl(test_cluster, "resubmit", name)
         assert r.returncode == 0, r.stderr
         new = r.stdout.strip()
-        assert _gang_left(core, k8s_api, name) == ([], []), "pipectl retry returned with the old run's gang still there"
+        assert _gang_left(core, k8s_api, name) == ([], []), "pipectl resubmit returned with the old run's gang still there"
         assert new and new != name
         assert custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", new)[
             "metadata"]["labels"]["pipectl.io/retry-of"] == name

@@ -412,3 +412,152 @@ def test_get_and_watch_are_the_names_argo_users_type_for_status_and_wait():
     assert "get    = status" in top and "watch  = wait" in top
     r = _run("get")  # the alias's own usage error, as the command's
     assert r.returncode == 2 and "Missing argument 'NAME'" in r.stderr
+
+
+# ---------------------------------------------------------------- retry: one meaning (in place); resubmit
+
+
+class _RetryCluster:
+    """What `retry` and `resubmit` ask of the cluster: the workflow (in ``phase``), releasing its
+    gang, creating a Workflow. Every call is recorded in ``calls``."""
+
+    def __init__(self, phase: str | None):
+        self.phase, self.calls = phase, []
+
+    def get(self, kind, name):
+        return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+                "metadata": {"name": name, "generateName": "training-", "labels": {"pipectl.io/lane": "standard"}},
+                "spec": {"workflowTemplateRef": {"name": "training-v1"}, "arguments": {"parameters": [{"name": "epochs", "value": "3"}]}},
+                "status": {"phase": self.phase} if self.phase else {}}
+
+    def release_gangs(self, workflow, *, failed_only=False):
+        self.calls.append(("release", workflow, failed_only))
+        return [f"{workflow}-train"]
+
+    def create_workflow(self, wf):
+        self.calls.append(("create", wf))
+        return {"metadata": {"name": "training-new01"}}
+
+
+@pytest.fixture()
+def retry_cli(monkeypatch, tmp_path):
+    """Invoke the pipectl command group in-process against a :class:`_RetryCluster` (``phase``), the
+    Argo Server's retry recorded, not sent: returns ``(invoke, cluster, server_calls)``."""
+    from click.testing import CliRunner
+
+    from pipectl.cli import cluster_cmds
+    from pipectl.cli.main import main
+    from pipectl.pipelines.backends.kube import ArgoServer
+
+    for var in ("ARGO_SERVER", "ARGO_SECURE", "ARGO_TOKEN", "PIPECTL_SITE", "KUBECONFIG", "PIPECTL_NAMESPACE"):
+        monkeypatch.delenv(var, raising=False)
+    state = {"cluster": _RetryCluster("Failed")}
+    server_calls = []
+    monkeypatch.setattr(cluster_cmds, "_cluster", lambda namespace, context: state["cluster"])
+    monkeypatch.setattr(ArgoServer, "retry", lambda self, namespace, name: server_calls.append((self.base, namespace, name)) or {})
+
+    def invoke(*args, phase="Failed", env=None):
+        state["cluster"] = _RetryCluster(phase)
+        r = CliRunner().invoke(main, [*args, "-n", "team-a"], env=env or {})
+        return r, state["cluster"]
+
+    return invoke, server_calls
+
+
+def _split(r) -> tuple[str, str]:
+    """(stdout, stderr) of a CliRunner result, whichever click version mixes them or not."""
+    try:
+        return r.stdout, r.stderr
+    except ValueError:
+        return r.output, r.output
+
+
+def test_retry_help_gives_it_one_meaning_and_names_resubmit():
+    r = _run("retry", "--help")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "Retry workflow NAME in place" in text
+    assert "only its failed steps run again, succeeded steps keep their outputs" in text
+    assert "ARGO_SERVER" in text and "argo_ui" in text and "pipectl resubmit NAME" in text
+    assert "--resubmit" not in r.stdout  # no second meaning behind a flag
+    r = _run("resubmit", "--help")
+    assert r.returncode == 0 and "pipectl retry NAME" in " ".join(r.stdout.split()), r.stdout + r.stderr
+    top = _run("--help").stdout
+    assert "retry " in top and "resubmit " in top
+
+
+def test_retry_without_an_argo_server_changes_nothing_and_says_what_to_do(retry_cli):
+    """No ARGO_SERVER and no argo_ui in a site file: the cluster cannot be asked to retry in place.
+    Exit 2, nothing released or created, and the hint names each way forward."""
+    invoke, server_calls = retry_cli
+    r, cluster = invoke("retry", "training-x7k2p")
+    err = _split(r)[1]
+    assert r.exit_code == 2, r.output
+    assert cluster.calls == [] and server_calls == []
+    text = " ".join(err.split())
+    assert "workflow training-x7k2p can only be retried in place through the Argo Server, and none is configured" in text
+    for fix in ("ARGO_SERVER=host:port", "argo_ui", "RETRY", "pipectl resubmit training-x7k2p"):
+        assert fix in text, (fix, text)
+
+
+def test_retry_goes_in_place_through_argo_server_else_the_site_files_argo_ui(retry_cli, tmp_path):
+    """The Argo Server as the `argo` CLI finds it (ARGO_SERVER, ARGO_SECURE), else the site file's
+    argo_ui; the failed gang job is released first (failed jobs only), the workflow's name on
+    stdout, never a new Workflow."""
+    invoke, server_calls = retry_cli
+    r, cluster = invoke("retry", "training-x7k2p", env={"ARGO_SERVER": "localhost:2746", "ARGO_SECURE": "false"})
+    assert r.exit_code == 0, r.output
+    assert cluster.calls == [("release", "training-x7k2p", True)]
+    assert server_calls == [("http://localhost:2746", "team-a", "training-x7k2p")]
+    assert _split(r)[0].strip().splitlines()[-1] == "training-x7k2p"
+
+    site = tmp_path / "site.yaml"
+    site.write_text("argo_ui: https://argo.example.com\n")
+    server_calls.clear()
+    r, cluster = invoke("--site", str(site), "retry", "training-x7k2p", phase="Error")
+    assert r.exit_code == 0, r.output
+    assert server_calls == [("https://argo.example.com", "team-a", "training-x7k2p")]
+    assert [c[0] for c in cluster.calls] == ["release"]
+
+    server_calls.clear()  # both set: ARGO_SERVER wins, as for the links submit --wait prints
+    r, _ = invoke("--site", str(site), "retry", "training-x7k2p", env={"ARGO_SERVER": "argo.internal:2746"})
+    assert r.exit_code == 0 and server_calls == [("https://argo.internal:2746", "team-a", "training-x7k2p")], r.output
+
+
+@pytest.mark.parametrize("phase, headline, fix", [
+    ("Succeeded", "workflow training-x7k2p Succeeded: there is nothing to retry in place", "pipectl resubmit training-x7k2p"),
+    ("Running", "workflow training-x7k2p is Running: only a workflow that ended Failed or Error can be retried",
+     "pipectl stop training-x7k2p"),
+    (None, "workflow training-x7k2p is not started", "pipectl wait training-x7k2p"),
+])
+def test_retry_of_a_workflow_that_cannot_be_retried_in_place_exits_2_naming_the_way(retry_cli, phase, headline, fix):
+    invoke, server_calls = retry_cli
+    r, cluster = invoke("retry", "training-x7k2p", phase=phase, env={"ARGO_SERVER": "localhost:2746"})
+    text = " ".join(_split(r)[1].split())
+    assert r.exit_code == 2 and headline in text and fix in text, r.output
+    assert cluster.calls == [] and server_calls == []
+
+
+def test_retry_resubmit_flag_is_refused_pointing_to_resubmit(retry_cli):
+    invoke, server_calls = retry_cli
+    r, cluster = invoke("retry", "--resubmit", "training-x7k2p")
+    assert r.exit_code == 2 and "pipectl resubmit training-x7k2p" in " ".join(_split(r)[1].split()), r.output
+    assert cluster.calls == [] and server_calls == []
+
+
+def test_resubmit_releases_the_old_gang_then_creates_a_new_workflow_with_its_arguments(retry_cli):
+    invoke, server_calls = retry_cli
+    r, cluster = invoke("resubmit", "training-x7k2p")
+    assert r.exit_code == 0, r.output
+    assert [c[0] for c in cluster.calls] == ["release", "create"] and cluster.calls[0] == ("release", "training-x7k2p", False)
+    new = cluster.calls[1][1]
+    assert new["metadata"]["labels"]["pipectl.io/retry-of"] == "training-x7k2p"
+    assert new["spec"]["arguments"] == {"parameters": [{"name": "epochs", "value": "3"}]}
+    assert _split(r)[0].strip().splitlines()[-1] == "training-new01" and server_calls == []
+
+    r, cluster = invoke("resubmit", "training-x7k2p", phase="Succeeded")  # nothing of a Succeeded run to release
+    assert r.exit_code == 0 and [c[0] for c in cluster.calls] == ["create"], r.output
+
+    r, cluster = invoke("resubmit", "training-x7k2p", phase="Running")  # its gang would train beside the new run
+    assert r.exit_code == 2 and cluster.calls == [], r.output
+    assert "pipectl stop training-x7k2p" in " ".join(_split(r)[1].split())

@@ -559,31 +559,47 @@ def delete(names: tuple[str, ...], namespace: str, context: str | None) -> None:
 
 @click.command()
 @click.argument("name")
-@click.option("--resubmit", is_flag=True, help="Always create a new Workflow, even when ARGO_SERVER is set.")
+@click.option("--resubmit", is_flag=True, hidden=True)  # refused with the command to use instead
 @cluster_options
 def retry(name: str, resubmit: bool, namespace: str, context: str | None) -> None:
-    """Retry workflow NAME.
+    """Retry workflow NAME in place, as `argo retry` and the Argo UI's RETRY do.
 
-    With ARGO_SERVER set (as for the `argo` CLI; ARGO_SECURE, ARGO_TOKEN) the workflow is
-    retried IN PLACE through the Argo Server: only failed steps run again, succeeded steps
-    keep their outputs, and training resumes from its checkpoints (they are per workflow).
-    Without it (or with --resubmit), a new Workflow with the same template and arguments is
-    created: training starts fresh; stage and register are idempotent. The old run's gang jobs are
-    deleted first and their pods waited for (a run terminated from the Argo UI keeps its gang), so
-    no gang of the old run holds GPUs beside the new one; a run that has not ended is refused
-    (exit 2): stop or terminate it first.
+    The same workflow runs again from where it failed: only its failed steps run again,
+    succeeded steps keep their outputs, and training resumes from the run's checkpoints. A failed
+    gang job of the run is deleted first (the retried step creates it again). Only a workflow
+    that ended Failed or Error can be retried.
+
+    \b
+    In-place retry goes through the Argo Server, found as the `argo` CLI finds it:
+      ARGO_SERVER=host:port (with ARGO_SECURE, ARGO_INSECURE_SKIP_VERIFY, ARGO_TOKEN),
+      else the site file's argo_ui (the Argo Server serves the UI and its API).
+    When neither is set, or the workflow cannot be retried, nothing is changed: the
+    error says why and what to do (exit 2). Exit 3: the Argo Server or the API server
+    is unreachable or refuses the credentials.
+
+    \b
+    A new run with the same template and arguments instead: pipectl resubmit NAME.
     """
     from pipectl.pipelines.backends.kube import ArgoServer
 
-    server = None if resubmit else ArgoServer.from_env()
-    if server is None:
-        _resubmit(name, namespace, context)
-        return
+    if resubmit:
+        fail("retry only retries in place (the same workflow, from where it failed)",
+             f"for a new run with the same arguments: pipectl resubmit {name}", code=2)
     cluster = _cluster(namespace, context)
     phase = cluster.get("workflows", name).get("status", {}).get("phase")
+    if phase == "Succeeded":
+        fail(f"workflow {name} Succeeded: there is nothing to retry in place",
+             f"for a new run with the same arguments: pipectl resubmit {name}", code=2)
     if phase not in ("Failed", "Error"):
-        fail(f"workflow {name} is {phase or 'not started'}: only a Failed or Error workflow can be retried in place",
-             "wait for it to end, or use --resubmit for a new run", code=2)
+        fail(f"workflow {name} is {phase or 'not started'}: only a workflow that ended Failed or Error can be retried",
+             f"wait for it to end (pipectl wait {name}), or stop it (pipectl stop {name}) and retry it then", code=2)
+    # ARGO_SERVER first; the site file is read only without it (a bad one exits 2 naming it)
+    server = ArgoServer.from_env() or ArgoServer.from_env(compile_config().argo_ui)
+    if server is None:
+        fail(f"workflow {name} can only be retried in place through the Argo Server, and none is configured",
+             "set ARGO_SERVER=host:port (and ARGO_SECURE=false for plain http, ARGO_TOKEN when the server wants a "
+             "token), as for the argo CLI, or the site file's argo_ui; or press RETRY on the run in the Argo UI. "
+             f"For a new run with the same arguments instead: pipectl resubmit {name}", code=2)
     for job in cluster.release_gangs(name, failed_only=True):
         console().print(f"deleted the failed gang job {job} (the retried step creates the run's job again)")
     server.retry(namespace, name)
@@ -594,9 +610,19 @@ def retry(name: str, resubmit: bool, namespace: str, context: str | None) -> Non
 ENDED_PHASES = ("Succeeded", "Failed", "Error")
 
 
-def _resubmit(name: str, namespace: str, context: str | None) -> None:
-    """`pipectl retry --resubmit NAME`: the old run's gang released (unless it Succeeded: its
-    completed pods hold nothing and keep their logs), then a new Workflow with its arguments."""
+@click.command()
+@click.argument("name")
+@cluster_options
+def resubmit(name: str, namespace: str, context: str | None) -> None:
+    """Submit a new run with the template and arguments of workflow NAME, as `argo resubmit`.
+
+    The new Workflow is labelled pipectl.io/retry-of=NAME and prints its name on stdout;
+    training starts afresh (stage and register are idempotent). The old run's gang jobs are
+    deleted first and their pods waited for (a run terminated from the Argo UI keeps its gang),
+    so no gang of the old run holds GPUs beside the new one; a run that has not ended is
+    refused (exit 2): stop or terminate it first. To run a failed workflow again from where it
+    failed instead: pipectl retry NAME.
+    """
     from pipectl.pipelines.workflows import resubmit_workflow
 
     cluster = _cluster(namespace, context)
@@ -604,12 +630,12 @@ def _resubmit(name: str, namespace: str, context: str | None) -> None:
     phase = old.get("status", {}).get("phase")
     if phase not in ENDED_PHASES:
         fail(f"workflow {name} is {phase or 'not started'}: its gang would keep training beside the new run",
-             f"stop it first (pipectl stop {name}, or pipectl terminate {name}), then retry", code=2)
-    if phase != "Succeeded":
+             f"stop it first (pipectl stop {name}, or pipectl terminate {name}), then resubmit", code=2)
+    if phase != "Succeeded":  # a Succeeded run's completed pods hold nothing and keep their logs
         for job in cluster.release_gangs(name):
             console().print(f"deleted gang job {job} of {name}; no gang pod of {name} is left")
     new_name = cluster.create_workflow(resubmit_workflow(old, namespace))["metadata"]["name"]
-    console().print(f"resubmitted {name} as {new_name} (a new Workflow; set ARGO_SERVER to retry in place)")
+    console().print(f"resubmitted {name} as {new_name} (a new Workflow with the same arguments)")
     click.echo(new_name)
 
 

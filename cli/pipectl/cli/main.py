@@ -4,7 +4,7 @@ here once; no command module imports this one (no import cycle).
 - :mod:`pipectl.cli.compile_cmds`: render, lint (compile layer, no I/O beyond files);
 - :mod:`pipectl.cli.data_cmds`: data example, data push (datasets);
 - :mod:`pipectl.cli.run_cmd`: run (the local backend), ui (the MLflow UI of local runs);
-- :mod:`pipectl.cli.cluster_cmds`: submit, templates, cron, list, status, wait, logs, retry, stop, terminate, delete;
+- :mod:`pipectl.cli.cluster_cmds`: submit, templates, cron, list, status, wait, logs, retry, resubmit, stop, terminate, delete;
 - :mod:`pipectl.cli.doctor_cmd`: doctor (is a cluster ready);
 - :mod:`pipectl.cli.site_cmds`: site init, site show (the site file);
 - :mod:`pipectl.cli.completion_cmd`: completion (click's shell completion scripts).
@@ -38,7 +38,7 @@ for _command in (
     compile_cmds.render, compile_cmds.lint, data_cmds.data,
     run_cmd.run, run_cmd.ui,
     cluster_cmds.submit, cluster_cmds.templates, cluster_cmds.cron, cluster_cmds.list_, cluster_cmds.status, cluster_cmds.wait,
-    cluster_cmds.logs, cluster_cmds.retry, cluster_cmds.stop, cluster_cmds.terminate, cluster_cmds.delete,
+    cluster_cmds.logs, cluster_cmds.retry, cluster_cmds.resubmit, cluster_cmds.stop, cluster_cmds.terminate, cluster_cmds.delete,
     doctor_cmd.doctor, site_cmds.site, completion_cmd.completion,
 ):
     main.add_command(_command)

@@ -470,8 +470,12 @@ class ArgoServer:
         self.token = token
 
     @classmethod
-    def from_env(cls) -> "ArgoServer | None":
-        server = os.environ.get("ARGO_SERVER", "")
+    def from_env(cls, default: str = "") -> "ArgoServer | None":
+        """The Argo Server the `argo` CLI would use (``ARGO_SERVER``), else ``default`` (an address
+        such as the site file's ``argo_ui``: the Argo Server serves the UI and its API at one
+        address); None when neither is set. ``ARGO_SECURE``, ``ARGO_INSECURE_SKIP_VERIFY`` and
+        ``ARGO_TOKEN`` apply to either."""
+        server = os.environ.get("ARGO_SERVER", "") or default
         if not server:
             return None
         truthy = ("1", "true", "yes")
