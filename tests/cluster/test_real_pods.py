@@ -587,7 +587,7 @@ def _gang_job_of_run(c, run: str, new: str) -> dict:
     """The product's gang job exactly as the train step of workflow ``run`` created it (the cluster's
     training-v1 manifest, that node's input parameters), for a fresh run named ``new``: same
     shards, its own run prefix (so training starts at step 0), no workflow owner."""
-    from pipectl.pipelines.substitution import substitute
+    from tests.tools.gang import gang_job
 
     custom = _custom(c)
     wft = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflowtemplates", "training-v1")
@@ -599,13 +599,8 @@ def _gang_job_of_run(c, run: str, new: str) -> dict:
     node = next(n for n in wf["status"]["nodes"].values() if n["type"] == "Pod" and n.get("templateName") == resource["name"])
     params = {p["name"]: p["value"].replace(run, new) if p["name"] == "run-uri" else p["value"]
               for p in node["inputs"]["parameters"]}
-    values = {**{f"inputs.parameters.{k}": v for k, v in params.items()},
-              **{f"workflow.parameters.{p['name']}": str(p.get("value", "")) for p in wf["spec"].get("arguments", {}).get("parameters", [])},
-              "workflow.name": new, "retries": "0"}
-    # the tags and expressions evaluated as Argo would (the local backend's substitution)
-    job = yaml.safe_load(substitute(manifest, values, where=f"gang job of {new}"))
-    job["metadata"]["namespace"] = NS
-    return job
+    workflow_parameters = {p["name"]: str(p.get("value", "")) for p in wf["spec"].get("arguments", {}).get("parameters", [])}
+    return gang_job(manifest, workflow=new, inputs=params, namespace=NS, workflow_parameters=workflow_parameters)
 
 
 def _node_memory_available(c) -> int:
