@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -1359,36 +1360,33 @@ def test_kubectl_apply_k_argo_as_a_user_would(test_cluster, k8s_api, tmp_path):
     assert versions() == first
     r = kc("get", "workflowtemplate", "training-v1", "-n", "pipectl", "-o", "name")
     assert r.stdout.strip() == "workflowtemplate.argoproj.io/training-v1"
-    _readme_install_commands_run_verbatim(test_cluster, core, env, Path(kubectl).parent)
+    _readme_install_commands_run_verbatim(test_cluster, core, env, Path(kubectl).parent, tmp_path)
 
 
-def readme_block(heading: str) -> list[str]:
-    """The commands of the first ```bash block under ``heading`` in the README, as written
-    (continuation lines joined)."""
-    text = (REPO / "README.md").read_text()
-    section = text.split(f"\n{heading}\n", 1)[1]
-    block = section.split("```bash\n", 1)[1].split("\n```", 1)[0]
-    return [c.strip() for c in block.replace("\\\n", " ").splitlines() if c.strip() and not c.lstrip().startswith("#")]
+def _readme_install_commands_run_verbatim(test_cluster, core, env: dict, kubectl_dir: Path, tmp_path: Path) -> None:
+    """The README's cluster install block (the one marked ``<!-- tested verbatim``, from the site
+    file to doctor; tests/tools/doc_blocks.py), run as written in one bash, in a fresh copy of a
+    checkout (argo/ as checked in, the venv), kubectl and the cluster's kubeconfig as a user has
+    them: every command exits 0 (the site file written, argo/ rendered from it and applied, the
+    Secret created, lint and templates apply with the exported PIPECTL_SITE), and doctor answers with its table (exit 0, or 1 for what this test cluster lacks: no MLflow, no
+    store). The doc cannot drift from what works."""
+    import shutil
 
+    from tests.tools.doc_blocks import run_block, tested_blocks
 
-def _readme_install_commands_run_verbatim(test_cluster, core, env: dict, kubectl_dir: Path) -> None:
-    """The README's "Install on a cluster" commands, each run as written (bash, from the checkout,
-    kubectl and the cluster's kubeconfig as a user has them): each succeeds; doctor answers with its
-    table (exit 0, or 1 for what this test cluster lacks: no MLflow, no store). The doc cannot drift
-    from what works."""
-    commands = readme_block("## Install on a cluster")
-    assert [c.split()[0] for c in commands] == ["kubectl", "kubectl", "kubectl", ".venv/bin/pipectl", ".venv/bin/pipectl",
-                                                ".venv/bin/pipectl"], commands
+    (commands,) = tested_blocks(REPO / "README.md")
     with contextlib.suppress(Exception):  # the README creates it: as on a fresh cluster
         core.delete_namespaced_secret("pipectl-s3-credentials", "pipectl")
-    shell_env = {**env, "PATH": f"{kubectl_dir}{os.pathsep}{env['PATH']}"}
-    for command in commands:
-        r = subprocess.run(["bash", "-c", command], cwd=REPO, env=shell_env, capture_output=True, text=True, timeout=300)
-        print(f"$ {command}\n{r.stdout[-1500:]}{r.stderr[-1500:]}")
-        if " doctor" in command:
-            assert r.returncode in (0, 1) and ("ready: nothing failed" in r.stdout + r.stderr or "failed" in r.stdout + r.stderr), \
-                r.stdout + r.stderr
-        else:
-            assert r.returncode == 0, (command, r.stdout[-2000:], r.stderr[-2000:])
+    work = tmp_path / "checkout"
+    shutil.copytree(ARGO_DIR, work / "argo")
+    (work / ".venv").symlink_to(REPO / ".venv")
+    shell_env = {k: v for k, v in env.items() if k not in ("PIPECTL_SITE", "PIPECTL_NAMESPACE", "ARGO_SERVER")}
+    shell_env["PATH"] = f"{kubectl_dir}{os.pathsep}{REPO / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"
+    run = run_block(commands, work, shell_env, timeout_s=600)
+    print(run.output[-6000:])
+    assert not run.failed({" doctor": (0, 1)}), (run.failed({" doctor": (0, 1)}), run.output[-4000:])
+    assert re.search(r"ready: nothing failed|\d+ check\(s\) failed", run.output), run.output[-3000:]  # doctor's verdict
+    assert "namespace: pipectl" in (work / "site.yaml").read_text()
+    assert "wrote argo/kustomization.yaml" in run.output  # the install applied argo/ as rendered from the site file
     secret = core.read_namespaced_secret("pipectl-s3-credentials", "pipectl")
     assert set(secret.data) == {"PIPECTL_S3_ACCESS_KEY", "PIPECTL_S3_SECRET_KEY"}

@@ -66,3 +66,48 @@ def test_every_field_case_id_a_user_reads_has_a_glossary_entry():
     assert {"C10", "C15"} <= set(cited)  # lint's messages cite these: the scan sees them
     missing = {i: where for i, where in cited.items() if i not in glossary}
     assert not missing, f"field-case ids without a docs/glossary.md entry: {missing}"
+
+
+# the admin's path, in the order the README's tested block must hold it
+INSTALL_STEPS = ("pipectl site init site.yaml", "render cluster --write argo", "export PIPECTL_SITE=",
+                 "kubectl apply --server-side -k argo/cluster", "kubectl apply --server-side -k argo/namespace",
+                 "create secret generic pipectl-s3-credentials", "pipectl lint", "pipectl templates apply", "pipectl doctor")
+
+
+def test_the_install_blocks_a_test_runs_verbatim_are_marked_and_hold_the_whole_path():
+    """The README's cluster install is ONE marked block (tests/cluster/test_control_plane.py runs it
+    on the control plane as written) holding every step of the admin's path, the site file's
+    first; docs/install.md's site-file commands are marked too."""
+    from tests.tools.doc_blocks import tested_blocks
+
+    readme = tested_blocks(ROOT / "README.md")
+    assert len(readme) == 1, f"README.md: {len(readme)} marked blocks, want the one install block"
+    text = "\n".join(readme[0])
+    at = [text.find(step) for step in INSTALL_STEPS]
+    assert -1 not in at and at == sorted(at), [s for s, i in zip(INSTALL_STEPS, at) if i < 0] or readme[0]
+    install = tested_blocks(ROOT / "docs" / "install.md")
+    assert any("site init" in c for block in install for c in block), install
+
+
+def test_the_marked_site_file_commands_run_as_written(tmp_path):
+    """Each marked block's commands up to its first kubectl (the site file: init, show, render,
+    export; they need no cluster) run verbatim, in one shell each, in a fresh copy of a checkout
+    (the venv, no argo/ yet): each exits 0, site.yaml is written and argo/ rendered from it."""
+    import os
+
+    from tests.tools.doc_blocks import run_block, tested_blocks
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PIPECTL_SITE", "PIPECTL_NAMESPACE", "KUBECONFIG")}
+    env["PATH"] = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"  # `pipectl` as an installed command
+    blocks = tested_blocks(ROOT / "README.md") + tested_blocks(ROOT / "docs" / "install.md")
+    for n, block in enumerate(blocks):
+        local = block[:next((i for i, c in enumerate(block) if c.startswith("kubectl")), len(block))]
+        assert any("render cluster --write argo" in c for c in local), block
+        work = tmp_path / f"checkout-{n}"
+        work.mkdir()
+        (work / ".venv").symlink_to(ROOT / ".venv")
+        run = run_block(local, work, env, timeout_s=300)
+        assert not run.failed(), (run.failed(), run.output[-3000:])
+        assert "namespace: pipectl" in (work / "site.yaml").read_text()
+        for kustomization in ("argo/cluster", "argo/namespace", "argo"):
+            assert (work / kustomization / "kustomization.yaml").is_file(), (kustomization, run.output[-2000:])
