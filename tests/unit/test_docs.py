@@ -111,3 +111,30 @@ def test_the_marked_site_file_commands_run_as_written(tmp_path):
         assert "namespace: pipectl" in (work / "site.yaml").read_text()
         for kustomization in ("argo/cluster", "argo/namespace", "argo"):
             assert (work / kustomization / "kustomization.yaml").is_file(), (kustomization, run.output[-2000:])
+
+
+README_MAX_LINES = 400
+# internal history: tracker numbers ("issue 12", "issues #3", a bare "#12" that is no upstream
+# "owner/repo#12"), work-log entries
+INTERNAL = re.compile(r"\bissues? #?\d+\b|(?<![\w./-])#\d{1,5}\b|\bwork[- ]?log", re.I)
+
+
+def test_the_readme_is_a_users_page_and_no_product_file_cites_internal_history():
+    """The README stays short (the user's path; the rest is in docs/), and no file of the product
+    (docs, code, manifests, examples, scripts) cites tracker numbers or work-log entries; an
+    upstream project's issue (``volcano-sh/volcano#5973``) is a reference, not history."""
+    readme = (ROOT / "README.md").read_text().splitlines()
+    assert len(readme) <= README_MAX_LINES, f"README.md has {len(readme)} lines (at most {README_MAX_LINES}): move detail to docs/"
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "README.md", "docs", "cli",
+                          "pipelines", "components", "argo", "examples", "images", "scripts", "Makefile"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    found = []
+    for rel in out.splitlines():
+        path = ROOT / rel
+        if not path.is_file() or path.suffix in (".png", ".jpg", ".npz", ".parquet"):
+            continue
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            found += [f"{rel}:{n}: {m.group(0)!r}" for m in INTERNAL.finditer(line)]
+    assert not found, found[:20]
+    assert INTERNAL.search("see issue 28") and INTERNAL.search("fixed in #41") and INTERNAL.search("work-log 2026-11-30")
+    assert not INTERNAL.search("upstream volcano-sh/volcano#5973") and not INTERNAL.search("argo-workflows#9875")

@@ -37,8 +37,8 @@ def restricted_pod_security_context() -> dict:
 
 def restricted_container_security_context(read_only_root: bool = True) -> dict:
     """Container-level fields of "restricted" (they cannot be set for the whole pod); the root file
-    system read-only unless ``read_only_root`` is False (Argo's init/wait containers: argo-workflows
-    #10787), with tmp_volume() mounted at /tmp where it is."""
+    system read-only unless ``read_only_root`` is False (Argo's init/wait containers:
+    argo-workflows#10787), with tmp_volume() mounted at /tmp where it is."""
     sc = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
           "seccompProfile": {"type": "RuntimeDefault"}}
     if read_only_root:
