@@ -344,6 +344,92 @@ def test_a_namespace_with_a_model_prefix_trains_only_its_own_models(test_cluster
     test_cluster.wait_for("no model prefix", lambda: accepted(_legit(model_name="team-b-resnet")) or None)
 
 
+def test_only_a_platform_admin_sets_pipectls_labels_on_a_namespace(test_cluster, k8s_api):
+    """``pipectl-namespaces``, as argo/ installs it: a user RBAC allows to create and label
+    Namespaces (``bob``, a ClusterRole bound to his group) is refused by the API server, naming the
+    key, when he creates a Namespace claiming a team (``pipectl.io/team``) or a preempting lane, or
+    adds, changes or removes the team label, a lane grant, the model prefix, the submission policy
+    or the data-prefix annotation of one; his other labels pass, and so does a write that leaves
+    them as they were. ``system:masters`` sets them; with the site's ``admin_groups`` rendered in,
+    so does a member of that group (``carol``), and bob still cannot."""
+    from kubernetes import client
+
+    from pipectl.pipelines.admission import DATA_PREFIX_ANNOTATION, MODEL_PREFIX_LABEL, SUBMISSION_LABEL, admission_policies
+
+    rbac, core = client.RbacAuthorizationV1Api(k8s_api), client.CoreV1Api(k8s_api)
+    role = {"metadata": {"name": "namespace-makers"},
+            "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["create", "get", "list", "patch", "update", "delete"]}]}
+    binding = {"metadata": {"name": "namespace-makers"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "namespace-makers"},
+               "subjects": [{"kind": "Group", "name": g, "apiGroup": "rbac.authorization.k8s.io"} for g in ("ns-makers", "platform-admins")]}
+    rbac.create_cluster_role(role)
+    rbac.create_cluster_role_binding(binding)
+    bob = client.CoreV1Api(_api(test_cluster, "bob", "ns-makers"))
+    carol = client.CoreV1Api(_api(test_cluster, "carol", "platform-admins"))
+    mine = "bobs-namespace"
+
+    def refusal(write) -> str | None:
+        try:
+            write()
+        except client.ApiException as e:
+            return f"{e.status} {json.loads(e.body)['message']}"
+        return None
+
+    def create(api, labels: dict, name: str = "claims-a-team"):
+        return lambda: api.create_namespace({"metadata": {"name": name, "labels": labels}}, dry_run="All")
+
+    def patch(api, labels: dict | None = None, annotations: dict | None = None):
+        meta = {k: v for k, v in (("labels", labels), ("annotations", annotations)) if v is not None}
+        return lambda: api.patch_namespace(mine, {"metadata": meta})
+
+    installed = [d for d in admission_policies() if d["metadata"]["name"] == "pipectl-namespaces"]
+    try:
+        claim = create(bob, {TEAM_LABEL: "vision"})
+        test_cluster.wait_for("the namespaces policy in force", lambda: "pipectl-namespaces" in (refusal(claim) or "") or None)
+        why = refusal(claim)
+        assert why.startswith("403 ") and "only a platform admin (group system:masters)" in why and TEAM_LABEL in why, why
+        why = refusal(create(bob, {"lanes.pipectl.io/urgent": "true"}))
+        assert why and "lanes.pipectl.io/urgent" in why, why
+        assert refusal(create(bob, {"app": "mine"})) is None
+        bob.create_namespace({"metadata": {"name": mine, "labels": {"app": "mine"}}})
+        for labels, annotations, key in (({TEAM_LABEL: "vision"}, None, TEAM_LABEL),
+                                         ({"lanes.pipectl.io/urgent": "true"}, None, "lanes.pipectl.io/urgent"),
+                                         ({MODEL_PREFIX_LABEL: "vision"}, None, MODEL_PREFIX_LABEL),
+                                         ({SUBMISSION_LABEL: "enforce"}, None, SUBMISSION_LABEL),
+                                         (None, {DATA_PREFIX_ANNOTATION: "s3://pipectl/teams/vision/"}, DATA_PREFIX_ANNOTATION)):
+            why = refusal(patch(bob, labels, annotations))
+            assert why and why.startswith("403 ") and key in why and "pipectl-namespaces" in why, (key, why)
+        assert refusal(patch(bob, {"app": "still-mine"})) is None
+
+        core.patch_namespace(mine, {"metadata": {"labels": {TEAM_LABEL: "vision", SUBMISSION_LABEL: "enforce"},
+                                                 "annotations": {DATA_PREFIX_ANNOTATION: "s3://pipectl/teams/vision/"}}})
+        assert refusal(patch(bob, {"app": "mine-again"})) is None  # pipectl's keys left as they were
+        for labels, annotations, key in (({TEAM_LABEL: "speech"}, None, TEAM_LABEL), ({TEAM_LABEL: None}, None, TEAM_LABEL),
+                                         ({SUBMISSION_LABEL: None}, None, SUBMISSION_LABEL),
+                                         (None, {DATA_PREFIX_ANNOTATION: "s3://pipectl/"}, DATA_PREFIX_ANNOTATION),
+                                         (None, {DATA_PREFIX_ANNOTATION: None}, DATA_PREFIX_ANNOTATION)):
+            why = refusal(patch(bob, labels, annotations))
+            assert why and why.startswith("403 ") and key in why, (labels, annotations, why)
+        assert bob.read_namespace(mine).metadata.labels[TEAM_LABEL] == "vision"
+
+        assert "pipectl-namespaces" in (refusal(create(carol, {TEAM_LABEL: "vision"})) or "")  # not an admin yet
+        site_admins = [d for d in admission_policies(admin_groups=("platform-admins",)) if d["metadata"]["name"] == "pipectl-namespaces"]
+        test_cluster.apply(site_admins, field_manager="pipectl-tests")
+        test_cluster.wait_for("the site's admin group in force", lambda: refusal(create(carol, {TEAM_LABEL: "vision"})) is None or None)
+        assert refusal(patch(carol, {TEAM_LABEL: "speech"})) is None
+        why = refusal(claim)
+        assert why and "only a platform admin (group system:masters, platform-admins)" in why, why
+    finally:
+        test_cluster.apply(installed, field_manager="pipectl-tests")
+        for delete in (lambda: core.delete_namespace(mine), lambda: rbac.delete_cluster_role_binding("namespace-makers"),
+                       lambda: rbac.delete_cluster_role("namespace-makers")):
+            try:
+                delete()
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
+
+
 TEAMS = [{"name": "vision", "namespace": "team-vision", "groups": ["vision-ml"], "max_gpus": 8, "lane_gpus": {"urgent": 4},
           "model_prefix": "vision", "s3_prefix": "s3://pipectl/teams/vision/"},
          {"name": "speech", "namespace": "team-speech", "groups": ["speech-ml"], "max_gpus": 32,

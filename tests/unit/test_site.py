@@ -160,3 +160,31 @@ def test_a_site_fabric_profile_reaches_every_gang_pod_and_nothing_else(tmp_path)
     (tmp_path / "plain.yaml").write_text("namespace: pipectl\n")
     plain = _one(_render(tmp_path / "p", "--site", tmp_path / "plain.yaml"), "WorkflowTemplate", "training-v1")
     assert "NCCL_" not in yaml.safe_dump(plain) and "rdma/" not in yaml.safe_dump(plain)
+
+
+@pytest.mark.parametrize("namespace, words", [
+    ("kube-system", "kube-system is Kubernetes' own"), ("kube-public", "kube-public is Kubernetes' own"),
+    ("default", "default is Kubernetes' own"), ("argo", "argo is Argo's controller's own"),
+    ("volcano-system", "volcano-system is Volcano's own"), ("volcano-monitoring", "volcano-monitoring is Volcano's own"),
+    ("ML_Vision", "'ML_Vision' is not a namespace name"),
+])
+def test_the_install_is_never_rendered_into_a_system_namespace(tmp_path, namespace, words):
+    """Its namespace is labelled restricted and given GPU quotas and a LimitRange: in kube-system or
+    Argo's namespace that would refuse the cluster's own pods. Exit 2 naming the file, the key's line
+    and the fix; nothing written."""
+    site = tmp_path / "site.yaml"
+    site.write_text(f"# our cluster\nregistry: registry.example.com/ml\nnamespace: {namespace}\n")
+    r = _run("--site", site, "render", "cluster", "--write", tmp_path / "argo")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    said = " ".join(r.stderr.split())
+    assert f"site file {site}, line 3: namespace:" in said and words in said, r.stderr
+    if namespace != "ML_Vision":
+        assert "Give pipectl a namespace of its own" in said, r.stderr
+    assert not (tmp_path / "argo").exists()
+
+
+def test_a_system_namespace_given_as_an_option_is_refused_as_the_options(tmp_path):
+    r = _run("templates", "apply", "--dry-run", "-n", "kube-system")
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "option: namespace:" in r.stderr and "kube-system is Kubernetes' own" in r.stderr, r.stderr
+    assert r.stdout == ""

@@ -140,3 +140,73 @@ def test_a_team_removed_from_the_site_file_loses_its_rendered_file_and_nothing_e
     assert not (out / "cluster/teams/speech.yaml").exists() and f"removed{out / 'cluster/teams/speech.yaml'}:" in said, r.stderr
     assert (out / "cluster/teams/vision.yaml").exists() and own.read_text() == "# the admin's own objects\n"
     assert "teams/speech.yaml" not in (out / "cluster/kustomization.yaml").read_text()
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"team": "visoin"}, "line 1: team: visoin is not one of the site's teams (known: speech, vision)"),
+    ({"team": "speech"}, "line 1: team: speech's namespace is ml-speech (teams:), but namespace: is pipectl; set namespace: ml-speech"),
+    ({"team": "speech", "namespace": "ml-vision"}, "line 3: teams: Value error, team vision: namespace ml-vision is the install's own"),
+])
+def test_a_namespaces_team_must_be_a_declared_team_in_its_namespace(tmp_path, extra, words):
+    """``team:`` picks the team's Volcano queues for the namespace's gangs: a team the site does not
+    declare (a typo) or another namespace than the team's would put them in queues the namespace may
+    not use. Exit 2 naming the key and its line, the known teams and the fix; nothing written."""
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({**extra, "teams": [VISION, SPEECH]}, sort_keys=False))
+    r = _run("--site", site, "render", "cluster", "--write", tmp_path / "argo")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    said = " ".join(r.stderr.split())
+    assert f"site file {site}, {words}" in said, r.stderr
+    assert not (tmp_path / "argo").exists()
+
+
+def test_a_site_file_for_one_of_its_teams_renders_that_teams_namespace_once(tmp_path):
+    """``team: vision`` with ``namespace: ml-vision`` among ``teams:``: the render is vision's own
+    namespace (not "a team in the install's namespace"); its Namespace, quotas, Role and rules
+    ConfigMap are each rendered once across argo/ (kustomize refuses an object twice)."""
+    from collections import Counter
+
+    cfg = CompileConfig(team="vision", namespace="ml-vision", teams=[VISION, SPEECH])
+    files = cluster_manifests(cfg)
+    assert "cluster/namespace.yaml" not in files
+    ids = Counter((o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"])
+                  for path, objs in files.items() if not path.startswith("autoscaling/") for o in objs)
+    assert [k for k, n in ids.items() if n > 1] == []
+    for kind, name in (("Namespace", None), ("ResourceQuota", "pipectl-namespace-gpus"), ("LimitRange", "pipectl-defaults"),
+                       ("Role", "pipectl-submitter"), ("RoleBinding", "pipectl-submitter"), ("ConfigMap", "pipectl-parameter-rules")):
+        assert ids[(kind, None, "ml-vision") if kind == "Namespace" else (kind, "ml-vision", name)] == 1, kind
+    assert _team_objects(cfg, "vision")[("Namespace", "ml-vision")]["metadata"]["labels"]["pipectl.io/team"] == "vision"
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"namespace": "ml-vision", "team": "vision", "teams": [VISION, SPEECH]}))
+    r = _run("--site", site, "render", "cluster", "--write", tmp_path / "argo")
+    assert r.returncode == 0, r.stderr
+
+
+def test_the_site_names_the_platform_admins_who_may_label_namespaces(tmp_path):
+    """``pipectl-namespaces`` as argo/cluster renders it: ``system:masters`` always, plus the site's
+    ``admin_groups``/``admin_users``; a group or user that is everyone is refused (exit 2, nothing
+    written). What the API server does with it: tests/cluster/test_admission.py."""
+    import json
+
+    from pipectl.pipelines.admission import ADMIN_LABELS, TEAM_LABEL
+
+    def policy(cfg: CompileConfig) -> dict:
+        docs = cluster_manifests(cfg)["cluster/admission/policies.yaml"]
+        return next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == "pipectl-namespaces")
+
+    default = policy(CompileConfig())["spec"]
+    assert default["matchConditions"][0]["expression"] == '!request.userInfo.groups.exists(g, g in ["system:masters"])'
+    assert TEAM_LABEL in ADMIN_LABELS and TEAM_LABEL in json.dumps(default["variables"])
+    assert default["matchConstraints"]["resourceRules"][0]["resources"] == ["namespaces"]
+    site = policy(CompileConfig(admin_groups=["platform-admins"], admin_users=["system:serviceaccount:argocd:argocd-server"]))
+    match = site["spec"]["matchConditions"][0]["expression"]
+    assert '["system:masters", "platform-admins"]' in match and '["system:serviceaccount:argocd:argocd-server"]' in match
+    assert "group system:masters, platform-admins or user system:serviceaccount:argocd:argocd-server" in site["spec"]["validations"][0]["messageExpression"]
+    for text, words in (("admin_groups: [system:authenticated]\n", "system:authenticated: Kubernetes puts every signed-in identity"),
+                        ("admin_users: [system:anonymous]\n", "system:anonymous: every anonymous request"),
+                        ("admin_groups: ['']\n", "an identity's name, not empty")):
+        path = tmp_path / "site.yaml"
+        path.write_text(text)
+        r = _run("--site", path, "render", "cluster", "--write", tmp_path / "argo")
+        assert r.returncode == 2 and words in r.stderr and f"site file {path}, line 1:" in r.stderr, r.stderr
+        assert not (tmp_path / "argo").exists()

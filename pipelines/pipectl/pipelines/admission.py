@@ -1,7 +1,7 @@
 """The API server's admission rules for pipectl: who may submit what, and which namespaces may use
 which lane. Pure: dicts for ``argo/cluster/admission/`` (:func:`admission_policies`).
 
-Two ValidatingAdmissionPolicies (GA since Kubernetes 1.30; evaluated inside the API server, so
+Three ValidatingAdmissionPolicies (GA since Kubernetes 1.30; evaluated inside the API server, so
 they need no webhook and no API-server flag, and work on managed clusters):
 
 ``pipectl-submission`` (Workflows and CronWorkflows in namespaces labelled ``SUBMISSION_LABEL``):
@@ -40,6 +40,12 @@ annotated ``DATA_PREFIX_ANNOTATION`` may only read datasets under that S3 prefix
 lane's PriorityClass, or anything in that lane's Volcano queue, is admitted only in a namespace
 the cluster admin labelled ``lanes.pipectl.io/<lane>: "true"`` (a namespace owner cannot label
 their own namespace). The namespace's ResourceQuota then caps how much it may take.
+
+``pipectl-namespaces`` (Namespaces): the labels above that grant or hold a namespace (its team, its
+preempting lanes, its model prefix, the submission policy) and its data-prefix annotation are set,
+changed or removed only by a platform admin: ``system:masters`` or the site's ``admin_groups`` /
+``admin_users`` (:func:`namespaces_policy`). RBAC cannot say which labels a Namespace may carry, so
+without it anyone allowed to create a Namespace could claim a team's queues.
 """
 
 from __future__ import annotations
@@ -483,6 +489,69 @@ def lanes_policy() -> list[dict]:
     return [policy, binding]
 
 
+ADMIN_GROUP = "system:masters"
+"""Kubernetes' break-glass group: a platform admin whatever the site file says."""
+ADMIN_LABELS = (TEAM_LABEL, MODEL_PREFIX_LABEL, SUBMISSION_LABEL)
+"""Namespace labels only a platform admin may set, change or remove (with every ``LANE_LABEL_PREFIX``
+label and the ``DATA_PREFIX_ANNOTATION`` annotation): what grants a namespace a team's queues or a
+preempting lane, and what holds its runs to the submission policy and the team's prefixes."""
+
+
+def namespaces_policy(admin_groups: tuple[str, ...] = (), admin_users: tuple[str, ...] = ()) -> list[dict]:
+    """``pipectl-namespaces`` and its binding: a Namespace's pipectl labels (:data:`ADMIN_LABELS`,
+    ``lanes.pipectl.io/<lane>``) and its ``pipectl.io/data-prefix`` annotation may be set (on
+    creation), changed or removed only by a platform admin: ``system:masters`` or one of
+    ``admin_groups``/``admin_users`` (the site's ``admin_groups``, ``admin_users``). Without it,
+    anyone allowed to create or label a Namespace could label one ``pipectl.io/team=<another team>``
+    and use that team's queues, or grant it the urgent lane. Other labels, and writes that leave
+    these keys as they were (the namespace controller finalising a deletion), are not checked."""
+    labels = json.dumps(list(ADMIN_LABELS))
+    guarded = f"(k in {labels} || k.startsWith({_cel(LANE_LABEL_PREFIX)}))"
+    annotation = _cel(DATA_PREFIX_ANNOTATION)
+    variables = [
+        {"name": "labels", "expression": "has(object.metadata.labels) ? object.metadata.labels : {}"},
+        {"name": "oldLabels", "expression": "oldObject != null && has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}"},
+        {"name": "annotations", "expression": "has(object.metadata.annotations) ? object.metadata.annotations : {}"},
+        {"name": "oldAnnotations", "expression": "oldObject != null && has(oldObject.metadata.annotations) "
+                                                 "? oldObject.metadata.annotations : {}"},
+        # each guarded key set, changed or removed by this write
+        {"name": "changed", "expression":
+            f"variables.labels.filter(k, {guarded} && !(k in variables.oldLabels && variables.oldLabels[k] == variables.labels[k])) "
+            f"+ variables.oldLabels.filter(k, {guarded} && !(k in variables.labels)) "
+            f"+ (({annotation} in variables.annotations) != ({annotation} in variables.oldAnnotations) "
+            f"|| ({annotation} in variables.annotations && variables.annotations[{annotation}] != variables.oldAnnotations[{annotation}]) "
+            f"? [{annotation}] : [])"},
+    ]
+    admins = [ADMIN_GROUP, *admin_groups]
+    who = f"group {', '.join(admins)}" + (f" or user {', '.join(admin_users)}" if admin_users else "")
+    match = [{"name": "not-a-platform-admin",
+              "expression": f"!request.userInfo.groups.exists(g, g in {json.dumps(admins)})"
+                            + (f" && !(request.userInfo.username in {json.dumps(list(admin_users))})" if admin_users else "")}]
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "pipectl-namespaces", "labels": dict(PART_OF)},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [
+                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["namespaces"]}]},
+            "matchConditions": match,
+            "variables": variables,
+            "validations": [{
+                "expression": "size(variables.changed) == 0",
+                "messageExpression": "'namespace ' + object.metadata.name + ': only a platform admin (" + who + ") may set, "
+                                     "change or remove ' + variables.changed.join(', ') + ' on a Namespace; ask one to, or add "
+                                     "your group to the site file\'s admin_groups and apply the rendered argo/cluster'",
+                "reason": "Forbidden"}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": "pipectl-namespaces", "labels": dict(PART_OF)},
+        "spec": {"policyName": "pipectl-namespaces", "validationActions": ["Deny"]},
+    }
+    return [policy, binding]
+
+
 def preempting_lane_labels() -> dict[str, str]:
     """The namespace labels granting every preempting lane (what pipectl's own namespace gets)."""
     return {LANE_LABEL_PREFIX + s.lane.value: "true" for s in LANES.values() if s.preemption_policy == "PreemptLowerPriority"}
@@ -509,9 +578,10 @@ def submitter_role(namespace: str) -> dict:
             "metadata": {"name": SUBMITTER_ROLE, "namespace": namespace, "labels": dict(PART_OF)}, "rules": rules}
 
 
-def admission_policies() -> list[dict]:
-    """Both policies and their bindings (cluster-scoped: ``argo/cluster/``)."""
-    return [*submission_policy(), *lanes_policy()]
+def admission_policies(admin_groups: tuple[str, ...] = (), admin_users: tuple[str, ...] = ()) -> list[dict]:
+    """The three policies and their bindings (cluster-scoped: ``argo/cluster/``); ``admin_groups``,
+    ``admin_users``: the platform admins besides ``system:masters`` (:func:`namespaces_policy`)."""
+    return [*submission_policy(), *lanes_policy(), *namespaces_policy(admin_groups, admin_users)]
 
 
 _GPU_KEYS = ("requests.nvidia.com/gpu", "nvidia.com/gpu")

@@ -36,6 +36,24 @@ _CASE_ID = re.compile(r"\s*\(C\d\d\)")
 
 def load_site(path: Path) -> dict[str, Any]:
     """The mapping in the site file ``path`` (empty file: ``{}``); exit 2 naming what is wrong."""
+    return _load_site(path)[0]
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """Line (1-based) of each top-level key of a site file's text (``{}`` when it has none)."""
+    import yaml
+
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return {}
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+
+
+def _load_site(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """:func:`load_site` and the line of each top-level key (:func:`_key_lines`)."""
     import yaml
 
     try:
@@ -51,11 +69,11 @@ def load_site(path: Path) -> dict[str, Any]:
         raise ValidationFailed(f"site file {path}{where} is not valid YAML: {getattr(e, 'problem', None) or e}",
                                "fix the YAML (indentation, a ':' after each key)") from e
     if doc is None:
-        return {}
+        return {}, {}
     if not isinstance(doc, dict):
         raise ValidationFailed(f"site file {path} holds a {type(doc).__name__}, not a mapping of settings",
                                "write one `key: value` a line, e.g. namespace: ml-vision (pipectl site init lists every key)")
-    return doc
+    return doc, _key_lines(text)
 
 
 def site_config(path: Path | None, **given: Any) -> Any:
@@ -66,7 +84,7 @@ def site_config(path: Path | None, **given: Any) -> Any:
 
     from pipectl.pipelines.training import CompileConfig
 
-    site = load_site(path) if path is not None else {}
+    site, lines = _load_site(path) if path is not None else ({}, {})
     internal = sorted(_INTERNAL & set(site))
     if internal:
         raise ValidationFailed(f"site file {path}: {', '.join(internal)} is not a site setting",
@@ -79,11 +97,21 @@ def site_config(path: Path | None, **given: Any) -> Any:
     except ValidationError as e:
         problems = []
         for err in e.errors():
-            key = ".".join(str(x) for x in err["loc"])
-            source = "option" if err["loc"] and err["loc"][0] in given else f"site file {path}"
-            got = err.get("input")
-            shown = f" (got {got!r})" if isinstance(got, (str, int, float, bool)) else ""
-            problems.append(f"{source}: {key}: {err['msg']}{shown}")
+            msg, top = err["msg"], str(err["loc"][0]) if err["loc"] else ""
+            if not top:  # a rule across settings: its message starts with the key it is about (``team: ...``)
+                msg = msg.removeprefix("Value error, ")
+                top = next((k for k in merged if msg.startswith(f"{k}: ")), "")
+                what = msg
+            else:
+                got = err.get("input")
+                shown = f" (got {got!r})" if isinstance(got, (str, int, float, bool)) else ""
+                what = f"{'.'.join(str(x) for x in err['loc'])}: {msg}{shown}"
+            # an option that repeats the file's value (the site's namespace, passed on as -n) is the file's
+            if top in given and not (top in site and site[top] == given[top]):
+                source = "option"
+            else:
+                source = f"site file {path}" + (f", line {lines[top]}" if top in lines else "")
+            problems.append(f"{source}: {what}")
         raise ValidationFailed("; ".join(problems), "pipectl site init writes every key with its default and description") from e
 
 

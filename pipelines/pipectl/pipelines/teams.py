@@ -90,8 +90,10 @@ def team_manifests(team: TeamSpec, cfg: CompileConfig, limits: NamespaceLimits, 
     label, its queues (:func:`team_queues`)."""
     own = cfg.model_copy(update={"namespace": team.namespace, "namespace_max_gpus": team.max_gpus, "team": team.name})
     lanes = [lane_quota(team, lane, gpus) for lane, gpus in sorted(team.lane_gpus.items(), key=lambda kv: kv[0].value)]
-    return [team_namespace(team, parallelism), *limits(own), *lanes,
-            submitter_role(team.namespace), submitter_binding(team), parameter_rules_configmap(team.namespace),
+    # rendered for this team's own namespace (the site's team:), argo/namespace holds the Role and the ConfigMap
+    owner = [] if cfg.team == team.name and cfg.namespace == team.namespace else [
+        submitter_role(team.namespace), parameter_rules_configmap(team.namespace)]
+    return [team_namespace(team, parallelism), *limits(own), *lanes, *owner[:1], submitter_binding(team), *owner[1:],
             *team_queues(team, queue)]
 
 

@@ -20,6 +20,7 @@ Example (in the site file)::
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -82,24 +83,41 @@ def _nested(a: str, b: str) -> bool:
     return a.startswith(b) or b.startswith(a)
 
 
-SYSTEM_NAMESPACES = {"default": "Kubernetes'", "argo": "Argo's controller's", "volcano-system": "Volcano's"}
-"""Namespaces no team may be given (besides ``kube-*``): a team's file labels its namespace with
-the restricted Pod Security Standard and puts quotas in it, which would stop the pods these run."""
+SYSTEM_NAMESPACES = {"default": "Kubernetes'", "argo": "Argo's controller's", "volcano-system": "Volcano's",
+                     "volcano-monitoring": "Volcano's"}
+"""Namespaces neither the install nor a team may be given (besides ``kube-*``): the install's and
+a team's files label their namespace with the restricted Pod Security Standard and put quotas in
+it, which would stop the pods these run."""
 
 
-def _system_owner(namespace: str) -> str | None:
-    """Whose namespace ``namespace`` is when no team may have it (Kubernetes', Argo's...), else None."""
+def system_owner(namespace: str) -> str | None:
+    """Whose namespace ``namespace`` is when pipectl may not be installed in it or give it to a team
+    (``"Kubernetes'"``, ``"Argo's controller's"``...), else None."""
     return "Kubernetes'" if namespace.startswith("kube-") else SYSTEM_NAMESPACES.get(namespace)
 
 
-def _owner_conflicts(teams: tuple[TeamSpec, ...], own_namespace: str) -> list[str]:
+def namespace_problem(namespace: str) -> str | None:
+    """Why ``namespace`` cannot be the install's namespace (the site's ``namespace:``), else None:
+    not a DNS label, or a system namespace (:func:`system_owner`)."""
+    if not re.fullmatch(_DNS_LABEL, namespace):
+        return (f"{namespace!r} is not a namespace name: lower-case letters, digits and '-', at most 63, "
+                "starting and ending with a letter or digit")
+    if (owner := system_owner(namespace)) is not None:
+        return (f"{namespace} is {owner} own: pipectl's install labels its namespace with the restricted Pod Security "
+                "Standard and puts GPU quotas and a LimitRange there, which would refuse the pods that run there. "
+                "Give pipectl a namespace of its own, e.g. namespace: pipectl")
+    return None
+
+
+def _owner_conflicts(teams: tuple[TeamSpec, ...], own_namespace: str, own_team: str = "") -> list[str]:
     """Pairs of teams sharing a name, a namespace, model names or S3 objects; a team in the install's
-    own namespace or a system namespace (:func:`_system_owner`)."""
+    own namespace (unless the install is that team's: ``own_team``) or a system namespace
+    (:func:`system_owner`)."""
     out = []
     for t in teams:
-        if t.namespace == own_namespace:
+        if t.namespace == own_namespace and t.name != own_team:
             out.append(f"team {t.name}: namespace {t.namespace} is the install's own (namespace:); give the team one of its own")
-        elif (owner := _system_owner(t.namespace)) is not None:
+        elif (owner := system_owner(t.namespace)) is not None:
             out.append(f"team {t.name}: namespace {t.namespace} is {owner} own (the team's file would enforce the "
                        "restricted Pod Security Standard and GPU quotas there); give the team one of its own")
     for i, a in enumerate(teams):
@@ -129,12 +147,30 @@ def _quota_problems(team: TeamSpec, cluster_gpus: int | None) -> list[str]:
     return out
 
 
-def team_problems(teams: tuple[TeamSpec, ...], own_namespace: str, cluster_gpus: int | None) -> list[str]:
-    """Everything that makes ``teams`` unsafe to render, each naming the teams and keys (empty: none)."""
-    out = _owner_conflicts(teams, own_namespace)
+def team_problems(teams: tuple[TeamSpec, ...], own_namespace: str, cluster_gpus: int | None, own_team: str = "") -> list[str]:
+    """Everything that makes ``teams`` unsafe to render, each naming the teams and keys (empty: none).
+    ``own_team``: the site's ``team:`` (the install is that team's namespace: :func:`own_team_problem`)."""
+    out = _owner_conflicts(teams, own_namespace, own_team)
     for t in teams:
         out += _quota_problems(t, cluster_gpus)
     return out
+
+
+def own_team_problem(team: str, namespace: str, teams: tuple[TeamSpec, ...]) -> str | None:
+    """Why the site's ``team: team`` (its namespace ``namespace`` belongs to that team) does not fit
+    the site's ``teams:``, else None. Without ``teams:`` there is nothing to check it against (a team's
+    own site file need not list the cluster's teams); with them, ``team`` must be one of them and
+    ``namespace`` that team's namespace, or its gangs would go to queues its namespace may not use."""
+    if not team or not teams:
+        return None
+    known = {t.name: t for t in teams}
+    if team not in known:
+        return (f"team: {team} is not one of the site's teams (known: {', '.join(sorted(known))}); "
+                "name one of them, add the team under teams:, or leave team: out")
+    if known[team].namespace != namespace:
+        return (f"team: {team}'s namespace is {known[team].namespace} (teams:), but namespace: is {namespace}; "
+                f"set namespace: {known[team].namespace}, or leave team: out")
+    return None
 
 
 def cluster_gpu_ceiling(cluster_gpus: int | None, autoscaling: Any) -> int | None:

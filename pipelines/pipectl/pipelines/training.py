@@ -55,7 +55,7 @@ from hera.workflows.models import (
     Volume,
     VolumeMount,
 )
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from pipectl.components.contracts import (
     AvoidInput,
@@ -95,7 +95,14 @@ from pipectl.pipelines.launchers import DEFAULT_LAUNCHER, LAUNCHERS, GangConfig
 from pipectl.pipelines.launchers.base import GANG_AFFINITY_INPUT, TRAIN_STEP_INPUTS, job_labels
 from pipectl.pipelines.autoscaling import DO_NOT_DISRUPT, AutoscalingConfig
 from pipectl.pipelines.fabric import FabricProfile
-from pipectl.pipelines.tenancy import TeamSpec, cluster_gpu_ceiling, team_problems
+from pipectl.pipelines.tenancy import (
+    EVERYONE_GROUPS,
+    TeamSpec,
+    cluster_gpu_ceiling,
+    namespace_problem,
+    own_team_problem,
+    team_problems,
+)
 from pipectl.pipelines.topology import Topology
 from pipectl.pipelines.policy import LANES, RetryPolicy, lane_toleration_for, step_metrics, training_metrics
 from pipectl.pipelines.security import TMP_VOLUME_NAME, restricted_container_security_context, tmp_volume, restricted_pod_security_context
@@ -167,6 +174,15 @@ class CompileConfig(BaseModel):
     teams: tuple[TeamSpec, ...] = Field((), description="Teams sharing the cluster, each with a namespace of its own "
                                         "(argo/cluster/teams/): name, namespace, groups (bound to pipectl-submitter), "
                                         "max_gpus, lane_gpus per lane (urgent granted only when listed), model_prefix, s3_prefix.")
+    admin_groups: tuple[str, ...] = Field((), description="Identity groups of the platform admins, besides Kubernetes' "
+                                          "system:masters: only they may set, change or remove pipectl's labels on a "
+                                          "Namespace (pipectl.io/team, lanes.pipectl.io/<lane>, pipectl.io/model-prefix, "
+                                          "pipectl.io/submission-policy) and its pipectl.io/data-prefix annotation (the "
+                                          "pipectl-namespaces admission policy). Name the group your admins apply "
+                                          "argo/cluster as (on a managed cluster they are often not in system:masters).")
+    admin_users: tuple[str, ...] = Field((), description="User names with the same right as admin_groups (e.g. the "
+                                         "ServiceAccount of a GitOps controller that applies argo/cluster: "
+                                         "system:serviceaccount:<namespace>:<name>).")
     lane_dataset_max: dict[Lane, DatasetMax] = Field(
         default_factory=dict, description="The largest dataset a lane takes, per lane: max_samples (images) and max_gib "
         "(GiB of staged files or shard files); a key left out keeps the lane's default (urgent 100000 images, 20 GiB; "
@@ -201,15 +217,45 @@ class CompileConfig(BaseModel):
         """preprocess (DALI) and the gang (torch)."""
         return self.image("step-train")
 
+    @field_validator("namespace")
+    @classmethod
+    def _own_namespace(cls, v: str) -> str:
+        if (problem := namespace_problem(v)) is not None:
+            raise ValueError(problem)
+        return v
+
     @field_validator("teams")
     @classmethod
     def _teams_apart(cls, v: tuple[TeamSpec, ...], info: ValidationInfo) -> tuple[TeamSpec, ...]:
         autoscaling = info.data.get("autoscaling")
         ceiling = cluster_gpu_ceiling(info.data.get("cluster_gpus"), autoscaling) if autoscaling else info.data.get("cluster_gpus")
-        problems = team_problems(v, info.data.get("namespace", ""), ceiling)
+        problems = team_problems(v, info.data.get("namespace", ""), ceiling, own_team=info.data.get("team", ""))
         if problems:
             raise ValueError("; ".join(problems))
         return v
+
+    @field_validator("admin_groups", "admin_users")
+    @classmethod
+    def _admin_identities(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        for name in v:
+            if not name or name != name.strip():
+                raise ValueError(f"{name!r}: an identity's name, not empty, no surrounding spaces")
+            if info.field_name == "admin_groups" and name in EVERYONE_GROUPS:
+                raise ValueError(f"{name}: Kubernetes puts {EVERYONE_GROUPS[name]} in this group; name your admins' own group")
+            if info.field_name == "admin_users" and name == "system:anonymous":
+                raise ValueError("system:anonymous: every anonymous request is this user; name your admins")
+        return v
+
+    @model_validator(mode="after")
+    def _team_declared(self) -> "CompileConfig":
+        # reported by the site file's loader under the key the message starts with (``team: ...``)
+        if (problem := own_team_problem(self.team, self.namespace, self.teams)) is not None:
+            raise ValueError(problem)
+        return self
+
+    def own_team(self) -> TeamSpec | None:
+        """The declared team (``teams:``) this install's namespace belongs to (``team:``), if any."""
+        return next((t for t in self.teams if t.name == self.team), None) if self.team else None
 
     @field_validator("launcher")
     @classmethod
