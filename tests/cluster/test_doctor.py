@@ -74,7 +74,9 @@ def test_doctor_says_ready_when_everything_is_there(test_cluster, ready):
     ("PriorityClass", "pipectl-batch", "PriorityClass", "argo/cluster"),
     ("Queue", "pipectl-urgent", "Queue", "argo/cluster"),
     ("ValidatingAdmissionPolicy", "pipectl-submission", "ValidatingAdmissionPolicy", "argo/cluster"),
+    ("ValidatingAdmissionPolicyBinding", "pipectl-lanes", "ValidatingAdmissionPolicyBinding", "argo/cluster"),
     ("Role", "pipectl-submitter", "Role", "argo/namespace"),
+    ("ServiceAccount", "pipectl-launcher", "ServiceAccount", "argo/namespace"),
     ("ConfigMap", "pipectl-store", "ConfigMap", "argo/namespace"),
     ("WorkflowTemplate", "training-v1", "WorkflowTemplate", "pipectl templates apply"),
 ])
