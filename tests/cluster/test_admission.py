@@ -118,6 +118,7 @@ def test_a_submitter_submits_as_the_cli_the_argo_ui_and_a_cron_do(submitter):
     (lambda s: s.update(podPriorityClassName="pipectl-urgent"), "podPriorityClassName"),
     (lambda s: s.update(volumes=[{"name": "host", "hostPath": {"path": "/"}}]), "volumes"),
     (lambda s: s.update(securityContext={"runAsUser": 0}), "securityContext"),
+    (lambda s: s.update(hostNetwork=True), "hostNetwork"),
     (lambda s: s.update(entrypoint="train-retry"), "entrypoint train-retry is not the template's"),
     (lambda s: s.update(workflowTemplateRef={"name": "training-v1", "clusterScope": True}), "WorkflowTemplate of its namespace"),
     (lambda s: s.update(priority=1000), "spec.priority must be the lane's"),
@@ -126,7 +127,7 @@ def test_a_submitter_submits_as_the_cli_the_argo_ui_and_a_cron_do(submitter):
      "a name and a value only"),
     (lambda s: s["arguments"].update(artifacts=[{"name": "a", "s3": {"key": "x"}}]), "may not pass artifacts"),
 ], ids=["other-service-account", "secret-via-podSpecPatch", "own-templates", "priority-class", "hostPath", "root",
-        "later-entrypoint", "cluster-template", "argo-priority", "undeclared-argument", "valueFrom", "artifacts"])
+        "host-network", "later-entrypoint", "cluster-template", "argo-priority", "undeclared-argument", "valueFrom", "artifacts"])
 def test_a_submitter_cannot_change_what_the_template_runs(submitter, change, words):
     wf = _legit()
     change(wf["spec"])
@@ -152,6 +153,11 @@ def test_a_submitter_holds_no_rights_beyond_submitting(test_cluster, submitter):
     attempts = {
         "create a WorkflowTemplate": lambda: client.CustomObjectsApi(api).create_namespaced_custom_object(
             "argoproj.io", "v1alpha1", NS, "workflowtemplates", template, dry_run="All"),
+        "edit a WorkflowTemplate": lambda: client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            "argoproj.io", "v1alpha1", NS, "workflowtemplates", "training-v1", {"spec": {"serviceAccountName": "pipectl-launcher"}}),
+        "create a CronWorkflow": lambda: client.CustomObjectsApi(api).create_namespaced_custom_object(
+            "argoproj.io", "v1alpha1", NS, "cronworkflows", {"apiVersion": "argoproj.io/v1alpha1", "kind": "CronWorkflow",
+                                                              "metadata": {"name": "mine"}, "spec": {}}, dry_run="All"),
         "read the store's Secret": lambda: client.CoreV1Api(api).read_namespaced_secret("pipectl-s3-credentials", NS),
         "create a pod": lambda: client.CoreV1Api(api).create_namespaced_pod(NS, _small_pod("p", "pipectl-standard"), dry_run="All"),
         "create a gang job": lambda: client.CustomObjectsApi(api).create_namespaced_custom_object(
@@ -172,6 +178,76 @@ def test_a_submitter_holds_no_rights_beyond_submitting(test_cluster, submitter):
         with pytest.raises(client.ApiException) as e:
             attempt()
         assert e.value.status == 403, f"a submitter could {what}: {e.value.status} {e.value.body}"
+
+
+def test_a_submitter_watches_suspends_stops_deletes_and_reads_what_a_run_needs(test_cluster, k8s_api, submitter):
+    """What docs/security.md says a submitter can do besides submitting, as the submitter: list,
+    get and watch workflows, suspend and resume one, stop it and delete it; read the namespace's
+    templates, cron schedules, quotas, pods and events; and (the API server's own authorizer, as
+    ``kubectl auth can-i``) read pod logs."""
+    from kubernetes import client, watch
+
+    api = _api(test_cluster, *SUBMITTER)
+    core = client.CoreV1Api(api)
+    wf = _legit(epochs="1")
+    wf["spec"]["suspend"] = True
+    name = submitter.create_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", wf)["metadata"]["name"]
+    args = ("argoproj.io", "v1alpha1", NS, "workflows")
+    try:
+        assert name in {w["metadata"]["name"] for w in submitter.list_namespaced_custom_object(*args)["items"]}
+        assert submitter.get_namespaced_custom_object(*args, name)["spec"]["suspend"] is True
+        seen = [e["object"]["metadata"]["name"] for e in watch.Watch().stream(
+            submitter.list_namespaced_custom_object, *args, field_selector=f"metadata.name={name}", timeout_seconds=2)]
+        assert name in seen
+        submitter.patch_namespaced_custom_object(*args, name, {"spec": {"suspend": None}})   # argo resume
+        submitter.patch_namespaced_custom_object(*args, name, {"spec": {"suspend": True}})   # argo suspend
+        submitter.patch_namespaced_custom_object(*args, name, {"spec": {"shutdown": "Stop"}})  # argo stop
+        custom = client.CustomObjectsApi(api)
+        assert custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflowtemplates", "training-v1")
+        custom.list_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "cronworkflows")
+        assert core.list_namespaced_resource_quota(NS).items
+        core.list_namespaced_pod(NS)
+        core.list_namespaced_event(NS)
+        review = {"spec": {"resourceAttributes": {"namespace": NS, "verb": "get", "resource": "pods", "subresource": "log"}}}
+        assert client.AuthorizationV1Api(api).create_self_subject_access_review(review).status.allowed
+    finally:
+        submitter.delete_namespaced_custom_object(*args, name)
+
+    def gone() -> bool:
+        try:
+            client.CustomObjectsApi(k8s_api).get_namespaced_custom_object(*args, name)
+        except client.ApiException as e:
+            return e.status == 404
+        return False
+
+    test_cluster.wait_for(f"workflow {name} deleted", gone)
+
+
+def test_only_the_argo_controllers_own_identity_is_exempt(test_cluster, k8s_api, submitter):
+    """The submission policy exempts ``system:serviceaccount:argo:argo`` (Argo's controller in Argo's
+    install): given the same right to create workflows, it may create one with a ``podSpecPatch``;
+    another ServiceAccount of Argo's namespace may not."""
+    from kubernetes import client
+
+    from pipectl.pipelines.admission import ARGO_CONTROLLER_SA
+
+    rbac = client.RbacAuthorizationV1Api(k8s_api)
+    others = "system:serviceaccount:argo:argo-server"
+    rbac.create_namespaced_role(NS, {"metadata": {"name": "workflow-writer"}, "rules": [
+        {"apiGroups": ["argoproj.io"], "resources": ["workflows"], "verbs": ["create"]}]})
+    rbac.create_namespaced_role_binding(NS, {"metadata": {"name": "workflow-writer"},
+                                             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "workflow-writer"},
+                                             "subjects": [{"kind": "User", "name": u, "apiGroup": "rbac.authorization.k8s.io"}
+                                                          for u in (ARGO_CONTROLLER_SA, others)]})
+    wf = _legit()
+    wf["spec"]["podSpecPatch"] = "{}"
+    try:
+        controller = client.CustomObjectsApi(_api(test_cluster, ARGO_CONTROLLER_SA, "system:serviceaccounts"))
+        test_cluster.wait_for("the controller's right to create workflows", lambda: _submit(controller, wf) or True)
+        assert "podSpecPatch" in _refusal(client.CustomObjectsApi(_api(test_cluster, others, "system:serviceaccounts")), wf)
+    finally:
+        rbac.delete_namespaced_role_binding("workflow-writer", NS)
+        rbac.delete_namespaced_role("workflow-writer", NS)
 
 
 def test_a_retry_with_overridden_values_is_held_to_the_same_rules(test_cluster, k8s_api, submitter):
@@ -346,12 +422,12 @@ def test_a_namespace_with_a_model_prefix_trains_only_its_own_models(test_cluster
 
 def test_only_a_platform_admin_sets_pipectls_labels_on_a_namespace(test_cluster, k8s_api):
     """``pipectl-namespaces``, as argo/ installs it: a user RBAC allows to create and label
-    Namespaces (``bob``, a ClusterRole bound to his group) is refused by the API server, naming the
+    Namespaces (``dana``, a ClusterRole bound to her group) is refused by the API server, naming the
     key, when he creates a Namespace claiming a team (``pipectl.io/team``) or a preempting lane, or
     adds, changes or removes the team label, a lane grant, the model prefix, the submission policy
     or the data-prefix annotation of one; his other labels pass, and so does a write that leaves
     them as they were. ``system:masters`` sets them; with the site's ``admin_groups`` rendered in,
-    so does a member of that group (``carol``), and bob still cannot."""
+    so does a member of that group (``carol``), and dana still cannot."""
     from kubernetes import client
 
     from pipectl.pipelines.admission import DATA_PREFIX_ANNOTATION, MODEL_PREFIX_LABEL, SUBMISSION_LABEL, admission_policies
@@ -364,9 +440,9 @@ def test_only_a_platform_admin_sets_pipectls_labels_on_a_namespace(test_cluster,
                "subjects": [{"kind": "Group", "name": g, "apiGroup": "rbac.authorization.k8s.io"} for g in ("ns-makers", "platform-admins")]}
     rbac.create_cluster_role(role)
     rbac.create_cluster_role_binding(binding)
-    bob = client.CoreV1Api(_api(test_cluster, "bob", "ns-makers"))
+    dana = client.CoreV1Api(_api(test_cluster, "dana", "ns-makers"))
     carol = client.CoreV1Api(_api(test_cluster, "carol", "platform-admins"))
-    mine = "bobs-namespace"
+    mine = "danas-namespace"
 
     def refusal(write) -> str | None:
         try:
@@ -384,33 +460,33 @@ def test_only_a_platform_admin_sets_pipectls_labels_on_a_namespace(test_cluster,
 
     installed = [d for d in admission_policies() if d["metadata"]["name"] == "pipectl-namespaces"]
     try:
-        claim = create(bob, {TEAM_LABEL: "vision"})
+        claim = create(dana, {TEAM_LABEL: "vision"})
         test_cluster.wait_for("the namespaces policy in force", lambda: "pipectl-namespaces" in (refusal(claim) or "") or None)
         why = refusal(claim)
         assert why.startswith("403 ") and "only a platform admin (group system:masters)" in why and TEAM_LABEL in why, why
-        why = refusal(create(bob, {"lanes.pipectl.io/urgent": "true"}))
+        why = refusal(create(dana, {"lanes.pipectl.io/urgent": "true"}))
         assert why and "lanes.pipectl.io/urgent" in why, why
-        assert refusal(create(bob, {"app": "mine"})) is None
-        bob.create_namespace({"metadata": {"name": mine, "labels": {"app": "mine"}}})
+        assert refusal(create(dana, {"app": "mine"})) is None
+        dana.create_namespace({"metadata": {"name": mine, "labels": {"app": "mine"}}})
         for labels, annotations, key in (({TEAM_LABEL: "vision"}, None, TEAM_LABEL),
                                          ({"lanes.pipectl.io/urgent": "true"}, None, "lanes.pipectl.io/urgent"),
                                          ({MODEL_PREFIX_LABEL: "vision"}, None, MODEL_PREFIX_LABEL),
                                          ({SUBMISSION_LABEL: "enforce"}, None, SUBMISSION_LABEL),
                                          (None, {DATA_PREFIX_ANNOTATION: "s3://pipectl/teams/vision/"}, DATA_PREFIX_ANNOTATION)):
-            why = refusal(patch(bob, labels, annotations))
+            why = refusal(patch(dana, labels, annotations))
             assert why and why.startswith("403 ") and key in why and "pipectl-namespaces" in why, (key, why)
-        assert refusal(patch(bob, {"app": "still-mine"})) is None
+        assert refusal(patch(dana, {"app": "still-mine"})) is None
 
         core.patch_namespace(mine, {"metadata": {"labels": {TEAM_LABEL: "vision", SUBMISSION_LABEL: "enforce"},
                                                  "annotations": {DATA_PREFIX_ANNOTATION: "s3://pipectl/teams/vision/"}}})
-        assert refusal(patch(bob, {"app": "mine-again"})) is None  # pipectl's keys left as they were
+        assert refusal(patch(dana, {"app": "mine-again"})) is None  # pipectl's keys left as they were
         for labels, annotations, key in (({TEAM_LABEL: "speech"}, None, TEAM_LABEL), ({TEAM_LABEL: None}, None, TEAM_LABEL),
                                          ({SUBMISSION_LABEL: None}, None, SUBMISSION_LABEL),
                                          (None, {DATA_PREFIX_ANNOTATION: "s3://pipectl/"}, DATA_PREFIX_ANNOTATION),
                                          (None, {DATA_PREFIX_ANNOTATION: None}, DATA_PREFIX_ANNOTATION)):
-            why = refusal(patch(bob, labels, annotations))
+            why = refusal(patch(dana, labels, annotations))
             assert why and why.startswith("403 ") and key in why, (labels, annotations, why)
-        assert bob.read_namespace(mine).metadata.labels[TEAM_LABEL] == "vision"
+        assert dana.read_namespace(mine).metadata.labels[TEAM_LABEL] == "vision"
 
         assert "pipectl-namespaces" in (refusal(create(carol, {TEAM_LABEL: "vision"})) or "")  # not an admin yet
         site_admins = [d for d in admission_policies(admin_groups=("platform-admins",)) if d["metadata"]["name"] == "pipectl-namespaces"]
