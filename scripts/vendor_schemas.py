@@ -27,6 +27,7 @@ CRDS = [
     ("github.com/kubeflow/training-operator", "v1.8.1", "manifests/base/crds/kubeflow.org_pytorchjobs.yaml", "v1"),
     ("sigs.k8s.io/karpenter", "v1.13.0", "pkg/apis/crds/karpenter.sh_nodepools.yaml", "v1"),
     ("github.com/prometheus-operator/prometheus-operator", "v0.80.1", "example/prometheus-operator-crd-full/monitoring.coreos.com_prometheusrules.yaml", "v1"),
+    ("github.com/prometheus-operator/prometheus-operator", "v0.80.1", "example/prometheus-operator-crd-full/monitoring.coreos.com_podmonitors.yaml", "v1"),
 ]
 
 

@@ -1287,7 +1287,7 @@ PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator@v0.80.
 def test_kubectl_apply_k_argo_as_a_user_would(test_cluster, k8s_api, tmp_path):
     """`kubectl apply --server-side -k argo/` (kubectl v1.34.4 built by build.sh, its own kustomize)
     on a cluster that has what argo/ expects installed: Argo (namespace argo), Volcano (namespace
-    volcano-system) and prometheus-operator's PrometheusRule CRD (from its Go module). The shared
+    volcano-system) and prometheus-operator's PrometheusRule and PodMonitor CRDs (from its Go module). The shared
     controller ConfigMap is patched, not replaced: another tenant's key stays, and a key
     the cluster's admin set differently is a conflict, not a silent overwrite. Every object is
     accepted; a second apply changes nothing. Runs last: it applies the controller configuration
@@ -1308,18 +1308,20 @@ def test_kubectl_apply_k_argo_as_a_user_would(test_cluster, k8s_api, tmp_path):
     dl = subprocess.run([go, "mod", "download", "-json", PROMETHEUS_OPERATOR], capture_output=True, text=True,
                         cwd=tmp_path, env={**os.environ, "GOFLAGS": ""}, timeout=300)
     assert dl.returncode == 0, dl.stderr
-    crd = Path(json.loads(dl.stdout)["Dir"]) / "example/prometheus-operator-crd-full/monitoring.coreos.com_prometheusrules.yaml"
+    crds = Path(json.loads(dl.stdout)["Dir"]) / "example/prometheus-operator-crd-full"
     env = {**os.environ, "KUBECONFIG": str(test_cluster.kubeconfig)}
 
     def kc(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(kubectl), *args], capture_output=True, text=True, timeout=120, env=env)
 
-    r = kc("apply", "--server-side", "-f", str(crd))  # too large for client-side apply's annotation
-    assert r.returncode == 0, r.stderr
+    for kind in ("prometheusrules", "podmonitors"):  # argo/namespace/monitoring/: the alerts, the gang pods' endpoint
+        r = kc("apply", "--server-side", "-f", str(crds / f"monitoring.coreos.com_{kind}.yaml"))  # too large for client-side apply
+        assert r.returncode == 0, r.stderr
     core = client.CoreV1Api(k8s_api)
     if "volcano-system" not in {n.metadata.name for n in core.list_namespace().items}:
         core.create_namespace({"metadata": {"name": "volcano-system"}})
-    test_cluster.wait_for("PrometheusRule CRD served", lambda: kc("get", "prometheusrules", "-A").returncode == 0, timeout_s=60)
+    test_cluster.wait_for("PrometheusRule and PodMonitor CRDs served",
+                          lambda: kc("get", "prometheusrules,podmonitors", "-A").returncode == 0, timeout_s=60)
 
     # Another tenant's key in the shared controller ConfigMap, written by its own field manager.
     other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "workflow-controller-configmap", "namespace": "argo"},

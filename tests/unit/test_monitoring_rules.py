@@ -219,7 +219,8 @@ def test_C12_panels_over_absent_exporters_return_what_they_promise(product):
             [{"labels": f'{{pod="{IDLE["pod"]}"}}', "value": 1200}, {"labels": f'{{pod="{busy["pod"]}"}}', "value": 0}],
     }
     absent = {t for t, e in by_title.items() if absent_exporter(e)}
-    assert absent <= set(expected), f"panels over exporters the test cluster lacks, not proven here: {absent - set(expected)}"
+    proven = set(expected) | set(_rank_panels())  # the gang pods' panels: test_rank_panels_...
+    assert absent <= proven, f"panels over exporters the test cluster lacks, not proven here: {absent - proven}"
     exprs = [{"expr": by_title[t], "eval_time": "15m", "exp_samples": s} for t, s in expected.items()]
     _promtool_test(folder, [{"interval": "1m", "input_series": series, "promql_expr_test": exprs}])
 
@@ -248,10 +249,14 @@ ARGO_BUILTIN = {"argo_workflows_total_count"}
 
 def test_every_panel_and_alert_names_a_metric_the_product_or_its_exporters_emit(product):
     """Each metric a panel or an alert names: a custom metric the rendered WorkflowTemplate defines
-    (under Argo's prefix), Argo's own, one of dcgm-exporter's default counters, or kube-state-metrics'
-    or Volcano's (the live cluster test scrapes the last). A misspelt or never-defined name fails here."""
+    (under Argo's prefix), Argo's own, one of dcgm-exporter's default counters, one the gang pods
+    serve (pipectl.components.train.exporter), or kube-state-metrics' or Volcano's (the live
+    cluster test scrapes the last). A misspelt or never-defined name fails here."""
+    from pipectl.components.train.exporter import PREFIX as RANK_PREFIX
+    from pipectl.components.train.exporter import RANK_METRICS, metric_name
     from pipectl.pipelines.policy import exported
 
+    RANK_SERVED = {metric_name(m) for m in RANK_METRICS}
     folder, groups, panels = product
     templates = [d for f in (folder / "argo").rglob("*.yaml") for d in yaml.safe_load_all(f.read_text())
                  if d and d.get("kind") == "WorkflowTemplate"]
@@ -271,3 +276,110 @@ def test_every_panel_and_alert_names_a_metric_the_product_or_its_exporters_emit(
                 assert name in defined, f"{what}: {name} is no metric the rendered templates define"
             elif name.startswith("DCGM_"):
                 assert name in DCGM_DEFAULT_COUNTERS, f"{what}: {name} is not among dcgm-exporter's default counters"
+            elif name.startswith(RANK_PREFIX):
+                assert name in RANK_SERVED, f"{what}: {name} is not served by the gang pods' endpoint"
+
+
+# -- the gang pods' own figures per rank (pipectl.components.train.exporter), scraped through the
+# PodMonitor pipectl-train: the labels the endpoint serves (workflow, rank, pod, node; honorLabels)
+# and the ones prometheus-operator adds to a pod target (namespace, container, endpoint, job, instance)
+
+def _rank(workflow: str, rank: int, node: str, namespace: str = NS) -> dict[str, str]:
+    pod = f"{workflow}-train-0-x-worker-{rank}"
+    return {"workflow": workflow, "rank": str(rank), "pod": pod, "node": node, "namespace": namespace,
+            "container": "pytorch", "endpoint": "metrics", "job": f"{namespace}/pipectl-train", "instance": f"10.0.0.{rank}:9464"}
+
+
+def _gang(workflow: str, ranks: list[tuple[str, float, float, float]], namespace: str = NS) -> list[dict]:
+    """Series of one gang: per rank (node, step ratio, sync share, data share), 40 minutes."""
+    out = []
+    for i, (node, ratio, sync, data) in enumerate(ranks):
+        labels = _rank(workflow, i, node, namespace)
+        out += [_series("pipectl_training_rank_step_ratio", labels, f"{ratio}x40"),
+                _series("pipectl_training_rank_sync_share", labels, f"{sync}x40"),
+                _series("pipectl_training_rank_data_share", labels, f"{data}x40")]
+    return out
+
+
+# across two nodes, 23% sync: fabric-bound; 35%: and adding nodes will not pay; one node at 40%: no
+# fabric verdict (the sync crosses no fabric); a straggler (rank 2 at 1.3x) explains its gang's
+# 22% sync: named, and no fabric verdict; a healthy gang: nothing
+FABRIC = _gang("tr-fabric", [("node-a", 1.0, 0.22, 0.05), ("node-b", 1.02, 0.24, 0.05)])
+NO_SCALE = _gang("tr-noscale", [("node-a", 1.0, 0.35, 0.02), ("node-b", 1.0, 0.35, 0.02)])
+ONE_NODE = _gang("tr-onenode", [("node-c", 1.0, 0.40, 0.02), ("node-c", 1.0, 0.40, 0.02)])
+STRAGGLER = _gang("tr-straggler", [("node-a", 0.95, 0.30, 0.05), ("node-b", 1.0, 0.30, 0.05), ("node-d", 1.3, 0.05, 0.05)])
+HEALTHY_GANG = _gang("tr-healthy", [("node-e", 1.0, 0.10, 0.03), ("node-f", 1.19, 0.12, 0.25)])
+OTHER_TEAM = _gang("tr-other", [("node-g", 1.5, 0.5, 0.5), ("node-h", 1.0, 0.5, 0.5)], namespace="research")
+
+
+def test_rank_alerts_fire_at_the_train_steps_rules_and_name_rank_pod_and_node(product):
+    """PipectlTrainingStraggler and PipectlTrainingFabricBound on what the gang pods serve: the
+    thresholds are the train step's (telemetry.STRAGGLER_RATIO, FABRIC_SHARE, NO_SCALE_SHARE), a
+    straggler's alert carries its rank, pod and node, the fabric verdict needs two nodes and no
+    straggler, and another namespace's gangs are not this namespace's alerts."""
+    folder, _, _ = product
+    series = FABRIC + NO_SCALE + ONE_NODE + STRAGGLER + HEALTHY_GANG + OTHER_TEAM
+    straggler = {k: v for k, v in _rank("tr-straggler", 2, "node-d").items() if k in ("namespace", "workflow", "rank", "pod", "node")}
+    fabric = ("fabric-bound: {w} waits for gradient sync {p} of its step (rule: > 15%; > 30%: more nodes will not pay); "
+              "{then}check InfiniBand/RoCE and NCCL_IB_DISABLE / NCCL_SOCKET_IFNAME")
+    alerts = [
+        {"eval_time": "5m", "alertname": "PipectlTrainingStraggler", "exp_alerts": [{
+            "exp_labels": {**straggler, "severity": "warning"},
+            "exp_annotations": {"summary": f"straggler: rank 2 of tr-straggler on node node-d (pod {straggler['pod']}) takes "
+                                           "1.3x the other ranks' median step time (rule: >= 1.2x over >= 20 steps); every "
+                                           "other rank waits for it at each all-reduce: check that node (GPU clocks, thermal, "
+                                           "noisy neighbours) or its shards"}}]},
+        {"eval_time": "5m", "alertname": "PipectlTrainingFabricBound", "exp_alerts": [
+            {"exp_labels": {"namespace": NS, "workflow": "tr-fabric", "severity": "warning"},
+             "exp_annotations": {"summary": fabric.format(w="tr-fabric", p="23%", then="")}},
+            {"exp_labels": {"namespace": NS, "workflow": "tr-noscale", "severity": "warning"},
+             "exp_annotations": {"summary": fabric.format(w="tr-noscale", p="35%", then="adding nodes will not pay: ")}}]},
+    ]
+    _promtool_test(folder, [{"interval": "1m", "input_series": series, "alert_rule_test": alerts}], "rank-alerts.yaml")
+    # the healthy gang alone (a rank at 1.19x, a data share of 25%: not these alerts), at any time
+    quiet = [{"eval_time": t, "alertname": a, "exp_alerts": []}
+             for t in ("1m", "20m", "39m") for a in ("PipectlTrainingStraggler", "PipectlTrainingFabricBound")]
+    _promtool_test(folder, [{"interval": "1m", "input_series": HEALTHY_GANG + ONE_NODE, "alert_rule_test": quiet}],
+                   "rank-quiet.yaml")
+
+
+def _rank_panels() -> dict[str, str]:
+    from pipectl.pipelines.rank_monitoring import rank_panels
+
+    return {title: expr for _, title, expr, _ in rank_panels(NS)}
+
+
+def test_rank_panels_show_each_ranks_step_time_shares_and_memory_growth(product):
+    """The per-rank panels (step time heatmap, data wait share, gradient-sync share, memory
+    growth) on recorded series, by promtool: one row per rank with its pod and node, this
+    namespace's only; memory climbing 20 MiB a minute reads 1200 MiB per hour."""
+    folder, _, panels = product
+    titles = {title.split(" / ")[0]: expr for title, expr in panel_queries(panels)}
+    heatmap, data, sync, memory = list(_rank_panels())
+    assert set(_rank_panels()) <= set(titles) and [p["type"] for p in panels if p["title"] == heatmap] == ["heatmap"]
+    a0, a1 = _rank("tr-fabric", 0, "node-a"), _rank("tr-fabric", 1, "node-b")
+    series = [
+        _series("pipectl_training_rank_step_seconds", a0, "0.101x20"),
+        _series("pipectl_training_rank_step_seconds", a1, "0.131x20"),
+        _series("pipectl_training_rank_step_seconds", _rank("tr-other", 0, "node-g", "research"), "9x20"),
+        _series("pipectl_training_rank_data_share", a0, "0.05x20"),
+        _series("pipectl_training_rank_data_share", a1, "0.31x20"),
+        _series("pipectl_training_rank_sync_share", a0, "0.22x20"),
+        _series("pipectl_training_rank_sync_share", a1, "0.24x20"),
+        # rank 0's memory climbs 20 MiB a minute (a leak), rank 1's settled
+        _series("pipectl_training_rank_memory_bytes", a0, f"{40 * 2**20}+{20 * 2**20}x20"),
+        _series("pipectl_training_rank_memory_bytes", a1, f"{70 * 2**20}x20"),
+    ]
+
+    def row(labels: dict[str, str], keys: tuple[str, ...], value: float) -> dict:
+        return {"labels": "{" + ", ".join(f'{k}="{labels[k]}"' for k in sorted(keys)) + "}", "value": value}
+
+    by_rank = ("workflow", "rank", "pod", "node")
+    expected = {
+        heatmap: [row(a0, ("workflow", "rank"), 0.101), row(a1, ("workflow", "rank"), 0.131)],
+        data: [row(a0, by_rank, 0.05), row(a1, by_rank, 0.31)],
+        sync: [row(a0, by_rank, 0.22), row(a1, by_rank, 0.24)],
+        memory: [row(a0, by_rank, 1200), row(a1, by_rank, 0)],
+    }
+    exprs = [{"expr": titles[t], "eval_time": "15m", "exp_samples": s} for t, s in expected.items()]
+    _promtool_test(folder, [{"interval": "1m", "input_series": series, "promql_expr_test": exprs}], "rank-panels.yaml")

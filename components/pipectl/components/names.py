@@ -123,3 +123,10 @@ infrastructure fault (components/pipectl/components/train/faults.py)."""
 POD_NAME_ENV = "PIPECTL_POD_NAME"
 """A gang pod's own name (the downward API's ``metadata.name``): named with its node in the step
 anatomy's verdicts (components/pipectl/components/train/telemetry.py)."""
+METRICS_PORT_ENV = "PIPECTL_METRICS_PORT"
+"""The port on which a gang pod's first process serves its ranks' step anatomy to Prometheus
+(``/metrics``; components/pipectl/components/train/exporter.py); unset: not served."""
+METRICS_PORT = 9464
+"""The gang pods' ``metrics`` container port (:data:`METRICS_PORT_NAME`), scraped through the PodMonitor
+``pipectl-train`` (argo/namespace/monitoring/)."""
+METRICS_PORT_NAME = "metrics"

@@ -28,6 +28,7 @@ from pipectl.pipelines.autoscaling import buffer_node_pool, node_pools
 from pipectl.pipelines.gang_reaper import gang_reaper
 from pipectl.pipelines.launchers import LAUNCHERS
 from pipectl.pipelines.policy import LANES, LaneSpec, exported
+from pipectl.pipelines.rank_monitoring import pod_monitor, rank_alerts, rank_panels
 from pipectl.pipelines.security import POD_SECURITY_LABELS, restricted_container_security_context
 from pipectl.pipelines.teams import teams_files
 from pipectl.pipelines.builtin import build_training
@@ -417,6 +418,7 @@ def prometheus_rules(cfg: CompileConfig) -> list[dict]:
                  "labels": {"severity": "critical"},
                  "annotations": {"summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} had an uncorrectable memory "
                                             "error (rows remapped): drain the node and reset the GPU"}},
+                *rank_alerts(ns),
             ],
         }]},
     }]
@@ -469,6 +471,10 @@ def grafana_dashboard(cfg: CompileConfig) -> list[dict]:
                   f"max by (model) ({exported('pipectl_training_slowest_rank_ratio')})"),
             panel(10, "GPU memory growth of the namespace's pods (MiB per hour over 30 minutes; a steady climb: likely a leak)",
                   f'max by (pod) (deriv(DCGM_FI_DEV_FB_USED{{namespace="{ns}", pod!=""}}[30m])) * 3600'),
+            # the gang pods' own figures, per rank (pipectl.pipelines.rank_monitoring)
+            *({**panel(11 + j, title, expr), "type": kind, "targets": [{"expr": expr, "refId": "A", "legendFormat": legend}],
+               **({"options": {"calculate": False, "yAxis": {"unit": "s"}}} if kind == "heatmap" else {})}
+              for j, (kind, title, expr, legend) in enumerate(rank_panels(ns))),
         ],
     }
     return [{"apiVersion": "v1", "kind": "ConfigMap",
@@ -545,6 +551,7 @@ def cluster_manifests(cfg: CompileConfig | None = None) -> dict[str, list[dict]]
         f"{owner}/configmaps.yaml": config_maps(cfg),
         f"{owner}/monitoring/prometheus-rules.yaml": prometheus_rules(cfg),
         f"{owner}/monitoring/grafana-dashboard.yaml": grafana_dashboard(cfg),
+        f"{owner}/monitoring/pod-monitor.yaml": [pod_monitor(cfg.namespace)],
         TEMPLATE_FILE: [build_training(cfg).to_dict()],
         # a team's namespace: runs must name their model and dataset (the team's prefixes), which
         # pipectl cannot choose for a schedule; the team writes its own (docs/security.md, "Teams")

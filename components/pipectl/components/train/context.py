@@ -46,6 +46,7 @@ from pipectl.components.runtime import StepError
 from pipectl.components.shard_stream import ShardStream
 from pipectl.components.train import live, telemetry
 from pipectl.components.train.preemption import PreemptionWatch
+from pipectl.components.train.exporter import RankExporter
 from pipectl.components.train.telemetry import StepClock
 
 log = logging.getLogger("pipectl.train")
@@ -100,6 +101,11 @@ class TrainContext:
     """Rank 0: the numbers (1 first) of the epochs in :attr:`_epochs`, this attempt's."""
     _who: list[str] = field(default_factory=list, repr=False)
     """``rank R on node N (pod P)`` of every rank, gathered at the first straggler check."""
+    _where: list[tuple[str, str]] = field(default_factory=list, repr=False)
+    """(node, pod) of every rank, gathered with :attr:`_who`."""
+    exporter: RankExporter | None = field(default=None, repr=False)
+    """The step anatomy of this pod's ranks for Prometheus (this pod's first process; None: not served):
+    updated at each straggler check and each epoch's end (:mod:`pipectl.components.train.exporter`)."""
     step: int = 0
     """The global optimiser step: the number of batches done, over every attempt of the run."""
     resumed_from: int = 0
@@ -206,15 +212,20 @@ class TrainContext:
         mine, span = statistics.median(window), f"over steps {self.step - len(window) + 1}-{self.step}"
         window.clear()
         if not self.distributed:
+            if self.exporter is not None:
+                self.exporter.window([mine], [telemetry.whereabouts()])
             return
         t0 = time.perf_counter()
         own = torch.tensor([mine], dtype=torch.float64, device=self.device)
         gathered = [torch.zeros_like(own) for _ in range(self.world_size)]
         dist.all_gather(gathered, own)
         if not self._who:  # once: where each rank runs
-            self._who = [""] * self.world_size
-            dist.all_gather_object(self._who, f"rank {self.rank} on {telemetry.place(*telemetry.whereabouts())}")
+            self._where = [("", "")] * self.world_size
+            dist.all_gather_object(self._where, telemetry.whereabouts())
+            self._who = [f"rank {r} on {telemetry.place(*w)}" for r, w in enumerate(self._where)]
         self.clock.gang_wait(time.perf_counter() - t0)
+        if self.exporter is not None:
+            self.exporter.window([float(t.item()) for t in gathered], self._where)
         if self.rank == 0:
             for verdict in telemetry.stragglers([float(t.item()) for t in gathered], self._who, span):
                 self._note_verdict(verdict, f"step {self.step}")
@@ -230,6 +241,8 @@ class TrainContext:
 
     def _end_epoch(self, epoch: int, model: nn.Module) -> None:
         ranks = self._gather_anatomy()
+        if self.exporter is not None:
+            self.exporter.epoch(ranks)
         held_out = self._validate(model)
         if self.rank != 0:
             return  # progress in the step's log (`pipectl logs`): where a restart would resume from

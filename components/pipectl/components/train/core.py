@@ -45,7 +45,7 @@ from pipectl.components.runtime import (
     write_json,
 )
 from pipectl.components.shard_stream import ShardStream
-from pipectl.components.train import anatomy_chart, builtin, preflight
+from pipectl.components.train import anatomy_chart, builtin, exporter, preflight, telemetry
 from pipectl.components.train.checkpoints import latest_checkpoint, resume, save_checkpoint
 from pipectl.components.train.context import TrainContext, TrainFunction
 from pipectl.components.train.live import VERDICTS_TAG, WORKFLOW_TAG
@@ -252,6 +252,7 @@ def train(inp: TrainInput, settings: StoreSettings, s3: Any, *, reader: Any = No
         if proc.distributed:
             dist.destroy_process_group()
         return previous
+    ctx.exporter = exporter.from_env(inp.workflow_name, *telemetry.whereabouts())
     if proc.distributed and inp.gang_preflight:
         preflight.check_gang()
     run = _mlflow_run(inp, settings) if proc.rank == 0 else None

@@ -38,6 +38,9 @@ from pipectl.components.pipeline_parameters import env_name
 from pipectl.components.train.preemption import GRACE_PERIOD_S
 from pipectl.components.names import (
     LANE_TAINT_KEY,
+    METRICS_PORT,
+    METRICS_PORT_ENV,
+    METRICS_PORT_NAME,
     NODE_NAME_ENV,
     POD_NAME_ENV,
     OUTPUTS_DIR,
@@ -332,6 +335,15 @@ def _train_command(cfg: GangConfig, node_rank: str) -> list:
     return command + ["--outputs-dir", OUTPUTS_DIR]
 
 
+def _metrics_endpoint(cfg: GangConfig) -> tuple[list[dict], list[dict]]:
+    """(env, container ports) of the step anatomy's Prometheus endpoint: pipectl's training loop
+    serves its ranks' figures on the ``metrics`` port (:mod:`pipectl.components.train.exporter`,
+    scraped through the PodMonitor ``pipectl-train``); a team's own torchrun code (``entry``) does not."""
+    if cfg.entry:
+        return [], []
+    return [{"name": METRICS_PORT_ENV, "value": str(METRICS_PORT)}], [{"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT}]
+
+
 def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
     """Pod of the gang: torchrun, store settings from ConfigMap/Secret, GPUs, /dev/shm (C06).
 
@@ -343,6 +355,7 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
         env = env + train_env() + ([{"name": PUBLISH_ONNX_ENV, "value": "1"}] if cfg.exports_onnx else [])
     cpu, memory = text("{cpu_per_worker}"), text("{memory_gib_per_worker}Gi")
     fabric = cfg.fabric or FabricProfile()
+    metrics_env, metrics_port = _metrics_endpoint(cfg)
     return {
         "metadata": {
             "labels": job_labels(),
@@ -374,12 +387,13 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
                     "command": command,
                     "env": env + [{"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": NODE_NAME_FIELD}}},
                                   {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": POD_NAME_FIELD}}}]
+                    + metrics_env
                     + ([{"name": RETRY_OOM_ENV, "value": "1"}] if cfg.retry_oom else []) + fabric.env(),
                     "envFrom": [
                         {"configMapRef": {"name": STORE_CONFIGMAP, "optional": True}},
                         {"secretRef": {"name": STORE_SECRET, "optional": True}},
                     ],
-                    "ports": [{"name": "pytorchjob-port", "containerPort": MASTER_PORT}],
+                    "ports": [{"name": "pytorchjob-port", "containerPort": MASTER_PORT}] + metrics_port,
                     # requests = limits: Guaranteed QoS, never BestEffort (the kubelet's first eviction
                     # victims under node pressure, field case C07); values checked by `validate`
                     "resources": {

@@ -1,0 +1,119 @@
+"""The gang pods' step anatomy per rank for Prometheus (pipectl.components.train.exporter): what
+the endpoint serves, that each pod serves its own ranks only, and that the gang pods, the
+PodMonitor and the dashboard agree on the port, the pod labels and the metric names. The panels and
+alerts over these series are proven by promtool in tests/unit/test_monitoring_rules.py, and
+scraped live from a real gang in tests/integration/test_rank_metrics.py."""
+
+from __future__ import annotations
+
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+
+from pipectl.components.names import METRICS_PORT, METRICS_PORT_ENV, METRICS_PORT_NAME, STEP_LABEL
+from pipectl.components.train.exporter import RANK_METRICS, RankExporter, from_env, metric_name, others_ratio
+from pipectl.components.train.telemetry import STRAGGLER_RATIO, RankEpoch, stragglers
+from pipectl.pipelines.launchers.base import GangConfig, job_labels, pod_template
+from pipectl.pipelines.rank_monitoring import pod_monitor, rank_alerts, rank_panels
+
+
+def _epoch(rank: int, node: str, pod: str, data: float, compute: float, sync: float, own_ms: float, memory_mib: float) -> RankEpoch:
+    seconds = {"data": data, "compute": compute, "sync": sync, "optimizer": 0.0, "checkpoint": 0.0}
+    return RankEpoch(rank, node, 20, 320, seconds, True, memory_mib=memory_mib, pod=pod, own_median=own_ms / 1000)
+
+
+GANG = [_epoch(0, "node-a", "w-worker-0", 1.0, 7.0, 2.0, 100, 512.0),
+        _epoch(1, "node-a", "w-worker-0", 1.0, 8.0, 1.0, 100, 520.0),
+        _epoch(2, "node-b", "w-worker-1", 3.0, 6.5, 0.5, 130, 600.0)]
+
+
+def test_a_pod_serves_its_own_ranks_with_workflow_rank_pod_and_node():
+    exporter = RankExporter("train-x7", "node-a", "w-worker-0")
+    exporter.epoch(GANG)
+    text = exporter.text()
+    assert 'pipectl_training_rank_data_share{workflow="train-x7",rank="0",pod="w-worker-0",node="node-a"} 0.1\n' in text
+    assert 'pipectl_training_rank_sync_share{workflow="train-x7",rank="1",pod="w-worker-0",node="node-a"} 0.1\n' in text
+    assert 'pipectl_training_rank_step_seconds{workflow="train-x7",rank="0",pod="w-worker-0",node="node-a"} 0.1\n' in text
+    assert f'pipectl_training_rank_memory_bytes{{workflow="train-x7",rank="1",pod="w-worker-0",node="node-a"}} {520.0 * 2**20!r}' in text
+    assert 'rank="2"' not in text  # rank 2 is the other pod's
+    for short, help_ in RANK_METRICS.items():
+        assert f"# HELP {metric_name(short)} {help_}\n# TYPE {metric_name(short)} gauge\n" in text
+    other = RankExporter("train-x7", "node-b", "w-worker-1")
+    other.epoch(GANG)
+    assert {rank for (_, rank) in other.values} == {2}
+    assert other.values[("data_share", 2)] == pytest.approx(0.3) and other.values[("sync_share", 2)] == pytest.approx(0.05)
+
+
+def test_the_step_ratio_is_the_straggler_rules_own():
+    """Each rank's own step over the median of the OTHER ranks' (a rank at 1.3x a gang of two is 1.3,
+    not 1.3 / 1.15): the exported ratio crosses STRAGGLER_RATIO exactly where the verdict fires."""
+    for own in ([0.100, 0.130], [0.100, 0.100, 0.130], [0.1, 0.1, 0.1, 0.119], [0.1, 0.1, 0.1, 0.12], [0.2]):
+        ratios = others_ratio(own)
+        named = {int(v.split()[2]) for v in stragglers(own, [f"rank {i} on node n" for i in range(len(own))], "over the epoch")}
+        assert {i for i, r in enumerate(ratios) if r >= STRAGGLER_RATIO} == named, (own, ratios)
+    exporter = RankExporter("w", "node-b", "w-worker-1")
+    exporter.epoch(GANG)
+    assert exporter.values[("step_ratio", 2)] == pytest.approx(1.3)
+    exporter.window([0.1, 0.1, 0.25], [("node-a", "w-worker-0"), ("node-a", "w-worker-0"), ("node-b", "w-worker-1")])
+    assert exporter.values[("step_ratio", 2)] == pytest.approx(2.5) and exporter.values[("step_seconds", 2)] == 0.25
+
+
+def test_label_values_are_escaped():
+    exporter = RankExporter('w"x\\y', "n\nm", "p")
+    exporter.set("data_share", 0, 0.5)
+    assert 'workflow="w\\"x\\\\y",rank="0",pod="p",node="n\\nm"} 0.5' in exporter.text()
+
+
+def test_the_endpoint_serves_metrics_and_nothing_else():
+    exporter = RankExporter("w", "n", "p")
+    exporter.set("step_seconds", 0, 0.25)
+    port = exporter.serve(0, "127.0.0.1")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:  # noqa: S310 - loopback
+            assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            assert 'pipectl_training_rank_step_seconds{workflow="w",rank="0",pod="p",node="n"} 0.25' in r.read().decode()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10)  # noqa: S310
+        assert e.value.code == 404
+    finally:
+        exporter.close()
+
+
+def test_only_a_pods_first_process_serves_and_a_busy_port_never_stops_training(caplog):
+    assert from_env("w", "n", "p", {}) is None  # not asked for (a team's own code, a plain torchrun)
+    assert from_env("w", "n", "p", {METRICS_PORT_ENV: "0", "LOCAL_RANK": "1"}) is None
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert from_env("w", "n", "p", {METRICS_PORT_ENV: str(port), "LOCAL_RANK": "0"}) is None
+    assert f"cannot serve on port {port}" in caplog.text
+    served = from_env("w", "n", "p", {METRICS_PORT_ENV: "0"})
+    try:
+        assert served is not None and served._server is not None
+    finally:
+        served.close()
+
+
+def _container(entry: tuple[str, ...] = ()) -> dict:
+    return pod_template(GangConfig(image="img", service_account="sa", shm_gib=1, entry=entry), "0", [])["spec"]["containers"][0]
+
+
+def test_gang_pods_pod_monitor_and_dashboard_agree():
+    """The gang pod carries the label the PodMonitor selects and the port it names, with the env
+    that turns the endpoint on; a team's own torchrun code (which serves nothing) gets neither."""
+    c = _container()
+    monitor = pod_monitor("pipectl")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= job_labels().items()
+    assert monitor["spec"]["selector"]["matchLabels"] == {STEP_LABEL: "train"}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == METRICS_PORT_NAME and endpoint["honorLabels"] is True
+    assert {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT} in c["ports"]
+    assert {"name": METRICS_PORT_ENV, "value": str(METRICS_PORT)} in c["env"]
+    own = _container(("-m", "team.train"))
+    assert METRICS_PORT_NAME not in {p["name"] for p in own["ports"]} and METRICS_PORT_ENV not in {e["name"] for e in own["env"]}
+    served = {metric_name(m) for m in RANK_METRICS}
+    queried = " ".join(e for _, _, e, _ in rank_panels("pipectl")) + " ".join(a["expr"] for a in rank_alerts("pipectl"))
+    assert {m for m in served if m in queried} == served, "a served metric no panel or alert shows"
