@@ -8,7 +8,9 @@ batch 32 per process, seed 0) on the digits example data, in two ways:
   builds it: the :class:`StepClock` marks every step, :meth:`TrainContext.wrap` registers the
   timing all-reduce hook on DDP, every epoch end gathers the ranks' numbers (``all_gather_object``)
   and rank 0 logs the gang's shares and each rank's figures to MLflow (one background request), sets
-  the run's step-time and verdict tags (another) and checks the verdicts;
+  the run's step-time and verdict tags (another) and checks the verdicts; each launch's first
+  process serves its ranks' figures to Prometheus (:mod:`pipectl.components.train.exporter`, on a
+  free port: updated every 20 steps and per epoch, nothing per step);
 - **telemetry off**: the same class and loop with the anatomy taken out, in this file only (no
   switch in the product): a clock whose marks do nothing, plain ``DDP(model)`` without the hook,
   no gather and no anatomy report at the epoch end. Everything else is the product's code:
@@ -195,6 +197,12 @@ def child(side: str, store: str, out_dir: str, mlflow_url: str, epochs: int) -> 
         checkpoint=lambda step, model, opt: None, restore=lambda model, opt: (0, None),
         log_metrics=mlflow_metrics(proc.rank),  # as the train step's (core._context)
         log_tags=mlflow_tags(proc.rank) if side == "on" else (lambda tags: None))  # off: no anatomy, no tags
+    if side == "on":  # each pod's ranks served to Prometheus, as the train step starts it (any free port here)
+        from pipectl.components.names import METRICS_PORT_ENV
+        from pipectl.components.train import exporter, telemetry
+
+        ctx.exporter = exporter.from_env(inp.workflow_name, *telemetry.whereabouts(),
+                                         {METRICS_PORT_ENV: "0", "LOCAL_RANK": os.environ.get("LOCAL_RANK", "0")})
     torch.manual_seed(inp.seed)
     try:
         builtin.train(ctx)
