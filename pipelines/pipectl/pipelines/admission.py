@@ -538,9 +538,9 @@ def namespaces_policy(admin_groups: tuple[str, ...] = (), admin_users: tuple[str
             "variables": variables,
             "validations": [{
                 "expression": "size(variables.changed) == 0",
-                "messageExpression": "'namespace ' + object.metadata.name + ': only a platform admin (" + who + ") may set, "
-                                     "change or remove ' + variables.changed.join(', ') + ' on a Namespace; ask one to, or add "
-                                     "your group to the site file\'s admin_groups and apply the rendered argo/cluster'",
+                "messageExpression": "'namespace ' + object.metadata.name + ': only a platform admin (' + " + _cel(who) + " + ') may "
+                                     "set, change or remove ' + variables.changed.join(', ') + ' on a Namespace; ask one to, or "
+                                     "add your group to the site file\\'s admin_groups and apply the rendered argo/cluster'",
                 "reason": "Forbidden"}],
         },
     }
