@@ -13,7 +13,7 @@ PrometheusRule as its rule file. Then, for what ``pipectl render cluster`` write
   and sync shares; memory growth 0, as nothing grows after the epoch);
 * PipectlTrainingStraggler fires in Prometheus for exactly the ranks whose served ratio is over the
   rule (rank 1, which the train step's own verdict names too), and PipectlTrainingFabricBound does
-  not (a straggler explains its gang's sync).
+  not (a straggler explains its gang's sync), nor PipectlTrainingMemoryGrowing (one epoch: no trend).
 
 The cluster test (tests/cluster/test_monitoring.py) sets these series aside: KWOK's pods run no
 process. promtool proves the same panels and alerts on recorded series in
@@ -137,5 +137,6 @@ def test_per_rank_panels_and_the_straggler_alert_from_a_real_gang_in_a_real_prom
         assert {k: alert[k] for k in ("namespace", "workflow", "rank", "pod", "node")} == \
             {"namespace": NS, "workflow": "anatomy", "rank": "1", "pod": "anatomy-worker-1", "node": "node-1"}, alert
         assert not firing("PipectlTrainingFabricBound")
+        assert [value("memory_growing", r) for r in (0, 1)] == [0.0, 0.0] and not firing("PipectlTrainingMemoryGrowing")
         loaded = [r for g in prom.api("rules")["groups"] for r in g["rules"]]
         assert all(r["health"] == "ok" for r in loaded), [(r["name"], r.get("lastError")) for r in loaded if r["health"] != "ok"]

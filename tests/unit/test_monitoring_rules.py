@@ -313,10 +313,11 @@ OTHER_TEAM = _gang("tr-other", [("node-g", 1.5, 0.5, 0.5), ("node-h", 1.0, 0.5, 
 
 
 def test_rank_alerts_fire_at_the_train_steps_rules_and_name_rank_pod_and_node(product):
-    """PipectlTrainingStraggler and PipectlTrainingFabricBound on what the gang pods serve: the
-    thresholds are the train step's (telemetry.STRAGGLER_RATIO, FABRIC_SHARE, NO_SCALE_SHARE), a
-    straggler's alert carries its rank, pod and node, the fabric verdict needs two nodes and no
-    straggler, and another namespace's gangs are not this namespace's alerts."""
+    """PipectlTrainingStraggler, PipectlTrainingFabricBound and PipectlTrainingMemoryGrowing on what
+    the gang pods serve: the thresholds are the train step's (telemetry.STRAGGLER_RATIO,
+    FABRIC_SHARE, NO_SCALE_SHARE; the leak rule served as its verdict), a straggler's and a leak's
+    alert carry the rank, its pod and node, the fabric verdict needs two nodes and no straggler, and
+    another namespace's gangs are not this namespace's alerts."""
     folder, _, _ = product
     series = FABRIC + NO_SCALE + ONE_NODE + STRAGGLER + HEALTHY_GANG + OTHER_TEAM
     straggler = {k: v for k, v in _rank("tr-straggler", 2, "node-d").items() if k in ("namespace", "workflow", "rank", "pod", "node")}
@@ -335,10 +336,25 @@ def test_rank_alerts_fire_at_the_train_steps_rules_and_name_rank_pod_and_node(pr
             {"exp_labels": {"namespace": NS, "workflow": "tr-noscale", "severity": "warning"},
              "exp_annotations": {"summary": fabric.format(w="tr-noscale", p="35%", then="adding nodes will not pay: ")}}]},
     ]
+    # a rank whose pod says its memory grew at each of its last epochs (from 10 min on), one whose did not
+    leaking, settled = _rank("tr-fabric", 1, "node-b"), _rank("tr-fabric", 0, "node-a")
+    series += [_series("pipectl_training_rank_memory_growing", leaking, "0x10 1x30"),
+               _series("pipectl_training_rank_memory_growing", settled, "0x40")]
+    where = {k: leaking[k] for k in ("namespace", "workflow", "rank", "pod", "node")}
+    alerts += [
+        {"eval_time": "9m", "alertname": "PipectlTrainingMemoryGrowing", "exp_alerts": []},
+        {"eval_time": "12m", "alertname": "PipectlTrainingMemoryGrowing", "exp_alerts": [{
+            "exp_labels": {**where, "severity": "warning"},
+            "exp_annotations": {"summary": f"memory growing: rank 1 of tr-fabric on node node-b (pod {leaking['pod']}): its "
+                                           "memory grew at each of its last 4 epochs (rule: every epoch, >= 64 MiB and 10% "
+                                           "in all): likely a leak (tensors kept across steps: a loss appended without "
+                                           ".item(), a list that grows); it ends in an out-of-memory kill"}}]},
+    ]
     _promtool_test(folder, [{"interval": "1m", "input_series": series, "alert_rule_test": alerts}], "rank-alerts.yaml")
     # the healthy gang alone (a rank at 1.19x, a data share of 25%: not these alerts), at any time
     quiet = [{"eval_time": t, "alertname": a, "exp_alerts": []}
-             for t in ("1m", "20m", "39m") for a in ("PipectlTrainingStraggler", "PipectlTrainingFabricBound")]
+             for t in ("1m", "20m", "39m") for a in ("PipectlTrainingStraggler", "PipectlTrainingFabricBound",
+                                                      "PipectlTrainingMemoryGrowing")]
     _promtool_test(folder, [{"interval": "1m", "input_series": HEALTHY_GANG + ONE_NODE, "alert_rule_test": quiet}],
                    "rank-quiet.yaml")
 

@@ -60,6 +60,27 @@ def test_the_step_ratio_is_the_straggler_rules_own():
     assert exporter.values[("step_ratio", 2)] == pytest.approx(2.5) and exporter.values[("step_seconds", 2)] == 0.25
 
 
+def test_a_pod_serves_the_leak_verdict_of_its_ranks_by_the_train_steps_rule():
+    """``memory_growing`` is 1 exactly when telemetry.growing_memory names the rank: memory up at each
+    of the last 4 epoch ends by >= 64 MiB and 10% in all; not after 4 epochs, not when it settles."""
+    import dataclasses
+
+    exporter = RankExporter("w", "node-b", "w-worker-1")
+    growing = [dataclasses.replace(GANG[2], memory_mib=600.0 + 40 * e) for e in range(6)]
+    seen = []
+    for epoch in growing:
+        exporter.epoch([GANG[0], GANG[1], epoch])
+        seen.append(exporter.values[("memory_growing", 2)])
+    assert seen == [0.0, 0.0, 0.0, 0.0, 1.0, 1.0]  # named at the 5th epoch end: 4 growths of 40 MiB (160 >= 64 and 10%)
+    assert ("memory_growing", 0) not in exporter.values  # another pod's rank
+    exporter.epoch([GANG[0], GANG[1], dataclasses.replace(GANG[2], memory_mib=800.0)])
+    assert exporter.values[("memory_growing", 2)] == 0.0  # settled: no longer every epoch
+    slow = RankExporter("w", "node-b", "w-worker-1")
+    for e in range(6):
+        slow.epoch([dataclasses.replace(GANG[2], memory_mib=600.0 + 10 * e)])  # 40 MiB in 4 epochs: under 64
+    assert slow.values[("memory_growing", 2)] == 0.0
+
+
 def test_label_values_are_escaped():
     exporter = RankExporter('w"x\\y', "n\nm", "p")
     exporter.set("data_share", 0, 0.5)

@@ -14,9 +14,11 @@ Each gang pod of pipectl's training loop serves its ranks' figures on its ``metr
   meet at every all-reduce), so that mean is the train step's share (all ranks' sync over all
   their time).
 
-The starved verdict is the alert ``PipectlTrainingStarvedForData`` (the last run, from evaluate);
-memory growing has the panel, not an alert (its rule, growth at every one of several epoch ends,
-is the train step's: the panel shows the trend).
+- memory growing: a rank's memory grew at each of its last ``LEAK_EPOCHS`` epoch ends, by at least
+  ``LEAK_MIN_MIB`` and ``LEAK_MIN_FRACTION`` in all (the rule needs the epochs' ends, which only the
+  gang knows: the pod serves the verdict itself, ``pipectl_training_rank_memory_growing``).
+
+The starved verdict is the alert ``PipectlTrainingStarvedForData`` (the last run, from evaluate).
 Pure: no I/O; the dashboard and the rule file are assembled in :mod:`pipectl.pipelines.manifests`.
 """
 
@@ -26,7 +28,8 @@ from typing import Any
 
 from pipectl.components.names import METRICS_PORT_NAME, PART_OF, STEP_LABEL
 from pipectl.components.train.exporter import metric_name
-from pipectl.components.train.telemetry import FABRIC_SHARE, NO_SCALE_SHARE, STARVED_SHARE, STRAGGLER_RATIO, STRAGGLER_STEPS
+from pipectl.components.train.telemetry import (FABRIC_SHARE, LEAK_EPOCHS, LEAK_MIN_FRACTION, LEAK_MIN_MIB, NO_SCALE_SHARE,
+                                                STARVED_SHARE, STRAGGLER_RATIO, STRAGGLER_STEPS)
 
 SCRAPE_INTERVAL = "30s"
 """How often Prometheus reads the gang pods' figures (they change every ``STRAGGLER_STEPS`` steps and per epoch)."""
@@ -73,7 +76,8 @@ def rank_panels(namespace: str) -> list[tuple[str, str, str, str]]:
 
 
 def rank_alerts(namespace: str) -> list[dict[str, Any]]:
-    """The alerts ``PipectlTrainingStraggler`` and ``PipectlTrainingFabricBound`` (see the module doc)."""
+    """The alerts ``PipectlTrainingStraggler``, ``PipectlTrainingFabricBound`` and
+    ``PipectlTrainingMemoryGrowing`` (see the module doc)."""
     ratio, sync = _m("step_ratio", namespace), _m("sync_share", namespace)
     gang = "namespace, workflow"
     across_nodes = f"count by ({gang}) (count by ({gang}, node) ({sync})) > 1"
@@ -94,4 +98,12 @@ def rank_alerts(namespace: str) -> list[dict[str, Any]]:
                                     f"of its step (rule: > {FABRIC_SHARE:.0%}; > {NO_SCALE_SHARE:.0%}: more nodes will not pay); "
                                     f"{{{{ if gt $value {NO_SCALE_SHARE} }}}}adding nodes will not pay: {{{{ end }}}}"
                                     "check InfiniBand/RoCE and NCCL_IB_DISABLE / NCCL_SOCKET_IFNAME"}},
+        {"alert": "PipectlTrainingMemoryGrowing",
+         "expr": f"max by ({gang}, rank, pod, node) ({_m('memory_growing', namespace)}) > 0",
+         "labels": {"severity": "warning"},
+         "annotations": {"summary": "memory growing: rank {{ $labels.rank }} of {{ $labels.workflow }} on node {{ $labels.node }} "
+                                    f"(pod {{{{ $labels.pod }}}}): its memory grew at each of its last {LEAK_EPOCHS} epochs (rule: every epoch, "
+                                    f">= {LEAK_MIN_MIB:.0f} MiB and {LEAK_MIN_FRACTION:.0%} in all): likely a leak (tensors kept "
+                                    "across steps: a loss appended without .item(), a list that grows); it ends in an "
+                                    "out-of-memory kill"}},
     ]

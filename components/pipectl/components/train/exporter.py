@@ -16,6 +16,8 @@ ranks of its own pod, as Prometheus gauges with the labels ``workflow``, ``rank`
 ``pipectl_training_rank_sync_share``              share of the rank's step time in exposed gradient sync, last epoch
 ``pipectl_training_rank_memory_bytes``            GPU memory its tensors hold (a GPU rank) or its resident memory
                                                   (a CPU rank) at the last epoch's end
+``pipectl_training_rank_memory_growing``          1 when that memory grew at each of the last epoch ends as the
+                                                  train step's leak rule says (:func:`~.telemetry.growing_memory`), else 0
 ================================================  ==============================================================
 
 The figures are the ones the loop already gathers (every rank receives every rank's numbers at
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipectl.components.names import METRICS_PORT_ENV
+from pipectl.components.train.telemetry import LEAK_EPOCHS, growing_memory
 
 log = logging.getLogger("pipectl.train")
 
@@ -45,6 +48,8 @@ RANK_METRICS = {
     "data_share": "Share of a training rank's step time waiting for data, last epoch",
     "sync_share": "Share of a training rank's step time in exposed gradient sync, last epoch",
     "memory_bytes": "GPU memory a training rank's tensors hold (a GPU rank) or its resident memory (a CPU rank), last epoch's end",
+    "memory_growing": "1 when a training rank's memory grew at each of its last 4 epoch ends, by at least 64 MiB and 10% in all "
+                      "(a likely leak), else 0",
 }
 """Metric (without :data:`PREFIX`) -> its help text."""
 LABELS = ("workflow", "rank", "pod", "node")
@@ -80,6 +85,8 @@ class RankExporter:
     pod: str
     values: dict[tuple[str, int], float] = field(default_factory=dict)
     """(metric, rank) -> value."""
+    history: dict[int, list[Any]] = field(default_factory=dict, repr=False)
+    """This pod's ranks' last epochs (oldest first), as many as the leak rule looks at."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _server: Any = field(default=None, repr=False)
 
@@ -113,6 +120,8 @@ class RankExporter:
             self.set("data_share", r.rank, r.seconds["data"] / total)
             self.set("sync_share", r.rank, r.seconds["sync"] / total)
             self.set("memory_bytes", r.rank, r.memory_mib * 2**20)
+            kept = self.history[r.rank] = (self.history.get(r.rank, []) + [r])[-(LEAK_EPOCHS + 1):]
+            self.set("memory_growing", r.rank, 1.0 if growing_memory(kept) else 0.0)
 
     def text(self) -> str:
         """The gauges in Prometheus's text exposition format (version 0.0.4)."""
