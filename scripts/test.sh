@@ -14,7 +14,7 @@
 #                  end), in a second process beside tier 1 once go-cluster is done (at once warm):
 #                  one Ceph, one Alluxio
 #   node-images    the step and example images into the real node's containerd store (after images + venv)
-#   go-node        the real node's binaries (kubelet, pause, argoexec, coredns), after go-cluster,
+#   go-node        the real node's binaries (kubelet, pause, argoexec, coredns), after go-cluster and Karpenter,
 #                  beside tier 2
 #   tests-cluster  pytest tier 2: the KWOK control plane (tests/cluster), once go-cluster is done
 #   tests-autoscaled  pytest tier 2b: Karpenter's build (cached), then tests/cluster/test_autoscaler.py
@@ -163,6 +163,12 @@ autoscaled() {  # tier 2b: Karpenter's build (cached warm), then its tests
   bash tests/cluster/build.sh "${GO_AUTOSCALER[@]}" && tier tests-autoscaled tests/cluster/test_autoscaler.py "$@"
 }
 
+node_binaries() {  # the real node's binaries, after Karpenter's: tier 2b waits for Karpenter now,
+  # tier 3 for the node's binaries only once tier 2b is done (one build at a time: build.sh's lock;
+  # whichever of the two takes it first, Karpenter is built first and the other finds it cached)
+  bash tests/cluster/build.sh "${GO_AUTOSCALER[@]}" && bash tests/cluster/build.sh "${GO_NODE[@]}"
+}
+
 export PIPECTL_REQUIRE_CEPH=1 PIPECTL_REQUIRE_CLUSTER=1
 bg venv bash scripts/setup.sh
 # The Go builds are the cold run's critical path (tier 2 waits for them; tier 1 does not): they
@@ -181,8 +187,8 @@ reap go-cluster && cluster_ok=1
 # test process beside them (Ceph, Alluxio's JVM, training) took CPU from them; warm they take no time.
 bg tests-storage tier tests-storage --ignore=tests/cluster -m "storage or pipeline" "$@"
 if [[ $cluster_ok -eq 1 ]]; then
-  bg go-node bash tests/cluster/build.sh "${GO_NODE[@]}"
   bg tests-autoscaled autoscaled "$@"
+  bg go-node node_binaries
   bg tests-cluster tier tests-cluster tests/cluster --ignore=tests/cluster/test_real_pods.py \
     --ignore=tests/cluster/test_autoscaler.py "$@"
 fi
