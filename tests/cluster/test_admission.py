@@ -327,6 +327,41 @@ def test_a_submitter_cannot_write_what_the_controller_runs_into_a_workflows_stat
     finally:
         admin.delete_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
 
+def test_a_submitter_cannot_resume_a_suspend_step(test_cluster, k8s_api, submitter):
+    """Resuming a ``suspend`` step (``argo resume``, the Argo UI's RESUME) marks its node Succeeded
+    in the workflow's status: a submitter may not (the run stays suspended); an admin may. The
+    template with the step is the namespace owner's (here an admin's); the run is the submitter's."""
+    from kubernetes import client
+
+    admin = client.CustomObjectsApi(k8s_api)
+    args = ("argoproj.io", "v1alpha1", NS, "workflows")
+    template = {"apiVersion": "argoproj.io/v1alpha1", "kind": "WorkflowTemplate", "metadata": {"name": "approval-v1"},
+                "spec": {"entrypoint": "approval", "templates": [{"name": "approval", "suspend": {}}]}}
+    admin.create_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflowtemplates", template)
+    name = None
+    try:
+        run = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"generateName": "approval-"},
+               "spec": {"workflowTemplateRef": {"name": "approval-v1"}}}
+        name = submitter.create_namespaced_custom_object(*args, run)["metadata"]["name"]
+
+        def suspended() -> dict | None:
+            nodes = (admin.get_namespaced_custom_object(*args, name).get("status") or {}).get("nodes") or {}
+            return next((n for n in nodes.values() if n.get("type") == "Suspend" and n.get("phase") == "Running"), None)
+
+        node = test_cluster.wait_for("the suspend step waiting", suspended)
+        resume = {"status": {"nodes": {node["id"]: {"phase": "Succeeded", "finishedAt": "2026-01-01T00:00:00Z"}}}}
+        with pytest.raises(client.ApiException) as e:
+            submitter.patch_namespaced_custom_object(*args, name, resume)
+        assert e.value.status in (403, 422) and "status.nodes" in e.value.body, e.value.body
+        assert suspended() is not None
+        admin.patch_namespaced_custom_object(*args, name, resume)
+        assert suspended() is None
+    finally:
+        if name:
+            admin.delete_namespaced_custom_object(*args, name)
+        admin.delete_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflowtemplates", "approval-v1")
+
+
 def test_a_cron_schedule_is_held_to_the_same_rules(test_cluster, k8s_api, submitter):
     """Whoever may write CronWorkflows (here a namespace editor) cannot schedule a run of their own
     templates: the controller would start it as its own identity."""
@@ -415,6 +450,9 @@ def test_a_namespace_with_a_model_prefix_trains_only_its_own_models(test_cluster
         _submit(submitter, _legit(model_name="team-a-resnet"))
         for other in ("digits-cnn", "team-b-resnet", "team-ab"):
             assert f"model-name {other} is not this namespace's" in _refusal(submitter, _legit(model_name=other))
+        implicit = _legit(model_name="team-a-resnet")  # the template's default name is not the team's: named explicitly
+        implicit["spec"]["arguments"]["parameters"] = [p for p in implicit["spec"]["arguments"]["parameters"] if p["name"] != "model-name"]
+        assert "model-name  is not this namespace's" in _refusal(submitter, implicit)
     finally:
         core.patch_namespace(NS, {"metadata": {"labels": {"pipectl.io/model-prefix": None}}})
     test_cluster.wait_for("no model prefix", lambda: accepted(_legit(model_name="team-b-resnet")) or None)
@@ -546,6 +584,9 @@ def test_two_teams_share_the_cluster_and_neither_reaches_the_other(test_cluster,
         test_cluster.wait_for("the team's data prefix in force", lambda: "data prefix" in (refusal(vision, outside) or "") or None)
         assert refusal(vision, wf(vision)) is None
         assert "is not under this namespace's data prefix s3://pipectl/teams/vision/" in refusal(vision, outside)
+        implicit = wf(vision)  # the template's default dataset is not the team's: named explicitly
+        implicit["spec"]["arguments"]["parameters"] = [p for p in implicit["spec"]["arguments"]["parameters"] if p["name"] != "dataset-uri"]
+        assert "dataset-uri  is not under this namespace's data prefix" in (refusal(vision, implicit) or ""), refusal(vision, implicit)
         assert "model-name speech-cnn is not this namespace's" in refusal(vision, wf(vision, model_name="speech-cnn"))
         into_speech = refusal(speech, wf(speech, model_name="speech-cnn", dataset_uri="s3://pipectl/teams/speech/digits/"))
         assert into_speech.startswith("403 ") and 'User "ann" cannot create resource "workflows"' in into_speech, into_speech
@@ -860,11 +901,28 @@ def test_a_namespace_without_the_rules_configmap_refuses_submissions(test_cluste
         message = test_cluster.wait_for("the submission policy in force in " + other, refusal)
         print("refusal without the ConfigMap:", message)
         assert "no params found" in message, message
-        try:  # what the break-glass group gets here (printed: the binding's lookup comes before match conditions)
-            client.CustomObjectsApi(k8s_api).create_namespaced_custom_object("argoproj.io", "v1alpha1", other, "workflows", wf, dry_run="All")
-            print("system:masters without the ConfigMap: admitted")
-        except client.ApiException as e:
-            print("system:masters without the ConfigMap:", e.status, json.loads(e.body)["message"])
+        # the binding's lookup comes before the policy's match conditions: the exempt identities are
+        # refused too (the break-glass group, the Argo controller's account), CronWorkflows as well
+        from pipectl.pipelines.admission import ARGO_CONTROLLER_SA
+        from pipectl.pipelines.manifests import retrain_cron
+        from pipectl.pipelines.training import CompileConfig
+
+        rbac.create_namespaced_role_binding(other, {
+            "metadata": {"name": "controller-submits"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pipectl-submitter"},
+            "subjects": [{"kind": "User", "name": ARGO_CONTROLLER_SA, "apiGroup": "rbac.authorization.k8s.io"}]})
+        cron = retrain_cron(CompileConfig()).to_dict()
+        cron["metadata"]["namespace"] = other
+        writes = {"system:masters, a workflow": lambda: client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+                      "argoproj.io", "v1alpha1", other, "workflows", wf, dry_run="All"),
+                  "system:masters, a cron schedule": lambda: client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
+                      "argoproj.io", "v1alpha1", other, "cronworkflows", cron, dry_run="All"),
+                  "the Argo controller": lambda: client.CustomObjectsApi(_api(test_cluster, ARGO_CONTROLLER_SA, "system:serviceaccounts"))
+                      .create_namespaced_custom_object("argoproj.io", "v1alpha1", other, "workflows", wf, dry_run="All")}
+        for who, write in writes.items():
+            with pytest.raises(client.ApiException) as e:
+                write()
+            assert e.value.status in (403, 422) and "no params found" in e.value.body, (who, e.value.status, e.value.body)
         r = _pipectl(test_cluster, "submit", "training", "-n", other)  # the CLI names the fix
         assert r.returncode == 2 and PARAMETER_RULES_CONFIGMAP in r.stderr and "pipectl templates apply" in r.stderr, r.stderr
         core.create_namespaced_config_map(other, parameter_rules_configmap(other))
