@@ -518,6 +518,52 @@ def _training_wf(custom, name: str) -> dict:
     return custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", "pipectl", "workflows", name)
 
 
+def test_data_push_then_submit_runs_the_pushed_dataset_on_the_cluster(project_applied, training_outputs_supplied,
+                                                                       test_cluster, k8s_api, small_digits_dir, tmp_path):
+    """A user's own folder onto the cluster, as the README shows it: a local path on `submit` is
+    refused (exit 2, naming `pipectl data push`, nothing sent); `pipectl data push DIR` copies the
+    folder to the store (moto's S3 server here) and prints its URI; `pipectl submit training -p
+    dataset-uri=URI --wait` passes validation, the lane's size check (which reads the staged
+    manifest from the store) and the API server's admission, and the run Succeeds with that URI as
+    its argument."""
+    if not test_cluster.volcano_ok:
+        pytest.skip(f"Volcano did not start: {test_cluster.errors}")
+    from pipectl.pipelines.backends.services import S3_ACCESS_KEY, S3_SECRET_KEY, EmbeddedServices
+
+    custom = _custom(k8s_api)
+
+    def names() -> set[str]:
+        return {w["metadata"]["name"] for w in custom.list_namespaced_custom_object(
+            "argoproj.io", "v1alpha1", "pipectl", "workflows")["items"]}
+
+    assert _pipectl(test_cluster, "templates", "apply").returncode == 0
+    with EmbeddedServices(tmp_path / "services", s3=True, mlflow=False) as services:
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PIPECTL_")},
+               "KUBECONFIG": str(test_cluster.kubeconfig), "PIPECTL_S3_ENDPOINT": services.s3_url,
+               "PIPECTL_S3_ACCESS_KEY": S3_ACCESS_KEY, "PIPECTL_S3_SECRET_KEY": S3_SECRET_KEY}
+
+        def pipectl(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([str(PIPECTL), *args], capture_output=True, text=True, timeout=300, env=env)
+
+        before = names()
+        r = pipectl("submit", "training", "-p", f"dataset-uri={small_digits_dir}")
+        assert r.returncode == 2 and "pipectl data push" in r.stderr, (r.returncode, r.stderr)
+        assert names() == before  # nothing sent
+        push = pipectl("data", "push", str(small_digits_dir))
+        assert push.returncode == 0, push.stderr
+        uri = push.stdout.strip()
+        assert uri.startswith("s3://pipectl/datasets/") and "300 images" in push.stderr, (uri, push.stderr)
+        r = pipectl("submit", "training", "-p", f"dataset-uri={uri}", "-p", "workers=1", "-p", "gpus-per-worker=1",
+                    "-p", "processes-per-worker=1", "--wait", "--output", "json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    out = _last_json(r.stdout)
+    wf = _training_wf(custom, out["name"])
+    assert wf["status"]["phase"] == "Succeeded", wf["status"].get("message")
+    args = {p["name"]: p.get("value") for p in wf["spec"]["arguments"]["parameters"]}
+    assert args["dataset-uri"] == uri, args
+    _delete_workflow(custom, out["name"])
+
+
 def test_training_pipeline_reaches_succeeded_under_submit_wait(project_applied, training_outputs_supplied,
                                                                test_cluster, k8s_api):
     """The real training-v1 WorkflowTemplate (not a variant) under `pipectl submit --wait`: every
