@@ -329,8 +329,9 @@ def test_a_submitter_cannot_write_what_the_controller_runs_into_a_workflows_stat
 
 def test_a_submitter_cannot_resume_a_suspend_step(test_cluster, k8s_api, submitter):
     """Resuming a ``suspend`` step (``argo resume``, the Argo UI's RESUME) marks its node Succeeded
-    in the workflow's status: a submitter may not (the run stays suspended); an admin may. The
-    template with the step is the namespace owner's (here an admin's); the run is the submitter's."""
+    in the workflow's status: a submitter may not (the run stays suspended); an admin may. What a
+    retry writes still passes: the step set to run again, or removed. The template with the step is
+    the namespace owner's (here an admin's); the run is the submitter's."""
     from kubernetes import client
 
     admin = client.CustomObjectsApi(k8s_api)
@@ -349,12 +350,16 @@ def test_a_submitter_cannot_resume_a_suspend_step(test_cluster, k8s_api, submitt
             return next((n for n in nodes.values() if n.get("type") == "Suspend" and n.get("phase") == "Running"), None)
 
         node = test_cluster.wait_for("the suspend step waiting", suspended)
-        resume = {"status": {"nodes": {node["id"]: {"phase": "Succeeded", "finishedAt": "2026-01-01T00:00:00Z"}}}}
+        succeeded = {"phase": "Succeeded", "finishedAt": "2026-01-01T00:00:00Z"}
         with pytest.raises(client.ApiException) as e:
-            submitter.patch_namespaced_custom_object(*args, name, resume)
+            submitter.patch_namespaced_custom_object(*args, name, {"status": {"nodes": {node["id"]: succeeded}}})
         assert e.value.status in (403, 422) and "status.nodes" in e.value.body, e.value.body
         assert suspended() is not None
-        admin.patch_namespaced_custom_object(*args, name, resume)
+        # what Argo's retry writes passes: a step set to run again, a step removed (the controller runs it again)
+        submitter.patch_namespaced_custom_object(*args, name, {"status": {"nodes": {node["id"]: {"phase": "Running", "message": "again"}}}})
+        submitter.patch_namespaced_custom_object(*args, name, {"status": {"nodes": {node["id"]: None}}})
+        node = test_cluster.wait_for("the suspend step run again", suspended)
+        admin.patch_namespaced_custom_object(*args, name, {"status": {"nodes": {node["id"]: succeeded}}})
         assert suspended() is None
     finally:
         if name:
