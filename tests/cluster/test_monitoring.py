@@ -15,6 +15,8 @@ step (exit 1, the code's fault). Then, for what ``pipectl render cluster`` write
   Prometheus evaluates every rule without an error, and the alert that the run provokes (a failed
   workflow) fires in Prometheus itself;
 * the bare custom-metric name (the wrong query of C12) returns nothing;
+* ``pipectl status`` of the finished run shows the training's step anatomy and verdicts (what the
+  train step hands on through evaluate's outputs, as the controller recorded them);
 * expressions over exporters this cluster cannot have (DCGM: no GPUs; kube-state-metrics: not
   run) are set aside only when none of their metric names exists in this Prometheus; they are
   proven on recorded series with ``promtool test rules`` (tests/unit/test_monitoring_rules.py).
@@ -80,13 +82,22 @@ def monitored(test_cluster, tmp_path_factory):
         yield test_cluster, prom, groups, panels
 
 
+# what the train step hands on through evaluate (a gang on KWOK trains nothing): the last epoch's
+# anatomy and a verdict, which `pipectl status` of the finished run must show
+STEP_TIME = "data 5%, compute 80%, sync 12%, optimizer 2%, checkpoint 1%; 640 images/s (per rank: 0: 330, 1: 310); GPU memory 2210 MiB (peak 2890 MiB)"
+VERDICT = ("starved: 25% of the step waits for data (rule: > 20%); decode on the GPU (DALI mixed), give the workers more CPU "
+           "(cpu-per-worker), or warm the cache (warm-cache=true)")
+STEP_OUTPUTS = {**TRAINING_STEP_OUTPUTS, "evaluate": {**TRAINING_STEP_OUTPUTS["evaluate"], "training-step-time": STEP_TIME,
+                                                      "training-verdicts": json.dumps([VERDICT])}}
+
+
 def _run_one_good_and_one_bad_pipeline(cluster, k8s_api) -> tuple[str, str]:
     """training-v1 once to Succeeded (``pipectl submit --wait``, a 2-pod gang through Volcano) and
     once to Failed (its first step exits 1: a code failure, not retried). Returns both names."""
     from kubernetes import client
 
     core, custom = client.CoreV1Api(k8s_api), client.CustomObjectsApi(k8s_api)
-    body = {"metadata": {"name": TEST_OUTPUTS_CONFIGMAP}, "data": {k: json.dumps(v) for k, v in TRAINING_STEP_OUTPUTS.items()}}
+    body = {"metadata": {"name": TEST_OUTPUTS_CONFIGMAP}, "data": {k: json.dumps(v) for k, v in STEP_OUTPUTS.items()}}
     try:
         core.create_namespaced_config_map("pipectl", body)
     except client.ApiException as e:
@@ -136,8 +147,14 @@ def test_C12_every_panel_and_alert_returns_series_from_a_real_controller_and_vol
     except TimeoutError as e:
         raise AssertionError(f"scrape targets: {prom.targets_up()}") from e
     assert set(prom.targets_up()) == {"workflow-controller", "vc-scheduler"}, prom.targets_up()
-    _run_one_good_and_one_bad_pipeline(cluster, k8s_api)
+    good, _ = _run_one_good_and_one_bad_pipeline(cluster, k8s_api)
     t_run = time.monotonic() - t0
+    # the finished run's status shows the training's anatomy and verdicts (evaluate's outputs, as
+    # the controller recorded them)
+    r = _pipectl(cluster, "status", good)
+    lines = [" ".join(line.split()) for line in r.stdout.splitlines() + r.stderr.splitlines()]
+    assert r.returncode == 0 and f"training step time (last epoch): {STEP_TIME}" in lines and f"verdict: {VERDICT}" in lines, \
+        r.stdout + r.stderr
 
     live_names = set(prom.api("label/__name__/values"))
     assert any(n.startswith("argo_workflows_pipectl_") for n in live_names), sorted(live_names)
