@@ -138,3 +138,24 @@ def test_gang_pods_pod_monitor_and_dashboard_agree():
     served = {metric_name(m) for m in RANK_METRICS}
     queried = " ".join(e for _, _, e, _ in rank_panels("pipectl")) + " ".join(a["expr"] for a in rank_alerts("pipectl"))
     assert {m for m in served if m in queried} == served, "a served metric no panel or alert shows"
+
+
+def test_locally_each_gang_pod_serves_on_a_port_of_its_own(tmp_path):
+    """``pipectl run`` runs every pod of the gang on this one machine: the pods' metrics port (one
+    number in the manifest) becomes a free port per pod, as the rendezvous port does, so each
+    pod's first process can serve."""
+    import json
+
+    from pipectl.pipelines.backends.runner import LocalRunner
+    from tests.unit.test_local_backend import _wf
+
+    job = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "{{workflow.name}}-j"},
+           "spec": {"minAvailable": 3, "tasks": [{"name": "worker", "replicas": 3, "template": {"spec": {"containers": [{
+               "name": "c", "env": [{"name": METRICS_PORT_ENV, "value": str(METRICS_PORT)}],
+               "command": ["python", "-c", "import os,sys; open(sys.argv[1] + '/pod-' + os.environ['VC_TASK_INDEX'], 'w')"
+                           f".write(os.environ['{METRICS_PORT_ENV}'])", str(tmp_path)]}]}}}]}}
+    tmpl = {"name": "gang", "resource": {"action": "create", "manifest": json.dumps(job)}}
+    result = LocalRunner(_wf([{"name": "g", "template": "gang"}], [tmpl]), {}, {}, tmp_path / "runs").run()
+    assert result.phase == "Succeeded", result.node("g").log_path.read_text()
+    ports = [(tmp_path / f"pod-{i}").read_text() for i in range(3)]
+    assert len(set(ports)) == 3 and all(p.isdigit() and int(p) > 0 for p in ports), ports
