@@ -936,6 +936,45 @@ def test_a_namespace_without_the_rules_configmap_refuses_submissions(test_cluste
         core.delete_namespace(other)
 
 
+def test_the_submission_policy_holds_the_namespaces_labelled_for_it(test_cluster, k8s_api):
+    """The policy applies where the namespace carries ``pipectl.io/submission-policy=enforce``
+    (pipectl's and each team's do; only a platform admin sets it: ``pipectl-namespaces``): in a
+    namespace without the label, a user the Role lets submit is not held to it; once the admin
+    labels it, the same workflow is refused."""
+    from kubernetes import client
+
+    from pipectl.pipelines.admission import SUBMISSION_LABEL, parameter_rules_configmap, submitter_role
+
+    core, rbac = client.CoreV1Api(k8s_api), client.RbacAuthorizationV1Api(k8s_api)
+    other = "not-labelled-for-the-policy"
+    core.create_namespace({"metadata": {"name": other}})
+    try:
+        rbac.create_namespaced_role(other, submitter_role(other))
+        rbac.create_namespaced_role_binding(other, {
+            "metadata": {"name": "team-a-submits"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pipectl-submitter"},
+            "subjects": [{"kind": "Group", "name": SUBMITTER[1], "apiGroup": "rbac.authorization.k8s.io"}]})
+        core.create_namespaced_config_map(other, parameter_rules_configmap(other))
+        custom = client.CustomObjectsApi(_api(test_cluster, *SUBMITTER))
+        wf = _legit()
+        wf["metadata"]["namespace"] = other
+        wf["spec"]["podSpecPatch"] = "{}"
+
+        def refusal() -> str | None:
+            try:
+                custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", other, "workflows", wf, dry_run="All")
+            except client.ApiException as e:
+                return f"{e.status} {json.loads(e.body)['message']}"
+            return None
+
+        assert test_cluster.wait_for("the submitter's Role bound", lambda: refusal() is None or None)
+        core.patch_namespace(other, {"metadata": {"labels": {SUBMISSION_LABEL: "enforce"}}})
+        why = test_cluster.wait_for("the submission policy in force once labelled", refusal)
+        assert "pipectl-submission" in why and "podSpecPatch" in why, why
+    finally:
+        core.delete_namespace(other)
+
+
 def test_a_namespace_holds_its_gpu_share_and_no_pod_of_it_is_best_effort(k8s_api):
     """Beside other teams: all pods of the namespace together, every lane, request at most its GPU
     quota; a container that requests nothing gets the steps' requests (no BestEffort pod)."""
