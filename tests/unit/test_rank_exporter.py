@@ -85,6 +85,9 @@ def test_label_values_are_escaped():
     exporter = RankExporter('w"x\\y', "n\nm", "p")
     exporter.set("data_share", 0, 0.5)
     assert 'workflow="w\\"x\\\\y",rank="0",pod="p",node="n\\nm"} 0.5' in exporter.text()
+    exporter.set("step_seconds", 0, float("nan"))
+    exporter.set("step_ratio", 0, float("inf"))
+    assert "} NaN\n" in exporter.text() and "} +Inf\n" in exporter.text()  # the exposition format's spelling, not Python's
 
 
 def test_the_endpoint_serves_metrics_and_nothing_else():

@@ -30,6 +30,7 @@ be bound is a warning in the step's log.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import statistics
 import threading
@@ -62,6 +63,15 @@ def metric_name(short: str) -> str:
 
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(v: float) -> str:
+    """A sample value as the exposition format spells it (``NaN``, ``+Inf``, ``-Inf``, else Python's repr)."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(v)
 
 
 def others_ratio(own: list[float]) -> list[float]:
@@ -136,7 +146,7 @@ class RankExporter:
             lines += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
             for rank, v in rows:
                 labels = ",".join(f'{k}="{_escape(x)}"' for k, x in zip(LABELS, (self.workflow, str(rank), self.pod, self.node)))
-                lines.append(f"{name}{{{labels}}} {v!r}")
+                lines.append(f"{name}{{{labels}}} {_number(v)}")
         return "\n".join(lines) + "\n"
 
     def serve(self, port: int, host: str = "") -> int:
