@@ -399,3 +399,21 @@ def test_rank_panels_show_each_ranks_step_time_shares_and_memory_growth(product)
     }
     exprs = [{"expr": titles[t], "eval_time": "15m", "exp_samples": s} for t, s in expected.items()]
     _promtool_test(folder, [{"interval": "1m", "input_series": series, "promql_expr_test": exprs}], "rank-panels.yaml")
+
+
+def test_starved_for_data_fires_above_the_train_steps_rule_for_that_model_only(product):
+    """PipectlTrainingStarvedForData over the evaluate step's gauge (the last run's data-wait share,
+    by model and lane): fires for the model whose run waited 25% of its step (rule: > 20%,
+    telemetry.STARVED_SHARE), not for one at 20% exactly nor at 8%."""
+    folder, _, _ = product
+    gauge = "argo_workflows_pipectl_training_data_share"
+    scrape = {"instance": "c:9090", "job": "workflow-controller"}
+    series = [_series(gauge, {**scrape, "model": "digits-cnn", "lane": "standard"}, "0.08x10 0.25x20"),
+              _series(gauge, {**scrape, "model": "resnet-pets", "lane": "batch"}, "0.2x30"),
+              _series(gauge, {**scrape, "model": "vit-food", "lane": "urgent"}, "0.08x30")]
+    summary = ("training of digits-cnn waited for data 25% of its step time in its last epoch: more loader workers, "
+               "Alluxio warm-up, or a faster store")
+    alerts = [{"eval_time": "9m", "alertname": "PipectlTrainingStarvedForData", "exp_alerts": []},
+              {"eval_time": "12m", "alertname": "PipectlTrainingStarvedForData", "exp_alerts": [{
+                  "exp_labels": {"model": "digits-cnn", "severity": "warning"}, "exp_annotations": {"summary": summary}}]}]
+    _promtool_test(folder, [{"interval": "1m", "input_series": series, "alert_rule_test": alerts}], "starved.yaml")
