@@ -468,8 +468,8 @@ def test_only_a_platform_admin_sets_pipectls_labels_on_a_namespace(test_cluster,
     Namespaces (``dana``, a ClusterRole bound to her group) is refused by the API server, naming the
     key, when he creates a Namespace claiming a team (``pipectl.io/team``) or a preempting lane, or
     adds, changes or removes the team label, a lane grant, the model prefix, the submission policy
-    or the data-prefix annotation of one; his other labels pass, and so does a write that leaves
-    them as they were. ``system:masters`` sets them; with the site's ``admin_groups`` rendered in,
+    or the data-prefix annotation of one, or the Pod Security labels of a namespace pipectl's policies
+    hold; her other labels pass, and so does a write that leaves them as they were. ``system:masters`` sets them; with the site's ``admin_groups`` rendered in,
     so does a member of that group (``carol``), and dana still cannot."""
     from kubernetes import client
 
@@ -519,6 +519,7 @@ def test_only_a_platform_admin_sets_pipectls_labels_on_a_namespace(test_cluster,
             why = refusal(patch(dana, labels, annotations))
             assert why and why.startswith("403 ") and key in why and "pipectl-namespaces" in why, (key, why)
         assert refusal(patch(dana, {"app": "still-mine"})) is None
+        assert refusal(patch(dana, {"pod-security.kubernetes.io/enforce": "baseline"})) is None  # not pipectl's namespace
 
         core.patch_namespace(mine, {"metadata": {"labels": {TEAM_LABEL: "vision", SUBMISSION_LABEL: "enforce"},
                                                  "annotations": {DATA_PREFIX_ANNOTATION: "s3://pipectl/teams/vision/"}}})
@@ -526,7 +527,10 @@ def test_only_a_platform_admin_sets_pipectls_labels_on_a_namespace(test_cluster,
         for labels, annotations, key in (({TEAM_LABEL: "speech"}, None, TEAM_LABEL), ({TEAM_LABEL: None}, None, TEAM_LABEL),
                                          ({SUBMISSION_LABEL: None}, None, SUBMISSION_LABEL),
                                          (None, {DATA_PREFIX_ANNOTATION: "s3://pipectl/"}, DATA_PREFIX_ANNOTATION),
-                                         (None, {DATA_PREFIX_ANNOTATION: None}, DATA_PREFIX_ANNOTATION)):
+                                         (None, {DATA_PREFIX_ANNOTATION: None}, DATA_PREFIX_ANNOTATION),
+                                         # pipectl's policies hold it now: its Pod Security too
+                                         ({"pod-security.kubernetes.io/enforce": "privileged"}, None, "pod-security.kubernetes.io/enforce"),
+                                         ({"pod-security.kubernetes.io/enforce": None}, None, "pod-security.kubernetes.io/enforce")):
             why = refusal(patch(dana, labels, annotations))
             assert why and why.startswith("403 ") and key in why, (labels, annotations, why)
         assert dana.read_namespace(mine).metadata.labels[TEAM_LABEL] == "vision"

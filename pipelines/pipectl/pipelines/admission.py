@@ -43,7 +43,8 @@ their own namespace). The namespace's ResourceQuota then caps how much it may ta
 
 ``pipectl-namespaces`` (Namespaces): the labels above that grant or hold a namespace (its team, its
 preempting lanes, its model prefix, the submission policy) and its data-prefix annotation are set,
-changed or removed only by a platform admin: ``system:masters`` or the site's ``admin_groups`` /
+changed or removed (and, on a namespace with the submission-policy or team label, its Pod Security
+labels) only by a platform admin: ``system:masters`` or the site's ``admin_groups`` /
 ``admin_users`` (:func:`namespaces_policy`). RBAC cannot say which labels a Namespace may carry, so
 without it anyone allowed to create a Namespace could claim a team's queues.
 """
@@ -495,18 +496,24 @@ ADMIN_LABELS = (TEAM_LABEL, MODEL_PREFIX_LABEL, SUBMISSION_LABEL)
 """Namespace labels only a platform admin may set, change or remove (with every ``LANE_LABEL_PREFIX``
 label and the ``DATA_PREFIX_ANNOTATION`` annotation): what grants a namespace a team's queues or a
 preempting lane, and what holds its runs to the submission policy and the team's prefixes."""
+POD_SECURITY_PREFIX = "pod-security.kubernetes.io/"
+"""Pod Security admission's namespace labels: on a namespace carrying ``SUBMISSION_LABEL`` or
+``TEAM_LABEL``, a platform admin's too (its pods stay under the restricted standard)."""
 
 
 def namespaces_policy(admin_groups: tuple[str, ...] = (), admin_users: tuple[str, ...] = ()) -> list[dict]:
     """``pipectl-namespaces`` and its binding: a Namespace's pipectl labels (:data:`ADMIN_LABELS`,
     ``lanes.pipectl.io/<lane>``) and its ``pipectl.io/data-prefix`` annotation may be set (on
     creation), changed or removed only by a platform admin: ``system:masters`` or one of
-    ``admin_groups``/``admin_users`` (the site's ``admin_groups``, ``admin_users``). Without it,
+    ``admin_groups``/``admin_users`` (the site's ``admin_groups``, ``admin_users``); on a namespace
+    carrying the submission-policy or team label, its Pod Security labels too. Without it,
     anyone allowed to create or label a Namespace could label one ``pipectl.io/team=<another team>``
     and use that team's queues, or grant it the urgent lane. Other labels, and writes that leave
     these keys as they were (the namespace controller finalising a deletion), are not checked."""
     labels = json.dumps(list(ADMIN_LABELS))
-    guarded = f"(k in {labels} || k.startsWith({_cel(LANE_LABEL_PREFIX)}))"
+    # on a namespace pipectl's policies hold (pipectl's own, a team's), its Pod Security labels too
+    guarded = (f"(k in {labels} || k.startsWith({_cel(LANE_LABEL_PREFIX)}) "
+               f"|| (variables.held && k.startsWith({_cel(POD_SECURITY_PREFIX)})))")
     annotation = _cel(DATA_PREFIX_ANNOTATION)
     variables = [
         {"name": "labels", "expression": "has(object.metadata.labels) ? object.metadata.labels : {}"},
@@ -514,6 +521,8 @@ def namespaces_policy(admin_groups: tuple[str, ...] = (), admin_users: tuple[str
         {"name": "annotations", "expression": "has(object.metadata.annotations) ? object.metadata.annotations : {}"},
         {"name": "oldAnnotations", "expression": "oldObject != null && has(oldObject.metadata.annotations) "
                                                  "? oldObject.metadata.annotations : {}"},
+        {"name": "held", "expression": f"[{_cel(SUBMISSION_LABEL)}, {_cel(TEAM_LABEL)}].exists(k, k in variables.labels "
+                                       "|| k in variables.oldLabels)"},
         # each guarded key set, changed or removed by this write
         {"name": "changed", "expression":
             f"variables.labels.filter(k, {guarded} && !(k in variables.oldLabels && variables.oldLabels[k] == variables.labels[k])) "
