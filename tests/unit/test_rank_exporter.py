@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from pipectl.components.names import METRICS_PORT, METRICS_PORT_ENV, METRICS_PORT_NAME, STEP_LABEL
+from pipectl.components.names import METRICS_HOST_ENV, METRICS_PORT, METRICS_PORT_ENV, METRICS_PORT_NAME, STEP_LABEL
 from pipectl.components.train.exporter import RANK_METRICS, RankExporter, from_env, metric_name, others_ratio
 from pipectl.components.train.telemetry import STRAGGLER_RATIO, RankEpoch, stragglers
 from pipectl.pipelines.launchers.base import GangConfig, job_labels, pod_template
@@ -117,8 +117,14 @@ def test_only_a_pods_first_process_serves_and_a_busy_port_never_stops_training(c
     served = from_env("w", "n", "p", {METRICS_PORT_ENV: "0"})
     try:
         assert served is not None and served._server is not None
+        assert served._server.server_address[0] in ("", "0.0.0.0")  # a pod: every interface, for Prometheus
     finally:
         served.close()
+    local = from_env("w", "n", "p", {METRICS_PORT_ENV: "0", METRICS_HOST_ENV: "127.0.0.1"})
+    try:
+        assert local is not None and local._server.server_address[0] == "127.0.0.1"
+    finally:
+        local.close()
 
 
 def _container(entry: tuple[str, ...] = ()) -> dict:
@@ -156,9 +162,10 @@ def test_locally_each_gang_pod_serves_on_a_port_of_its_own(tmp_path):
            "spec": {"minAvailable": 3, "tasks": [{"name": "worker", "replicas": 3, "template": {"spec": {"containers": [{
                "name": "c", "env": [{"name": METRICS_PORT_ENV, "value": str(METRICS_PORT)}],
                "command": ["python", "-c", "import os,sys; open(sys.argv[1] + '/pod-' + os.environ['VC_TASK_INDEX'], 'w')"
-                           f".write(os.environ['{METRICS_PORT_ENV}'])", str(tmp_path)]}]}}}]}}
+                           f".write(os.environ['{METRICS_PORT_ENV}'] + ' ' + os.environ['{METRICS_HOST_ENV}'])", str(tmp_path)]}]}}}]}}
     tmpl = {"name": "gang", "resource": {"action": "create", "manifest": json.dumps(job)}}
     result = LocalRunner(_wf([{"name": "g", "template": "gang"}], [tmpl]), {}, {}, tmp_path / "runs").run()
     assert result.phase == "Succeeded", result.node("g").log_path.read_text()
-    ports = [(tmp_path / f"pod-{i}").read_text() for i in range(3)]
+    ports, hosts = zip(*((tmp_path / f"pod-{i}").read_text().split() for i in range(3)))
     assert len(set(ports)) == 3 and all(p.isdigit() and int(p) > 0 for p in ports), ports
+    assert set(hosts) == {"127.0.0.1"}, "a local run serves its metrics to this machine only"

@@ -126,6 +126,9 @@ anatomy's verdicts (components/pipectl/components/train/telemetry.py)."""
 METRICS_PORT_ENV = "PIPECTL_METRICS_PORT"
 """The port on which a gang pod's first process serves its ranks' step anatomy to Prometheus
 (``/metrics``; components/pipectl/components/train/exporter.py); unset: not served."""
+METRICS_HOST_ENV = "PIPECTL_METRICS_HOST"
+"""The address that endpoint binds: unset in a pod (every interface, for Prometheus); the local
+backend sets loopback, so a run on a laptop serves nothing to its network."""
 METRICS_PORT = 9464
 """The gang pods' ``metrics`` container port (:data:`METRICS_PORT_NAME`), scraped through the PodMonitor
 ``pipectl-train`` (argo/namespace/monitoring/)."""

@@ -37,7 +37,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipectl.components.names import METRICS_PORT_ENV
+from pipectl.components.names import METRICS_HOST_ENV, METRICS_PORT_ENV
 from pipectl.components.train.telemetry import LEAK_EPOCHS, growing_memory
 
 log = logging.getLogger("pipectl.train")
@@ -193,7 +193,7 @@ def from_env(workflow: str, node: str, pod: str, environ: dict[str, str] | None 
         return None
     exporter = RankExporter(workflow, node, pod)
     try:
-        bound = exporter.serve(int(port))
+        bound = exporter.serve(int(port), host=env.get(METRICS_HOST_ENV, ""))
     except (OSError, ValueError) as e:
         log.warning("no step-anatomy metrics for Prometheus: cannot serve on port %s (%s)", port, e)
         return None

@@ -48,7 +48,7 @@ import contextlib
 
 import yaml
 
-from pipectl.components.names import METRICS_PORT_ENV
+from pipectl.components.names import METRICS_HOST_ENV, METRICS_PORT_ENV
 from pipectl.components.names import OUTPUTS_DIR as CONTAINER_OUTPUTS_DIR
 from pipectl.pipelines.backends.processes import free_port, spawn, stop
 from pipectl.pipelines.launchers import launcher_for
@@ -555,6 +555,7 @@ class LocalRunner:
                     env["MASTER_PORT"] = port
                 if METRICS_PORT_ENV in env:  # every pod's metrics endpoint on this one machine: a port of its own
                     env[METRICS_PORT_ENV] = str(free_port())
+                    env[METRICS_HOST_ENV] = "127.0.0.1"  # served to this machine only
                 argv = [self._map_path(expand_k8s_vars(a, env), taskdir) for a in c.get("command", []) + c.get("args", [])]
                 pod_argvs.append(argv)
                 pods.append((self._resolve_command(argv), env))
