@@ -90,7 +90,7 @@ export CGO_ENABLED=0         # static binaries, like the upstream release builds
 NICE=(nice -n "${PIPECTL_BUILD_NICE:-10}")
 # -buildvcs=false: the work dirs may sit inside some git checkout; stamping its
 # VCS state into third-party binaries would be wrong (and needs git).
-GO_BUILD_FLAGS=(-trimpath -buildvcs=false)
+GO_BUILD_FLAGS=(-trimpath -buildvcs=false -gcflags=all=-dwarf=false)
 BUILD_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
 # Only one build at a time per cache (a second invocation waits).
