@@ -138,3 +138,40 @@ def test_the_readme_is_a_users_page_and_no_product_file_cites_internal_history()
     assert not found, found[:20]
     assert INTERNAL.search("see issue 28") and INTERNAL.search("fixed in #41") and INTERNAL.search("work-log 2026-11-30")
     assert not INTERNAL.search("upstream volcano-sh/volcano#5973") and not INTERNAL.search("argo-workflows#9875")
+
+
+DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
+COMMIT = re.compile(r"\b[0-9a-f]{7,40}\b")
+
+
+def _measured_rows() -> list[str]:
+    """The body rows of the "Measured" table at the top of docs/benchmarks.md."""
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    section = text.split("\n## Measured", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| what |")]
+
+
+def _known_commits(names: set[str]) -> set[str]:
+    """Those of ``names`` that name a commit of this repository; all of them where the checkout has no
+    full history to look them up in (a shallow clone, a source tarball)."""
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True)
+    if shallow.returncode != 0 or shallow.stdout.strip() != "false":
+        return names
+    ordered = sorted(names)
+    out = subprocess.run(["git", "cat-file", "--batch-check"], cwd=ROOT, input="".join(f"{n}^{{commit}}\n" for n in ordered),
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    return {n for n, line in zip(ordered, out) if not line.endswith(" missing")}
+
+
+def test_every_measured_figure_carries_the_date_and_commit_it_was_recorded_at():
+    """Each row of docs/benchmarks.md's "Measured" table names a date (YYYY-MM-DD) and a commit of this
+    repository that recorded its figure, or says "date unknown": a figure without its date cannot be
+    told stale."""
+    rows = _measured_rows()
+    assert len(rows) >= 20, f"the Measured table was not found whole: {len(rows)} rows"
+    commits = _known_commits({c for row in rows for c in COMMIT.findall(row)})
+    bad = [row[:80] for row in rows if "date unknown" not in row
+           and not (DATE.search(row) and commits.intersection(COMMIT.findall(row)))]
+    assert not bad, f"rows of docs/benchmarks.md's Measured table without a date and a commit: {bad}"
+    assert not DATE.search("| 42.5 s wall |") and not COMMIT.search("| 1,797 files, 4.7 s |")
