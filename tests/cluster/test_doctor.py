@@ -186,3 +186,147 @@ def test_doctor_reads_argos_version_from_the_argo_server_or_the_controllers_depl
         assert rows[check]["detail"] == f"v3.5.8 (Deployment {NS}/workflow-controller)" and ">= 3.6" in rows[check]["fix"], rows[check]
     finally:
         apps.delete_namespaced_deployment("workflow-controller", NS)
+
+
+VOLCANO_CRDS = ("jobs.batch.volcano.sh", "queues.scheduling.volcano.sh", "podgroups.scheduling.volcano.sh")
+WORKFLOW_CRD = "workflows.argoproj.io"
+
+
+def _crd_doc(name: str) -> dict:
+    """The CRD ``name`` as the test cluster installed it (the Go modules' files, tests/harness/binaries.py)."""
+    import yaml
+
+    from tests.cluster.cluster import crd_files
+
+    for module in ("argo", "volcano"):
+        for f in crd_files(module):
+            for doc in yaml.safe_load_all(f.read_text()):
+                if doc and doc.get("kind") == "CustomResourceDefinition" and doc["metadata"]["name"] == name:
+                    return doc
+    raise AssertionError(f"no CRD file defines {name}")
+
+
+def _delete_crds(test_cluster, k8s_api, names: tuple[str, ...]) -> None:
+    """Delete the CRDs and wait until they are gone: the API server deletes every object of theirs
+    first, so finalizers still held on one (a controller that no longer sees its kind will not
+    remove them) are dropped meanwhile."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    ext, custom = client.ApiextensionsV1Api(k8s_api), client.CustomObjectsApi(k8s_api)
+    crds = {n: ext.read_custom_resource_definition(n) for n in names}
+    for n in names:
+        ext.delete_custom_resource_definition(n)
+
+    def gone() -> bool:
+        left = {c.metadata.name for c in ext.list_custom_resource_definition().items} & set(names)
+        for n in left:
+            spec = crds[n].spec
+            version = next(v.name for v in spec.versions if v.storage)
+            try:
+                items = custom.list_cluster_custom_object(spec.group, version, spec.names.plural)["items"]
+                for o in items:
+                    if o["metadata"].get("finalizers"):
+                        ns = o["metadata"].get("namespace")
+                        patch = {"metadata": {"finalizers": None}}
+                        if ns:
+                            custom.patch_namespaced_custom_object(spec.group, version, ns, spec.names.plural,
+                                                                  o["metadata"]["name"], patch)
+                        else:
+                            custom.patch_cluster_custom_object(spec.group, version, spec.names.plural,
+                                                               o["metadata"]["name"], patch)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+        return not left
+    test_cluster.wait_for(f"CRDs {', '.join(names)} deleted", gone, timeout_s=180, interval_s=1)
+
+
+def _restore_crds(test_cluster, k8s_api, names: tuple[str, ...]) -> None:
+    """Create the CRDs again from the files the cluster was started with and wait until each is
+    Established and served."""
+    from kubernetes import client
+
+    ext = client.ApiextensionsV1Api(k8s_api)
+    have = {c.metadata.name for c in ext.list_custom_resource_definition().items}
+    missing = [n for n in names if n not in have]
+    if missing:
+        test_cluster.apply([_crd_doc(n) for n in missing], field_manager="pipectl-tests")
+
+    def established() -> bool:
+        for n in names:
+            conds = {c.type: c.status for c in (ext.read_custom_resource_definition(n).status.conditions or [])}
+            if conds.get("Established") != "True":
+                return False
+        return True
+    test_cluster.wait_for(f"CRDs {', '.join(names)} established", established, timeout_s=120, interval_s=0.5)
+
+
+def _wait_queues_settled(test_cluster, custom) -> None:
+    """Volcano's controller, its watch on Queues broken by the CRD's deletion, catches up on the
+    Queues put back (status Open); wait until it has and they stop changing, so that a later test
+    comparing their resourceVersions sees a cluster at rest."""
+    if test_cluster.procs.get("vc-controller-manager") is None or test_cluster.procs["vc-controller-manager"].poll() is not None:
+        return
+    last: dict = {}
+
+    def settled() -> bool:
+        items = custom.list_cluster_custom_object("scheduling.volcano.sh", "v1beta1", "queues")["items"]
+        now = {q["metadata"]["name"]: q["metadata"]["resourceVersion"] for q in items}
+        opened = all(q.get("status", {}).get("state") == "Open" for q in items)
+        done = opened and now == last
+        last.clear()
+        last.update(now)
+        return done
+    test_cluster.wait_for("Queues Open and unchanged for 5 s", settled, timeout_s=180, interval_s=5)
+
+
+@pytest.mark.session_last  # deletes CRDs every other test uses; puts them back, but not the objects of theirs it took
+def test_doctor_names_missing_volcano_and_argo_crds_and_how_to_install_them(test_cluster, k8s_api, ready):
+    """Volcano's job, queue and PodGroup CRDs deleted: doctor names each, says to install the
+    launcher's operator, exits 1; then Argo's Workflow CRD deleted: named, with the Argo install.
+    Each put back (with the Queues the cluster had: Volcano's own and argo/'s) before the next,
+    so whatever runs after this finds them; the rows that failed before failing no more than
+    they did (this runs last, so it does not assume everything else left the cluster ready)."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(k8s_api)
+    before_code, before = _doctor(test_cluster)
+    assert before["Argo Workflows CRDs"]["status"] == "ok" and before["gang launcher CRDs (volcano)"]["status"] == "ok", before
+    failing_before = {k for k, r in before.items() if r["status"] == "fail"}
+    queues = [{"apiVersion": q["apiVersion"], "kind": q["kind"],
+               "metadata": {k: v for k, v in q["metadata"].items() if k in ("name", "labels", "annotations")},
+               "spec": q.get("spec", {})}
+              for q in custom.list_cluster_custom_object("scheduling.volcano.sh", "v1beta1", "queues")["items"]]
+    assert {"default", "pipectl-urgent"} <= {q["metadata"]["name"] for q in queues}
+
+    _delete_crds(test_cluster, k8s_api, VOLCANO_CRDS)
+    try:
+        code, rows = _doctor(test_cluster)
+        row = rows["gang launcher CRDs (volcano)"]
+        assert code == 1 and row["status"] == "fail", row
+        assert all(n in row["detail"] for n in VOLCANO_CRDS), row
+        assert "install the volcano launcher's operator" in row["fix"], row
+        assert rows["Argo Workflows CRDs"]["status"] == "ok", rows["Argo Workflows CRDs"]
+    finally:
+        _restore_crds(test_cluster, k8s_api, VOLCANO_CRDS)
+        test_cluster.wait_for("Queues put back", lambda: test_cluster.apply(queues, field_manager="pipectl-tests"),
+                              timeout_s=60, interval_s=1)
+        _wait_queues_settled(test_cluster, custom)
+    code, rows = _doctor(test_cluster)
+    assert rows["gang launcher CRDs (volcano)"]["status"] == "ok", rows["gang launcher CRDs (volcano)"]
+    assert {k for k, r in rows.items() if r["status"] == "fail"} <= failing_before, rows
+
+    _delete_crds(test_cluster, k8s_api, (WORKFLOW_CRD,))
+    try:
+        code, rows = _doctor(test_cluster)
+        row = rows["Argo Workflows CRDs"]
+        assert code == 1 and row["status"] == "fail", row
+        assert row["detail"] == f"missing: {WORKFLOW_CRD}" and "install Argo Workflows (>= 3.6" in row["fix"], row
+        assert rows["gang launcher CRDs (volcano)"]["status"] == "ok", rows["gang launcher CRDs (volcano)"]
+    finally:
+        _restore_crds(test_cluster, k8s_api, (WORKFLOW_CRD,))
+    code, rows = _doctor(test_cluster)
+    assert rows["Argo Workflows CRDs"]["status"] == "ok", rows["Argo Workflows CRDs"]
+    assert {k for k, r in rows.items() if r["status"] == "fail"} <= failing_before, rows
+    assert (code == 0) == (before_code == 0), rows
