@@ -64,3 +64,43 @@ def k8s_api(test_cluster):
     api = test_cluster.api_client()
     yield api
     api.close()
+
+
+# How long a module's objects may take to finish after its last test: a gang job's pods end on
+# KWOK within a few seconds of their workflow; Argo's controller marks a workflow whose pods are
+# gone within its resync.
+LEFTOVER_DEADLINE_S = 90.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nothing_left_running(request):
+    """Each module that uses the shared control plane must leave nothing running or waiting
+    (tests/harness/leftovers.py): objects it created that are still active after
+    LEFTOVER_DEADLINE_S fail its teardown, named, and are deleted so the next module starts clean."""
+    module_items = [i for i in request.session.items if i.module is request.module]
+    if not any("test_cluster" in i.fixturenames for i in module_items):
+        yield
+        return
+    from tests.harness import leftovers
+
+    try:
+        cluster = request.getfixturevalue("test_cluster")
+    except (pytest.skip.Exception, pytest.fail.Exception):
+        yield  # the module's own tests report the missing control plane
+        return
+    api = cluster.api_client()
+    try:
+        before = {o.uid for o in leftovers.active(api)}
+        yield
+        new = lambda: [o for o in leftovers.active(api) if o.uid not in before]  # noqa: E731
+        try:
+            cluster.wait_for("the module's objects to finish", lambda: not new(),
+                             timeout_s=LEFTOVER_DEADLINE_S, interval_s=1.0)
+        except TimeoutError:
+            left = new()
+            leftovers.delete(api, left)
+            pytest.fail(f"{request.module.__name__} left {len(left)} object(s) running or waiting on the shared "
+                        f"control plane {LEFTOVER_DEADLINE_S:.0f} s after its last test (deleted now): "
+                        + "; ".join(map(str, left)), pytrace=False)
+    finally:
+        api.close()
