@@ -34,6 +34,13 @@ def _api(test_cluster, user: str | None = None, group: str | None = None):
     return api
 
 
+def _submitter_binding(name: str = "team-a-submits", kind: str = "Group", subject: str = SUBMITTER[1]) -> dict:
+    """A RoleBinding of the ``pipectl-submitter`` Role to ``subject`` (team-a's group by default)."""
+    return {"metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pipectl-submitter"},
+            "subjects": [{"kind": kind, "name": subject, "apiGroup": "rbac.authorization.k8s.io"}]}
+
+
 @pytest.fixture(scope="module")
 def submitter(test_cluster, k8s_api):
     """A CustomObjectsApi acting as a member of team-a, bound to ``pipectl-submitter``; waits until
@@ -41,10 +48,7 @@ def submitter(test_cluster, k8s_api):
     from kubernetes import client
 
     rbac = client.RbacAuthorizationV1Api(k8s_api)
-    binding = {"metadata": {"name": "team-a-submits"},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pipectl-submitter"},
-               "subjects": [{"kind": "Group", "name": SUBMITTER[1], "apiGroup": "rbac.authorization.k8s.io"}]}
-    rbac.create_namespaced_role_binding(NS, binding)
+    rbac.create_namespaced_role_binding(NS, _submitter_binding())
     custom = client.CustomObjectsApi(_api(test_cluster, *SUBMITTER))
     own = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"generateName": "own-"},
            "spec": {"entrypoint": "main", "templates": [{"name": "main", "container": {"image": "busybox", "command": ["true"]}}]}}
@@ -892,10 +896,7 @@ def test_a_namespace_without_the_rules_configmap_refuses_submissions(test_cluste
     core.create_namespace({"metadata": {"name": other, "labels": {SUBMISSION_LABEL: "enforce"}}})
     try:
         rbac.create_namespaced_role(other, submitter_role(other))
-        rbac.create_namespaced_role_binding(other, {
-            "metadata": {"name": "team-a-submits"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pipectl-submitter"},
-            "subjects": [{"kind": "Group", "name": SUBMITTER[1], "apiGroup": "rbac.authorization.k8s.io"}]})
+        rbac.create_namespaced_role_binding(other, _submitter_binding())
         custom = client.CustomObjectsApi(_api(test_cluster, *SUBMITTER))
         wf = _legit()
         wf["metadata"]["namespace"] = other
@@ -916,10 +917,7 @@ def test_a_namespace_without_the_rules_configmap_refuses_submissions(test_cluste
         from pipectl.pipelines.manifests import retrain_cron
         from pipectl.pipelines.training import CompileConfig
 
-        rbac.create_namespaced_role_binding(other, {
-            "metadata": {"name": "controller-submits"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pipectl-submitter"},
-            "subjects": [{"kind": "User", "name": ARGO_CONTROLLER_SA, "apiGroup": "rbac.authorization.k8s.io"}]})
+        rbac.create_namespaced_role_binding(other, _submitter_binding("controller-submits", "User", ARGO_CONTROLLER_SA))
         cron = retrain_cron(CompileConfig()).to_dict()
         cron["metadata"]["namespace"] = other
         writes = {"system:masters, a workflow": lambda: client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(
@@ -954,10 +952,7 @@ def test_the_submission_policy_holds_the_namespaces_labelled_for_it(test_cluster
     core.create_namespace({"metadata": {"name": other}})
     try:
         rbac.create_namespaced_role(other, submitter_role(other))
-        rbac.create_namespaced_role_binding(other, {
-            "metadata": {"name": "team-a-submits"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pipectl-submitter"},
-            "subjects": [{"kind": "Group", "name": SUBMITTER[1], "apiGroup": "rbac.authorization.k8s.io"}]})
+        rbac.create_namespaced_role_binding(other, _submitter_binding())
         core.create_namespaced_config_map(other, parameter_rules_configmap(other))
         custom = client.CustomObjectsApi(_api(test_cluster, *SUBMITTER))
         wf = _legit()
