@@ -41,6 +41,22 @@ def _submitter_binding(name: str = "team-a-submits", kind: str = "Group", subjec
             "subjects": [{"kind": kind, "name": subject, "apiGroup": "rbac.authorization.k8s.io"}]}
 
 
+def _past_rbac(test_cluster, who: str, write):
+    """The ApiException ``write`` ends with once the API server's RBAC knows a RoleBinding just
+    created: its authorizer's cache lags the write, so a 403 from RBAC itself (before admission)
+    is tried again, up to 30 s. A write that is admitted fails the wait, naming ``who``."""
+    from kubernetes import client
+
+    def attempt():
+        try:
+            write()
+        except client.ApiException as e:
+            return None if e.status == 403 and "ValidatingAdmissionPolicy" not in e.body else e
+        raise AssertionError(f"{who}: the write was admitted")
+
+    return test_cluster.wait_for(f"{who}: an answer past RBAC", attempt, timeout_s=30)
+
+
 @pytest.fixture(scope="module")
 def submitter(test_cluster, k8s_api):
     """A CustomObjectsApi acting as a member of team-a, bound to ``pipectl-submitter``; waits until
@@ -389,7 +405,9 @@ def test_a_cron_schedule_is_held_to_the_same_rules(test_cluster, k8s_api, submit
         editor = client.CustomObjectsApi(_api(test_cluster, "bob", "team-a-owners"))
         cron = retrain_cron(CompileConfig()).to_dict()
         cron["metadata"]["name"] = "retrain-b"
-        editor.create_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "cronworkflows", cron, dry_run="All")
+        # the binding just created reaches the API server's RBAC cache a moment later
+        test_cluster.wait_for("bob's right to create cron schedules", lambda: editor.create_namespaced_custom_object(
+            "argoproj.io", "v1alpha1", NS, "cronworkflows", cron, dry_run="All") or True, timeout_s=30)
         cron["spec"]["workflowSpec"]["podSpecPatch"] = "{}"
         with pytest.raises(client.ApiException) as e:
             editor.create_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "cronworkflows", cron, dry_run="All")
@@ -927,9 +945,8 @@ def test_a_namespace_without_the_rules_configmap_refuses_submissions(test_cluste
                   "the Argo controller": lambda: client.CustomObjectsApi(_api(test_cluster, ARGO_CONTROLLER_SA, "system:serviceaccounts"))
                       .create_namespaced_custom_object("argoproj.io", "v1alpha1", other, "workflows", wf, dry_run="All")}
         for who, write in writes.items():
-            with pytest.raises(client.ApiException) as e:
-                write()
-            assert e.value.status in (403, 422) and "no params found" in e.value.body, (who, e.value.status, e.value.body)
+            e = _past_rbac(test_cluster, who, write)
+            assert e.status in (403, 422) and "no params found" in e.body, (who, e.status, e.body)
         r = _pipectl(test_cluster, "submit", "training", "-n", other)  # the CLI names the fix
         assert r.returncode == 2 and PARAMETER_RULES_CONFIGMAP in r.stderr and "pipectl templates apply" in r.stderr, r.stderr
         core.create_namespaced_config_map(other, parameter_rules_configmap(other))
