@@ -22,20 +22,20 @@ ranks of its own pod, as Prometheus gauges with the labels ``workflow``, ``rank`
 
 The figures are the ones the loop already gathers (every rank receives every rank's numbers at
 each straggler check and each epoch's end), so serving them costs no collective and nothing per
-step: a few dictionary writes every :data:`~.telemetry.STRAGGLER_STEPS` steps and per epoch, and a
-daemon thread that answers the scrapes. The endpoint never stops the training: a port that cannot
+step: a few dictionary writes every :data:`~.telemetry.STRAGGLER_STEPS` steps and per epoch, and
+prometheus_client's daemon thread that answers the scrapes (the exposition format, escaping and
+HTTP are the library's). The endpoint never stops the training: a port that cannot
 be bound is a warning in the step's log.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import statistics
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from pipectl.components.names import METRICS_HOST_ENV, METRICS_PORT_ENV
 from pipectl.components.train.telemetry import LEAK_EPOCHS, growing_memory
@@ -61,19 +61,6 @@ def metric_name(short: str) -> str:
     return PREFIX + short
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _number(v: float) -> str:
-    """A sample value as the exposition format spells it (``NaN``, ``+Inf``, ``-Inf``, else Python's repr)."""
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(v)
-
-
 def others_ratio(own: list[float]) -> list[float]:
     """Each rank's ``own`` seconds per step over the median of the others' (1.0 for a rank alone or
     when the others' median is 0): the straggler rule's ratio (:func:`~.telemetry.stragglers`)."""
@@ -85,7 +72,7 @@ def others_ratio(own: list[float]) -> list[float]:
     return out
 
 
-@dataclass
+@dataclass(eq=False)  # hashable by identity: prometheus_client keys its registry by collector
 class RankExporter:
     """The gauges of the ranks of one pod (``node``, ``pod``: this process's whereabouts) and,
     once :meth:`serve` is called, the HTTP endpoint that serves them."""
@@ -99,6 +86,7 @@ class RankExporter:
     """This pod's ranks' last epochs (oldest first), as many as the leak rule looks at."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _server: Any = field(default=None, repr=False)
+    _registry: Any = field(default=None, repr=False)
 
     def mine(self, node: str, pod: str) -> bool:
         """Whether a rank at ``node``/``pod`` runs in this exporter's pod."""
@@ -133,47 +121,45 @@ class RankExporter:
             kept = self.history[r.rank] = (self.history.get(r.rank, []) + [r])[-(LEAK_EPOCHS + 1):]
             self.set("memory_growing", r.rank, 1.0 if growing_memory(kept) else 0.0)
 
-    def text(self) -> str:
-        """The gauges in Prometheus's text exposition format (version 0.0.4)."""
+    def collect(self) -> Iterator[Any]:
+        """The gauges, one family per metric with a sample per rank of this pod (prometheus_client's
+        collector protocol: called at each scrape)."""
+        from prometheus_client.core import GaugeMetricFamily
+
         with self._lock:
             values = dict(self.values)
-        lines = []
         for short, help_ in RANK_METRICS.items():
             rows = sorted((rank, v) for (m, rank), v in values.items() if m == short)
             if not rows:
                 continue
-            name = metric_name(short)
-            lines += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
+            family = GaugeMetricFamily(metric_name(short), help_, labels=LABELS)
             for rank, v in rows:
-                labels = ",".join(f'{k}="{_escape(x)}"' for k, x in zip(LABELS, (self.workflow, str(rank), self.pod, self.node)))
-                lines.append(f"{name}{{{labels}}} {_number(v)}")
-        return "\n".join(lines) + "\n"
+                family.add_metric([self.workflow, str(rank), self.pod, self.node], v)
+            yield family
+
+    def registry(self) -> Any:
+        """A registry of its own holding only these gauges (not the process's default one, which
+        would add the Python runtime's metrics to every gang pod's scrape)."""
+        from prometheus_client import CollectorRegistry
+
+        if self._registry is None:
+            self._registry = CollectorRegistry(auto_describe=False)
+            self._registry.register(self)
+        return self._registry
+
+    def text(self) -> str:
+        """The gauges in Prometheus's text exposition format, as a scrape gets them."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry()).decode()
 
     def serve(self, port: int, host: str = "") -> int:
-        """Serve :meth:`text` at ``/metrics`` on ``port`` (0: any free port) from a daemon thread;
-        returns the port. OSError when it cannot be bound."""
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        """Serve the gauges at ``/metrics`` on ``port`` (0: any free port; ``host`` empty: every
+        IPv4 address) from prometheus_client's daemon thread; returns the port. OSError when it
+        cannot be bound."""
+        from prometheus_client import start_http_server
 
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_error(404)
-                    return
-                body = exporter.text().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:  # scrapes are not the step's log
-                pass
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="pipectl-metrics", daemon=True).start()
+        self._server, _ = start_http_server(port, addr=host or "0.0.0.0", registry=self.registry())
         return self._server.server_address[1]
 
     def close(self) -> None:
