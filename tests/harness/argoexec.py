@@ -1,4 +1,5 @@
 """argoexec stand-in: what Argo's executor would do for pods on KWOK nodes, which run nothing.
+Pods on a real node (tests/cluster/node.py: a kubelet, their own argoexec) are left alone.
 
 * container templates: when KWOK ends the pod, create the node's WorkflowTaskResult labelled
   report-outputs-completed=true, as argoexec's `wait` container does (Argo >= 3.5 keeps a workflow
@@ -98,6 +99,7 @@ class TaskResultReporter:
         # (namespace, pod name, pod uid) -> {"api": resource api, "name", "ns", "tmpl", "pod"}
         self.running: dict[tuple[str, str, str], dict] = {}
         self.real: set[tuple[str, str, str]] = set()  # pods whose command runs here (RUN_FOR_REAL)
+        self.real_nodes: dict[str, bool] = {}  # node name -> run by a real kubelet (not KWOK)
         self.lock = threading.Lock()
 
     # -- what the test supplies ----------------------------------------------------------------
@@ -158,7 +160,7 @@ class TaskResultReporter:
         if not ann.get(NODE_ID_ANNOTATION) or not (pod.metadata.labels or {}).get(WF_LABEL):
             return
         key = _key(pod)
-        if key in self.done:
+        if key in self.done or self._on_a_real_node(pod):
             return
         if _is_resource_pod(pod) and "pipectl.io/fail" not in ann and pod.status.phase == "Running":
             with self.lock:
@@ -183,6 +185,26 @@ class TaskResultReporter:
             return
         self.done.add(key)
         print(f"reported {key} ({pod.status.phase}) outputs={outputs}", flush=True)
+
+    def _on_a_real_node(self, pod) -> bool:
+        """True for a pod bound to a node KWOK does not manage (a real kubelet: tests/cluster/node.py):
+        its own argoexec runs it, and anything done here would race it (a gang job created twice,
+        as another user; a result or status written over the real one). A pod not bound yet is
+        left to the rules above, as on a cluster of KWOK nodes only."""
+        from kubernetes import client
+
+        from tests.harness.kwok import FAKE_NODE_ANNOTATION
+
+        name = pod.spec.node_name
+        if not name:
+            return False
+        if name not in self.real_nodes:
+            try:
+                node = self.core.read_node(name)
+            except client.ApiException:
+                return False  # gone (a fake node Karpenter removed): as before
+            self.real_nodes[name] = (node.metadata.annotations or {}).get(FAKE_NODE_ANNOTATION[0]) != FAKE_NODE_ANNOTATION[1]
+        return self.real_nodes[name]
 
     def _still_running(self, pod) -> bool:
         """The pod, read again now, is Running and not being deleted: argoexec runs inside its pod,

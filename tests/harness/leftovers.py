@@ -3,7 +3,8 @@
 Every module of tier 2 shares one control plane (the session's ``test_cluster``). A module may
 leave history behind (a Succeeded workflow, a Completed gang job: a real cluster keeps those
 too), but nothing that still runs or waits for capacity: a Workflow not yet finished, a Volcano
-Job not in a final state, a Pod Pending or Running. Such an object would hold fake GPUs and
+Job not in a final state, a Pod Pending or Running (not one a Deployment, DaemonSet or
+StatefulSet keeps: an installed service, such as the gang reaper, runs on by design). Such an object would hold fake GPUs and
 quota the next module counts on, and the next module's result would depend on the order the
 modules ran in. :func:`active` lists them; the fixture in ``tests/cluster/conftest.py`` takes a
 snapshot before a module and fails the module's teardown when, after a deadline, objects the
@@ -18,6 +19,7 @@ WORKFLOW_DONE = {"Succeeded", "Failed", "Error"}
 # batch.volcano.sh/v1alpha1 Job status.state.phase values after which the job holds nothing
 VOLCANO_DONE = {"Completed", "Failed", "Terminated", "Aborted"}
 POD_ACTIVE = {"Pending", "Running"}
+SERVICE_OWNERS = {"ReplicaSet", "DaemonSet", "StatefulSet"}  # a Deployment's pods are owned by its ReplicaSet
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease", "volcano-system")
 
 
@@ -45,6 +47,13 @@ def _custom_items(api, group: str, version: str, plural: str) -> list[dict]:
         raise
 
 
+def _a_service(pod) -> bool:
+    """A pod a Deployment, DaemonSet or StatefulSet keeps running: part of an install (the gang
+    reaper that `kubectl apply -k argo/namespace` brings), meant to run on after the module that
+    applied it, not work a test left behind."""
+    return any(o.controller and o.kind in SERVICE_OWNERS for o in pod.metadata.owner_references or [])
+
+
 def active(api) -> list[Active]:
     """Every Workflow, Volcano Job and Pod outside the system namespaces that still runs or waits."""
     from kubernetes import client
@@ -61,7 +70,7 @@ def active(api) -> list[Active]:
             m = job["metadata"]
             found.append(Active("Volcano Job", m["namespace"], m["name"], m["uid"], phase))
     for pod in client.CoreV1Api(api).list_pod_for_all_namespaces().items:
-        if pod.metadata.namespace not in SYSTEM_NAMESPACES and pod.status.phase in POD_ACTIVE:
+        if pod.metadata.namespace not in SYSTEM_NAMESPACES and pod.status.phase in POD_ACTIVE and not _a_service(pod):
             found.append(Active("Pod", pod.metadata.namespace, pod.metadata.name, pod.metadata.uid, pod.status.phase))
     return found
 
