@@ -7,6 +7,7 @@ scraped live from a real gang in tests/integration/test_rank_metrics.py."""
 from __future__ import annotations
 
 import socket
+import sys
 import urllib.request
 
 import pytest
@@ -127,6 +128,11 @@ def test_only_a_pods_first_process_serves_and_a_busy_port_never_stops_training(c
         port = busy.getsockname()[1]
         assert from_env("w", "n", "p", {METRICS_PORT_ENV: str(port), "LOCAL_RANK": "0"}) is None
     assert f"cannot serve on port {port}" in caplog.text
+    caplog.clear()
+    with pytest.MonkeyPatch.context() as mp:  # an image without prometheus-client: a warning, training goes on
+        mp.setitem(sys.modules, "prometheus_client", None)
+        assert from_env("w", "n", "p", {METRICS_PORT_ENV: "0"}) is None
+    assert "install prometheus-client in the training image" in caplog.text
     served = from_env("w", "n", "p", {METRICS_PORT_ENV: "0"})
     try:
         assert served is not None and served._server is not None

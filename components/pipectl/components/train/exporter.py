@@ -183,5 +183,8 @@ def from_env(workflow: str, node: str, pod: str, environ: dict[str, str] | None 
     except (OSError, ValueError) as e:
         log.warning("no step-anatomy metrics for Prometheus: cannot serve on port %s (%s)", port, e)
         return None
+    except ImportError as e:  # a team's own image built without the steps' requirements
+        log.warning("no step-anatomy metrics for Prometheus: %s (install prometheus-client in the training image)", e)
+        return None
     log.info("step-anatomy metrics for Prometheus on port %d (/metrics)", bound)
     return exporter
