@@ -446,6 +446,33 @@ def test_only_steps_that_use_the_store_get_its_credentials(wt):
     assert {"validate", "gang-release"} <= containers - with_secret
 
 
+def _env_from_secrets(node) -> list[list[str]]:
+    """The Secret names of every ``envFrom`` list in ``node`` (a manifest), one list per container."""
+    if isinstance(node, dict):
+        found = [[e["secretRef"]["name"] for e in node["envFrom"] if "secretRef" in e]] if "envFrom" in node else []
+        return found + [x for v in node.values() for x in _env_from_secrets(v)]
+    return [x for v in node for x in _env_from_secrets(v)] if isinstance(node, list) else []
+
+
+@pytest.mark.parametrize("launcher", ["volcano", "pytorchjob"])
+def test_only_pods_that_talk_to_mlflow_get_the_teams_mlflow_user(launcher):
+    """The team's MLflow credentials (Secret pipectl-mlflow-credentials, optional: an MLflow without
+    auth needs none) reach evaluate, register and every gang pod (rank 0 logs the run), as the
+    user MLflow's client reads from MLFLOW_TRACKING_USERNAME/PASSWORD; no other step gets them."""
+    from pipectl.components.names import MLFLOW_SECRET
+
+    wt = build_training(CompileConfig(launcher=launcher)).to_dict()
+    with_user = {t["name"] for t in wt["spec"]["templates"]
+                 if any(e.get("secretRef", {}).get("name") == MLFLOW_SECRET for e in t.get("container", {}).get("envFrom", []))}
+    assert with_user == {"evaluate", "register"}, with_user
+    for t in wt["spec"]["templates"]:
+        for e in t.get("container", {}).get("envFrom", []):
+            if e.get("secretRef", {}).get("name") == MLFLOW_SECRET:
+                assert e["secretRef"]["optional"] is True
+    gang = _env_from_secrets(_job(wt))
+    assert gang and all(names == ["pipectl-s3-credentials", MLFLOW_SECRET] for names in gang), gang
+
+
 def test_the_gang_preflight_goes_in_front_of_the_users_own_torchrun_code(monkeypatch):
     """The launcher's torchrun arguments for a user's target: the same gang and port, the target
     run by the preflight module in each process after the ring is timed; unchanged for pipectl's

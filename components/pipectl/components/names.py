@@ -92,6 +92,15 @@ STORE_CONFIGMAP = "pipectl-store"
 STORE_SECRET = "pipectl-s3-credentials"
 """Secret with ``PIPECTL_S3_ACCESS_KEY`` / ``PIPECTL_S3_SECRET_KEY``."""
 
+MLFLOW_SECRET = "pipectl-mlflow-credentials"
+"""Secret with ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` (the names MLflow's client
+reads): the namespace's team's user of an MLflow server that runs with basic auth, written by
+``pipectl teams mlflow-user TEAM``. Optional in every pod that talks to MLflow: without it the
+steps talk to an MLflow without auth as before."""
+
+MLFLOW_USERNAME_ENV = "MLFLOW_TRACKING_USERNAME"
+MLFLOW_PASSWORD_ENV = "MLFLOW_TRACKING_PASSWORD"
+
 PART_OF = {"app.kubernetes.io/part-of": "pipectl"}
 """Label on every object pipectl creates (Kubernetes recommended labels)."""
 

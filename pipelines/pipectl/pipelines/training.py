@@ -80,6 +80,7 @@ from pipectl.components.contracts import (
 )
 from pipectl.components.names import (
     LANE_LABEL,
+    MLFLOW_SECRET,
     OUTPUTS_DIR,
     Lane,
     PART_OF,
@@ -317,12 +318,14 @@ def _outputs(model: type[BaseModel]) -> list[Parameter]:
     ]
 
 
-def _store_env() -> list[EnvFromSource]:
-    """Store endpoint/bucket/MLflow URI from a ConfigMap, credentials from a Secret (never literals)."""
+def _store_env(mlflow: bool = False) -> list[EnvFromSource]:
+    """Store endpoint/bucket/MLflow URI from a ConfigMap, credentials from a Secret (never literals);
+    ``mlflow``: the step talks to MLflow, so it also gets the namespace's team's MLflow user
+    (:data:`~pipectl.components.names.MLFLOW_SECRET`, optional: an MLflow without auth needs none)."""
     return [
         EnvFromSource(config_map_ref=ConfigMapEnvSource(name=STORE_CONFIGMAP, optional=True)),
         EnvFromSource(secret_ref=SecretEnvSource(name=STORE_SECRET, optional=True)),
-    ]
+    ] + ([EnvFromSource(secret_ref=SecretEnvSource(name=MLFLOW_SECRET, optional=True))] if mlflow else [])
 
 
 def _step_pod_fields(cfg: CompileConfig, name: str) -> dict:
@@ -341,12 +344,13 @@ def _step_pod_fields(cfg: CompileConfig, name: str) -> dict:
 
 
 def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type[BaseModel], output: type[BaseModel],
-          fixed: dict[str, str] | None = None, every_field: bool = False, store: bool = True) -> Container:
+          fixed: dict[str, str] | None = None, every_field: bool = False, store: bool = True, mlflow: bool = False) -> Container:
     """A container template running ``python -m pipectl.components.<module>``.
 
     Inputs are the contract's required fields (every field with ``every_field``) minus ``fixed``
     (compile-time values baked into args). ``store``: the step reads or writes the object store
-    and MLflow, so its pod gets their settings and credentials; a step that does not gets neither.
+    and MLflow, so its pod gets their settings and the store's credentials; a step that does not
+    gets neither. ``mlflow``: it writes to MLflow, so it also gets the team's MLflow user.
     """
     fixed = fixed or {}
     names = [n for n in contract.model_fields
@@ -361,7 +365,7 @@ def _step(cfg: CompileConfig, name: str, image: str, module: str, contract: type
         args=args + ["--outputs-dir", OUTPUTS_DIR],
         inputs=_input_params(names),
         outputs=_outputs(output) or None,
-        env_from=_store_env() if store else None,
+        env_from=_store_env(mlflow) if store else None,
         resources=Resources(cpu_request=cfg.step_cpu, memory_request=f"{cfg.step_memory_gib:g}Gi"),
         **_step_pod_fields(cfg, name),
     )
@@ -647,7 +651,7 @@ def gang_release_templates(cfg: CompileConfig) -> list:
 def evaluate_templates(cfg: CompileConfig, metric: str = "", image: str | None = None) -> list:
     """``evaluate``; ``metric``/``image``: the user's metric function and the image that has it."""
     evaluate = _step(cfg, "evaluate", image or cfg.light_image, "evaluate", EvaluateInput, EvaluateOutput,
-                     fixed={"metric_function": metric} if metric else None)
+                     fixed={"metric_function": metric} if metric else None, mlflow=True)
     evaluate.metrics = [*evaluate.metrics, *training_metrics()]  # how training went, for Prometheus
     return [evaluate]
 
@@ -655,7 +659,7 @@ def evaluate_templates(cfg: CompileConfig, metric: str = "", image: str | None =
 def register_templates(cfg: CompileConfig) -> list:
     # every field: what evaluate hands over with a default (the champion it compared against, the
     # deciding metric's name, the evaluation set) reaches the step too
-    register = _step(cfg, "register", cfg.light_image, "register", RegisterInput, RegisterOutput, every_field=True)
+    register = _step(cfg, "register", cfg.light_image, "register", RegisterInput, RegisterOutput, every_field=True, mlflow=True)
     # C08: promotions of one model run one at a time (the step also verifies after writing)
     register.synchronization = Synchronization(mutexes=[Mutex(name=REGISTER_MUTEX)])
     return [register]
@@ -668,7 +672,7 @@ def user_container_template(cfg: CompileConfig, name: str, image: str, command: 
     requests, lane priority and toleration, the retry policy, a timeout, metrics): ``inputs`` are
     input parameter names (``{{inputs.parameters.<name>}}`` in ``args``/``env``), ``outputs`` are
     read from ``$PIPECTL_OUTPUTS_DIR/<name>`` (``/tmp/outputs``) when the container ends; the store's ConfigMap and Secret
-    only with ``store_access``."""
+    and the team's MLflow user (the ConfigMap names MLflow to it) only with ``store_access``."""
     from hera.workflows import Env
 
     if outputs:
@@ -681,7 +685,7 @@ def user_container_template(cfg: CompileConfig, name: str, image: str, command: 
         inputs=_input_params(inputs) or None,
         outputs=[Parameter(name=o, value_from=ValueFrom(path=f"{OUTPUTS_DIR}/{o}")) for o in outputs] or None,
         env=[Env(name=k, value=v) for k, v in env.items()] or None,
-        env_from=_store_env() if store_access else None,
+        env_from=_store_env(mlflow=True) if store_access else None,
         resources=Resources(cpu_request=cpu or cfg.step_cpu, memory_request=f"{memory_gib or cfg.step_memory_gib:g}Gi"),
         **_step_pod_fields(cfg, name),
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -86,8 +87,13 @@ def mlflow_store_exists(state_dir: Path) -> bool:
     return (state_dir / "mlflow" / "mlflow.db").is_file()
 
 
-def start_mlflow(state_dir: Path, timeout_s: float = 90.0) -> Service:
-    """Start an MLflow tracking server (sqlite store, artifacts under ``state_dir/mlflow``)."""
+def start_mlflow(state_dir: Path, timeout_s: float = 90.0, *, auth_config: Path | None = None) -> Service:
+    """Start an MLflow tracking server (sqlite store, artifacts under ``state_dir/mlflow``).
+
+    ``auth_config``: an ini file of MLflow's basic-auth app (``mlflow server --app-name
+    basic-auth``, ``MLFLOW_AUTH_CONFIG_PATH``: admin user, ``default_permission``, its user
+    database): every request then needs a user's credentials, as on a site that runs MLflow with
+    auth (docs/install.md). Needs the ``Flask-WTF`` package (``mlflow[auth]``)."""
     root = (state_dir / "mlflow").resolve()
     root.mkdir(parents=True, exist_ok=True)
     mlflow_bin = Path(sys.executable).parent / "mlflow"
@@ -101,10 +107,15 @@ def start_mlflow(state_dir: Path, timeout_s: float = 90.0) -> Service:
             "--host", "127.0.0.1",
             "--port", str(port),
             "--workers", "1",
-        ]
+        ] + (["--app-name", "basic-auth"] if auth_config else [])
 
-    return _start("mlflow", "MLflow server", argv, state_dir, "/health", timeout_s,
-                  env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    if auth_config:
+        # the auth app's forms need a static CSRF key: one per server started here
+        env |= {"MLFLOW_AUTH_CONFIG_PATH": str(auth_config),
+                "MLFLOW_FLASK_SERVER_SECRET_KEY": os.environ.get("MLFLOW_FLASK_SERVER_SECRET_KEY") or secrets.token_hex(32)}
+    # /health answers without credentials in basic-auth mode too
+    return _start("mlflow", "MLflow server", argv, state_dir, "/health", timeout_s, env=env)
 
 
 class EmbeddedServices(AbstractContextManager["EmbeddedServices"]):

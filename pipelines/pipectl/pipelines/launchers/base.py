@@ -41,6 +41,7 @@ from pipectl.components.names import (
     METRICS_PORT,
     METRICS_PORT_ENV,
     METRICS_PORT_NAME,
+    MLFLOW_SECRET,
     NODE_NAME_ENV,
     POD_NAME_ENV,
     OUTPUTS_DIR,
@@ -392,6 +393,8 @@ def pod_template(cfg: GangConfig, node_rank: str, env: list[dict]) -> dict:
                     "envFrom": [
                         {"configMapRef": {"name": STORE_CONFIGMAP, "optional": True}},
                         {"secretRef": {"name": STORE_SECRET, "optional": True}},
+                        # rank 0 logs to MLflow as the namespace's team (absent: an MLflow without auth)
+                        {"secretRef": {"name": MLFLOW_SECRET, "optional": True}},
                     ],
                     "ports": [{"name": "pytorchjob-port", "containerPort": MASTER_PORT}] + metrics_port,
                     # requests = limits: Guaranteed QoS, never BestEffort (the kubelet's first eviction
