@@ -591,7 +591,7 @@ def _gang_job_of_run(c, run: str, new: str) -> dict:
     """The product's gang job exactly as the train step of workflow ``run`` created it (the cluster's
     training-v1 manifest, that node's input parameters), for a fresh run named ``new``: same
     shards, its own run prefix (so training starts at step 0), no workflow owner."""
-    from tests.tools.gang import gang_job
+    from tests.tools.gang import gang_job, template_defaults
 
     custom = _custom(c)
     wft = custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflowtemplates", "training-v1")
@@ -603,8 +603,7 @@ def _gang_job_of_run(c, run: str, new: str) -> dict:
     node = next(n for n in wf["status"]["nodes"].values() if n["type"] == "Pod" and n.get("templateName") == resource["name"])
     params = {p["name"]: p["value"].replace(run, new) if p["name"] == "run-uri" else p["value"]
               for p in node["inputs"]["parameters"]}
-    workflow_parameters = {p["name"]: str(p.get("value", "")) for p in wf["spec"].get("arguments", {}).get("parameters", [])}
-    return gang_job(manifest, workflow=new, inputs=params, namespace=NS, workflow_parameters=workflow_parameters)
+    return gang_job(manifest, workflow=new, inputs=params, namespace=NS, workflow_parameters=template_defaults(wf))
 
 
 def _node_memory_available(c) -> int:

@@ -35,5 +35,6 @@ def gang_job(manifest: str, *, workflow: str, inputs: Mapping[str, str], namespa
 
 
 def template_defaults(wt: dict) -> dict[str, str]:
-    """A WorkflowTemplate's arguments with their default values (kebab names)."""
-    return {p["name"]: str(p.get("value", "")) for p in wt["spec"]["arguments"]["parameters"]}
+    """A WorkflowTemplate's (or a Workflow's) arguments with their values (kebab names); {} when
+    it has none."""
+    return {p["name"]: str(p.get("value", "")) for p in wt["spec"].get("arguments", {}).get("parameters", [])}
