@@ -7,6 +7,7 @@ here once; no command module imports this one (no import cycle).
 - :mod:`pipectl.cli.cluster_cmds`: submit, templates, cron, list, status, wait, logs, retry, resubmit, stop, terminate, delete;
 - :mod:`pipectl.cli.doctor_cmd`: doctor (is a cluster ready);
 - :mod:`pipectl.cli.site_cmds`: site init, site show (the site file);
+- :mod:`pipectl.cli.teams_cmds`: teams mlflow-user (a team's MLflow user and its Secret);
 - :mod:`pipectl.cli.completion_cmd`: completion (click's shell completion scripts).
 
 Exit codes: 0 ok; 1 the operation failed (a workflow that ends Failed); 2 usage or
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from pipectl.cli import cluster_cmds, compile_cmds, completion_cmd, data_cmds, doctor_cmd, run_cmd, site_cmds
+from pipectl.cli import cluster_cmds, compile_cmds, completion_cmd, data_cmds, doctor_cmd, run_cmd, site_cmds, teams_cmds
 from pipectl.cli.common import SITE_META, Group
 
 
@@ -39,6 +40,6 @@ for _command in (
     run_cmd.run, run_cmd.ui,
     cluster_cmds.submit, cluster_cmds.templates, cluster_cmds.cron, cluster_cmds.list_, cluster_cmds.status, cluster_cmds.wait,
     cluster_cmds.logs, cluster_cmds.retry, cluster_cmds.resubmit, cluster_cmds.stop, cluster_cmds.terminate, cluster_cmds.delete,
-    doctor_cmd.doctor, site_cmds.site, completion_cmd.completion,
+    doctor_cmd.doctor, site_cmds.site, teams_cmds.teams, completion_cmd.completion,
 ):
     main.add_command(_command)

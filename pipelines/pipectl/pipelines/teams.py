@@ -14,9 +14,18 @@ What runs in the namespace (templates, ServiceAccounts, the store's Secret) is t
 
 from __future__ import annotations
 
+import base64
 from typing import TYPE_CHECKING, Callable
 
-from pipectl.components.names import PART_OF, Lane, lane_object_name, team_queue_name
+from pipectl.components.names import (
+    MLFLOW_PASSWORD_ENV,
+    MLFLOW_SECRET,
+    MLFLOW_USERNAME_ENV,
+    PART_OF,
+    Lane,
+    lane_object_name,
+    team_queue_name,
+)
 from pipectl.pipelines.admission import (
     DATA_PREFIX_ANNOTATION,
     LANE_LABEL_PREFIX,
@@ -101,3 +110,14 @@ def teams_files(cfg: CompileConfig, folder: str, limits: NamespaceLimits, parall
                 queue: LaneQueue) -> dict[str, list[dict]]:
     """``<folder>/teams/<name>.yaml`` -> objects, one file per team of the site."""
     return {f"{folder}/teams/{t.name}.yaml": team_manifests(t, cfg, limits, parallelism, queue) for t in cfg.teams}
+
+
+def mlflow_credentials_secret(namespace: str, username: str, password: str) -> dict:
+    """Secret :data:`~pipectl.components.names.MLFLOW_SECRET` of ``namespace``: the team's MLflow
+    user as the variables MLflow's client reads (``MLFLOW_TRACKING_USERNAME``/``PASSWORD``), which
+    the pods of the steps that talk to MLflow take with ``envFrom`` (written by ``pipectl teams
+    mlflow-user``, never rendered into argo/: it holds a password)."""
+    data = {MLFLOW_USERNAME_ENV: username, MLFLOW_PASSWORD_ENV: password}
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": MLFLOW_SECRET, "namespace": namespace, "labels": dict(PART_OF)},
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}

@@ -39,6 +39,7 @@ from pipectl.components.evaluate.champion import (
     split_hasher,
 )
 from pipectl.components.evaluate.pictures import log_pictures
+from pipectl.components.mlflow_access import mlflow_access
 from pipectl.components.models import classification_metrics, load_scorer, model_sha256
 from pipectl.components.models.portable import Scorer, predict
 from pipectl.components.runtime import StepError, available_cpus, read_json, resolve_callable, s3_client, write_json
@@ -241,4 +242,5 @@ def run(inp: EvaluateInput, settings: StoreSettings) -> EvaluateOutput:
     if settings.mlflow_uri:
         mlflow.set_tracking_uri(settings.mlflow_uri)
         mlflow.set_registry_uri(settings.mlflow_uri)
-    return evaluate(inp, s3_client(settings), MlflowClient(tracking_uri=settings.mlflow_uri))
+    with mlflow_access(f"read model {inp.model_name}'s champion and log the evaluation to the candidate's run"):
+        return evaluate(inp, s3_client(settings), MlflowClient(tracking_uri=settings.mlflow_uri))

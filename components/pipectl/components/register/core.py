@@ -35,6 +35,7 @@ from pipectl.components.contracts import (
     RegisterOutput,
     StoreSettings,
 )
+from pipectl.components.mlflow_access import mlflow_access
 from pipectl.components.runtime import StepError
 
 log = logging.getLogger("pipectl.register")
@@ -169,8 +170,10 @@ def run(inp: RegisterInput, settings: StoreSettings) -> RegisterOutput:
     if settings.mlflow_uri:
         mlflow.set_tracking_uri(settings.mlflow_uri)
         mlflow.set_registry_uri(settings.mlflow_uri)
-    verify_model(inp.model_uri, inp.model_sha256, settings.mlflow_uri)
-    return register(inp, inp.evaluation(), MlflowClient(tracking_uri=settings.mlflow_uri, registry_uri=settings.mlflow_uri))
+    # an MLflow with auth refuses another team's model: one clear failure, not retried
+    with mlflow_access(f"write registered model {inp.model_name} (a version, the {CHAMPION_ALIAS} alias)"):
+        verify_model(inp.model_uri, inp.model_sha256, settings.mlflow_uri)
+        return register(inp, inp.evaluation(), MlflowClient(tracking_uri=settings.mlflow_uri, registry_uri=settings.mlflow_uri))
 
 
 def verify_model(model_uri: str, sha256: str, tracking_uri: str | None = None) -> None:

@@ -33,6 +33,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from pipectl.components.contracts import RunLayout, StoreSettings, TrainInput, TrainOutput
+from pipectl.components.mlflow_access import mlflow_access
 from pipectl.components.models import ExportError, log_model
 from pipectl.components.runtime import (
     StepError,
@@ -61,16 +62,18 @@ def _mlflow_run(inp: TrainInput, settings: StoreSettings) -> Any:
 
     if settings.mlflow_uri:
         mlflow.set_tracking_uri(settings.mlflow_uri)
-    experiment = mlflow.set_experiment(inp.model_name)
-    found = mlflow.search_runs(
-        experiment_ids=[experiment.experiment_id],
-        filter_string=f"tags.`{WORKFLOW_TAG}` = '{inp.workflow_name}'",
-        output_format="list",
-        max_results=1,
-    )
-    if found:
-        return mlflow.start_run(run_id=found[0].info.run_id)
-    return mlflow.start_run(run_name=inp.workflow_name, tags={WORKFLOW_TAG: inp.workflow_name})
+    # the experiment is the model's name: with auth, another team's is read-only (a clear failure, not retried)
+    with mlflow_access(f"log a run to experiment {inp.model_name}"):
+        experiment = mlflow.set_experiment(inp.model_name)
+        found = mlflow.search_runs(
+            experiment_ids=[experiment.experiment_id],
+            filter_string=f"tags.`{WORKFLOW_TAG}` = '{inp.workflow_name}'",
+            output_format="list",
+            max_results=1,
+        )
+        if found:
+            return mlflow.start_run(run_id=found[0].info.run_id)
+        return mlflow.start_run(run_name=inp.workflow_name, tags={WORKFLOW_TAG: inp.workflow_name})
 
 
 @dataclass(frozen=True)

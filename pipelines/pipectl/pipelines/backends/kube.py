@@ -184,6 +184,18 @@ class ArgoCluster:
                    PARAMETER_RULES_CONFIGMAP, self.namespace, body, field_manager=rules_field_manager(template), force=True,
                    _content_type="application/apply-patch+yaml")
 
+    def apply_secret(self, body: dict[str, Any], *, dry_run: bool = False) -> None:
+        """Server-side apply of Secret ``body`` in the namespace as field manager ``pipectl``,
+        conflicts forced; ``dry_run``: the API server checks everything (the namespace, RBAC,
+        admission) and stores nothing, so a write that would fail is known before anything else
+        changes. Raises the errors of :meth:`_call`."""
+        from pipectl.pipelines.backends.applied import APPLY_PATCH, FIELD_MANAGER
+
+        name = body["metadata"]["name"]
+        self._call(f"apply Secret {name} in namespace {self.namespace}", self.core.patch_namespaced_secret, name,
+                   self.namespace, body, field_manager=FIELD_MANAGER, force=True, _content_type=APPLY_PATCH,
+                   **({"dry_run": "All"} if dry_run else {}))
+
     def remove_parameter_rules(self, template: str) -> None:
         """Remove ``template``'s keys from the namespace's parameter-rules ConfigMap (nothing when
         it does not exist)."""

@@ -1,0 +1,211 @@
+"""MLflow behind its own basic-auth app, a user per team: a real ``mlflow server --app-name
+basic-auth`` with ``default_permission = READ`` (tests/harness/mlflow_auth.py), no mocks.
+
+The admin creates the teams' users (``pipectl teams mlflow-user``'s MLflow half; the Secret half is
+tests/cluster/test_mlflow_user_secret.py); a request without credentials writes nothing; the
+register step run as team-b (its real entrypoint, as its pod runs it) cannot add a version of
+team-a's model nor move its ``champion`` alias, and fails once, clearly, not retried; team-b still
+reads team-a's model (the champion a candidate is compared with).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pipectl.components.contracts import Decision, PromotionMetric, RegisterInput
+from pipectl.components.errors import Unreachable, ValidationFailed
+from pipectl.pipelines.backends.mlflow_users import TeamUser, ensure_team_user
+from tests.harness.mlflow_auth import as_user, auth_mlflow
+
+pytestmark = pytest.mark.integration
+
+MODEL = "team-a-digits"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with auth_mlflow(tmp_path_factory.mktemp("mlflow-auth")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def users(server) -> dict[str, TeamUser]:
+    """team-a and team-b, created by the admin as ``pipectl teams mlflow-user`` does."""
+    with as_user(server.admin, server.admin_password):
+        return {t: ensure_team_user(server.url, t, server.admin) for t in ("team-a", "team-b")}
+
+
+def _client(server):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=server.url, registry_uri=server.url)
+
+
+def _log_candidate(server, users) -> str:
+    """As team-a: a run in experiment ``team-a-digits`` (the experiment is the model's name, as
+    the train step names it) with a logged model; returns its model URI."""
+    import mlflow
+
+    from pipectl.components.models import SmallCNN
+
+    with as_user("team-a", users["team-a"].password):
+        mlflow.set_tracking_uri(server.url)
+        mlflow.set_experiment(MODEL)
+        with mlflow.start_run():
+            info = mlflow.pytorch.log_model(SmallCNN(num_classes=10, width=4), name="model", serialization_format="pickle",
+                                            pip_requirements=["torch"])
+    return info.model_uri
+
+
+def _register_step(server, user: TeamUser | None, inp: RegisterInput, tmp_path) -> subprocess.CompletedProcess:
+    """``python -m pipectl.components.register`` as its pod runs it: the MLflow URI from the store
+    ConfigMap's variable, the team's user from its Secret's (none: no Secret)."""
+    from pipectl.components.contracts import kebab
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
+    env["PIPECTL_MLFLOW_URI"] = server.url
+    if user is not None:
+        env |= {"MLFLOW_TRACKING_USERNAME": user.username, "MLFLOW_TRACKING_PASSWORD": user.password or ""}
+    args = [a for n, v in inp.model_dump(mode="json").items() for a in (f"--{kebab(n)}", str(v))]
+    return subprocess.run([sys.executable, "-m", "pipectl.components.register", *args, "--outputs-dir", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=180)
+
+
+def _inp(model_uri: str, sha256: str, run_id: str, run_key: str, decision: Decision = Decision.promote) -> RegisterInput:
+    return RegisterInput(model_name=MODEL, run_key=run_key, promotion_metric=PromotionMetric.accuracy, mlflow_run_id=run_id,
+                         model_uri=model_uri, model_sha256=sha256, decision=decision, metric=0.9, metric_name="accuracy")
+
+
+@pytest.fixture(scope="module")
+def team_a_model(server, users, tmp_path_factory):
+    """team-a's ``team-a-digits``: version 1 (champion) and version 2 (kept), each registered by
+    the register step as team-a; returns (inputs of version 2, the champion's model URI)."""
+    from pipectl.components.models import download_model, model_sha256
+
+    folder = tmp_path_factory.mktemp("team-a")
+    inputs = []
+    for n, decision in ((1, Decision.promote), (2, Decision.keep)):
+        uri = _log_candidate(server, users)
+        with as_user("team-a", users["team-a"].password):
+            download_model(uri, folder / f"m{n}", tracking_uri=server.url)
+            run_id = _client(server).get_logged_model(uri.removeprefix("models:/")).source_run_id
+        inp = _inp(uri, model_sha256(folder / f"m{n}" / "model"), run_id, f"wf-team-a-{n}", decision)
+        r = _register_step(server, users["team-a"], inp, folder / f"out{n}")
+        assert r.returncode == 0, r.stderr
+        inputs.append(inp)
+    return inputs[1], inputs[0].model_uri
+
+
+def test_a_the_admin_creates_a_teams_user_once_and_gives_it_a_new_password_only_when_asked(server, users):
+    """Each team's user is created with a generated password it can sign in with; a second run
+    keeps the user and its password (says so: no password back); --rotate gives a new one and the
+    old one is refused from then on."""
+    import mlflow.exceptions
+
+    assert (users["team-a"].created, users["team-b"].created) == (True, True)
+    assert users["team-a"].password and users["team-a"].password != users["team-b"].password
+    with as_user(server.admin, server.admin_password):
+        again = ensure_team_user(server.url, "team-c", server.admin)
+        assert ensure_team_user(server.url, "team-c", server.admin) == TeamUser("team-c", None, created=False)
+    with as_user("team-c", again.password):
+        _client(server).search_experiments()  # signs in
+    with as_user(server.admin, server.admin_password):
+        rotated = ensure_team_user(server.url, "team-c", server.admin, rotate=True)
+    assert (rotated.created, rotated.password not in (None, again.password)) == (False, True)
+    with as_user("team-c", rotated.password):
+        _client(server).search_experiments()
+    with as_user("team-c", again.password), pytest.raises(mlflow.exceptions.MlflowException, match="401"):
+        _client(server).search_experiments()
+
+
+def test_a_the_admin_command_refuses_a_non_admin_wrong_credentials_no_server_and_an_mlflow_without_auth(server, users, services):
+    """Each bad case is one error naming what and how to fix it; the user is not created."""
+    from pipectl.pipelines.backends.processes import free_port
+
+    with as_user("team-a", users["team-a"].password), pytest.raises(Unreachable, match="team-a is not an MLflow admin") as e:
+        ensure_team_user(server.url, "team-x", "team-a")
+    assert e.value.exit_code == 3 and "MLFLOW_TRACKING_USERNAME" in e.value.hint
+    with as_user(server.admin, "wrong"), pytest.raises(Unreachable, match="refused the credentials of pipectl-admin .401") as e:
+        ensure_team_user(server.url, "team-x", server.admin)
+    with pytest.raises(Unreachable, match="did not answer /health"):
+        ensure_team_user(f"http://127.0.0.1:{free_port()}", "team-x", server.admin)
+    with as_user(server.admin, server.admin_password), pytest.raises(ValidationFailed, match="does not run MLflow's basic-auth app"):
+        ensure_team_user(services.mlflow_url, "team-x", server.admin)
+    with as_user(server.admin, server.admin_password), pytest.raises(Exception, match="RESOURCE_DOES_NOT_EXIST"):
+        from mlflow.server import get_app_client
+
+        get_app_client("basic-auth", tracking_uri=server.url).get_user("team-x")
+
+
+def test_b_without_credentials_a_write_is_refused_and_nothing_is_written(server, team_a_model, tmp_path):
+    """No Secret in the namespace (no credentials): MLflow refuses the step's first request (401);
+    the register step fails once (exit 1, not the retried 75) naming what to do, and writes nothing."""
+    inp, _ = team_a_model
+    r = _register_step(server, None, inp.model_copy(update={"model_name": "team-a-anonymous"}), tmp_path)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "MLflow refused a request without credentials" in r.stderr and "not authenticated (401" in r.stderr, r.stderr
+    assert "pipectl teams mlflow-user" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    with as_user(None, None), pytest.raises(Exception, match="401"):
+        _client(server).create_registered_model("team-a-anonymous")
+    with as_user("pipectl-admin", "admin-password-for-tests-only"):
+        assert _client(server).search_registered_models("name = 'team-a-anonymous'") == []
+
+
+def test_c_team_b_cannot_add_a_version_of_team_as_model_nor_move_its_champion(server, users, team_a_model, tmp_path):
+    """The register step as team-b on team-a's model: refused (403) with the user, the model and
+    what to do; exit 1 (a permission error is not retried); no version created, the champion stays."""
+    inp, _ = team_a_model
+    client = _client(server)
+    with as_user("team-a", users["team-a"].password):
+        before = sorted(int(mv.version) for mv in client.search_model_versions(f"name = '{MODEL}'"))
+        assert before == [1, 2] and client.get_model_version_by_alias(MODEL, "champion").version == "1"
+
+    new_version = _register_step(server, users["team-b"], inp.model_copy(update={"run_key": "wf-team-b"}), tmp_path / "new")
+    # the same run's version (a retried step's path): promote it
+    move_alias = _register_step(server, users["team-b"], inp.model_copy(update={"decision": Decision.promote}), tmp_path / "alias")
+    for r in (new_version, move_alias):
+        assert r.returncode == 1, (r.returncode, r.stderr)
+        assert f"MLflow refused user team-b to write registered model {MODEL} (a version, the champion alias): " \
+               "permission denied (403" in r.stderr, r.stderr
+        assert "model prefix" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+    from pipectl.components.mlflow_access import mlflow_access
+    from pipectl.components.runtime import StepError
+
+    with as_user("team-b", users["team-b"].password), pytest.raises(StepError, match="user team-b .* permission denied") as e:
+        with mlflow_access(f"move the champion alias of {MODEL}"):
+            client.set_registered_model_alias(MODEL, "champion", "2")
+    assert not e.value.transient
+    with as_user("team-a", users["team-a"].password):
+        assert sorted(int(mv.version) for mv in client.search_model_versions(f"name = '{MODEL}'")) == before
+        assert client.get_model_version_by_alias(MODEL, "champion").version == "1"
+
+
+def test_c_team_b_cannot_log_a_training_run_to_team_as_experiment(server, users, team_a_model):
+    """The train step's MLflow run goes to the experiment named as the model: team-a's is
+    read-only to team-b, a clear failure that is not retried."""
+    from pipectl.components.contracts import StoreSettings, TrainInput
+    from pipectl.components.runtime import StepError
+    from pipectl.components.train.core import _mlflow_run
+
+    inp = TrainInput.model_construct(model_name=MODEL, workflow_name="training-team-b")
+    with as_user("team-b", users["team-b"].password), pytest.raises(StepError, match=f"user team-b to log a run to experiment {MODEL}"):
+        _mlflow_run(inp, StoreSettings(mlflow_uri=server.url))
+
+
+def test_d_team_b_reads_team_as_model_and_its_champion(server, users, team_a_model, tmp_path):
+    """READ for everyone: team-b's evaluate may compare its candidate with team-a's champion."""
+    from pipectl.components.models import download_model
+
+    _, champion_uri = team_a_model
+    client = _client(server)
+    with as_user("team-b", users["team-b"].password):
+        assert client.get_registered_model(MODEL).name == MODEL
+        champion = client.get_model_version_by_alias(MODEL, "champion")
+        assert champion.version == "1"
+        download_model(champion_uri, tmp_path / "champion", tracking_uri=server.url)
+    assert any((tmp_path / "champion").rglob("MLmodel"))
