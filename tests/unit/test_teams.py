@@ -210,3 +210,32 @@ def test_the_site_names_the_platform_admins_who_may_label_namespaces(tmp_path):
         r = _run("--site", path, "render", "cluster", "--write", tmp_path / "argo")
         assert r.returncode == 2 and words in r.stderr and f"site file {path}, line 1:" in r.stderr, r.stderr
         assert not (tmp_path / "argo").exists()
+
+
+def test_a_teams_mlflow_secret_holds_the_variables_mlflows_client_reads():
+    """The Secret the steps take with envFrom: MLFLOW_TRACKING_USERNAME/PASSWORD, in the team's
+    namespace, under the name the templates name (pipectl-mlflow-credentials)."""
+    import base64
+
+    from pipectl.components.names import MLFLOW_SECRET
+    from pipectl.pipelines.teams import mlflow_credentials_secret
+
+    secret = mlflow_credentials_secret("ml-vision", "vision", "s3cr3t")
+    assert (secret["kind"], secret["metadata"]["name"], secret["metadata"]["namespace"]) == ("Secret", MLFLOW_SECRET, "ml-vision")
+    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {
+        "MLFLOW_TRACKING_USERNAME": "vision", "MLFLOW_TRACKING_PASSWORD": "s3cr3t"}
+
+
+def test_teams_mlflow_user_refuses_an_unknown_team_and_missing_admin_credentials_before_anything(tmp_path):
+    """Exit 2 with one line naming what and how to fix it, before MLflow or the cluster is asked
+    (no kubeconfig, no server here)."""
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"teams": [VISION, SPEECH]}))
+    bare = {"MLFLOW_TRACKING_USERNAME": "", "MLFLOW_TRACKING_PASSWORD": ""}
+    r = _run("--site", site, "teams", "mlflow-user", "nlp", env={"MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": "x"})
+    assert r.returncode == 2 and "unknown team 'nlp': the site file's teams are speech, vision" in r.stderr, r.stderr
+    r = _run("teams", "mlflow-user", "vision", env=bare)
+    assert r.returncode == 2 and "the site file declares no teams" in r.stderr, r.stderr
+    r = _run("--site", site, "teams", "mlflow-user", "vision", env=bare)
+    assert r.returncode == 2 and "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD are not both set" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
