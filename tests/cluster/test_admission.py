@@ -134,6 +134,8 @@ def test_a_submitter_submits_as_the_cli_the_argo_ui_and_a_cron_do(submitter):
     (lambda s: s.update(serviceAccountName="pipectl-launcher"), "serviceAccountName"),
     (lambda s: s.update(podSpecPatch='{"containers":[{"name":"main","envFrom":[{"secretRef":{"name":"pipectl-s3-credentials"}}]}]}'),
      "podSpecPatch"),
+    (lambda s: s.update(podSpecPatch='{"containers":[{"name":"main","envFrom":[{"secretRef":{"name":"pipectl-mlflow-credentials"}}]}]}'),
+     "podSpecPatch"),
     (lambda s: s.update(templates=[{"name": "x", "container": {"image": "busybox"}}]), "templates"),
     (lambda s: s.update(podPriorityClassName="pipectl-urgent"), "podPriorityClassName"),
     (lambda s: s.update(volumes=[{"name": "host", "hostPath": {"path": "/"}}]), "volumes"),
@@ -146,7 +148,7 @@ def test_a_submitter_submits_as_the_cli_the_argo_ui_and_a_cron_do(submitter):
     (lambda s: s["arguments"]["parameters"].append({"name": "epochs", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}}),
      "a name and a value only"),
     (lambda s: s["arguments"].update(artifacts=[{"name": "a", "s3": {"key": "x"}}]), "may not pass artifacts"),
-], ids=["other-service-account", "secret-via-podSpecPatch", "own-templates", "priority-class", "hostPath", "root",
+], ids=["other-service-account", "secret-via-podSpecPatch", "mlflow-user-via-podSpecPatch", "own-templates", "priority-class", "hostPath", "root",
         "host-network", "later-entrypoint", "cluster-template", "argo-priority", "undeclared-argument", "valueFrom", "artifacts"])
 def test_a_submitter_cannot_change_what_the_template_runs(submitter, change, words):
     wf = _legit()

@@ -1,6 +1,7 @@
 """A real MLflow tracking server in basic-auth mode (``mlflow server --app-name basic-auth``) for the
-tests of per-team MLflow users: an admin user set in the server's auth ini, ``default_permission =
-READ`` (what docs/install.md ships), its user database a sqlite file under the test's folder."""
+tests of per-team MLflow users: the auth config docs/install.md ships (docs/mlflow-basic-auth.ini:
+``default_permission = READ``) with the test's admin user and its user database a sqlite file under
+the test's folder."""
 
 from __future__ import annotations
 
@@ -21,15 +22,22 @@ class AuthMlflow:
     admin_password: str
 
 
-def auth_ini(folder: Path, default_permission: str = "READ") -> Path:
-    """The auth app's config (MLFLOW_AUTH_CONFIG_PATH) with the test's admin and a user database in ``folder``."""
+SHIPPED_INI = Path(__file__).resolve().parents[2] / "docs" / "mlflow-basic-auth.ini"
+"""The auth config docs/install.md ships: the tests run with its settings."""
+
+
+def auth_ini(folder: Path) -> Path:
+    """The shipped auth config (MLFLOW_AUTH_CONFIG_PATH) with the test's admin and a user database
+    in ``folder``; its ``default_permission`` and the rest as shipped."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(SHIPPED_INI)
+    config["mlflow"].update({"database_uri": f"sqlite:///{(folder / 'basic_auth.db').resolve()}",
+                             "admin_username": ADMIN, "admin_password": ADMIN_PASSWORD})
     path = folder / "basic_auth.ini"
-    path.write_text("[mlflow]\n"
-                    f"default_permission = {default_permission}\n"
-                    f"database_uri = sqlite:///{(folder / 'basic_auth.db').resolve()}\n"
-                    f"admin_username = {ADMIN}\n"
-                    f"admin_password = {ADMIN_PASSWORD}\n"
-                    "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    with path.open("w") as f:
+        config.write(f)
     return path
 
 

@@ -4,7 +4,7 @@ An MLflow server that runs with its basic-auth app (docs/install.md, "MLflow wit
 401 to a request without valid credentials and 403 to a user without the permission the request
 needs: with ``default_permission = READ``, a team's user may read every experiment and registered
 model but write only those it created (or was granted). Retrying either cannot help, and neither
-is the infrastructure's fault, so the step exits 1 (DESIGN.md, "Errors and exit codes") with a
+is the infrastructure's fault, so the step exits 1 (:class:`~pipectl.components.contracts.ExitCode`) with a
 message naming the user, what it was refused and what to do, instead of MLflow's "API request to
 endpoint ... failed with error code 403 != 200" and a traceback.
 
