@@ -74,6 +74,9 @@ def test_a_user_pipeline_drops_a_step_and_adds_its_own_between_two():
     assert c["container"]["securityContext"]["runAsNonRoot"] is True and c["retryStrategy"] and c["timeout"]
     assert c["priorityClassName"] == _template(wt, "stage")["priorityClassName"]
     assert "envFrom" in c["container"] and "envFrom" not in _template(wt, "notify")["container"]
+    # store access: the store's keys and the team's MLflow user (the store ConfigMap names MLflow to it)
+    assert {e["secretRef"]["name"] for e in c["container"]["envFrom"] if "secretRef" in e} == {
+        "pipectl-s3-credentials", "pipectl-mlflow-credentials"}
 
 
 def test_a_pipeline_on_shards_it_already_has_drops_preprocess_and_adds_its_own_step():
