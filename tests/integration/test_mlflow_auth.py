@@ -209,3 +209,50 @@ def test_d_team_b_reads_team_as_model_and_its_champion(server, users, team_a_mod
         assert champion.version == "1"
         download_model(champion_uri, tmp_path / "champion", tracking_uri=server.url)
     assert any((tmp_path / "champion").rglob("MLmodel"))
+
+
+def test_a_secret_that_cannot_be_written_after_the_user_was_created_says_so_and_how_to_rerun(server, tmp_path, monkeypatch):
+    """The API server accepts the dry run, then refuses the write (its RBAC changed in between; the
+    one stand-in here: a cluster whose second answer differs): the command names the user it
+    created, the Secret it did not write and `--rotate`, prints no password, and exits with the
+    cluster error's code; the rerun with --rotate writes a Secret whose password signs in."""
+    import yaml
+    from click.testing import CliRunner
+
+    from pipectl.cli.main import main
+    from pipectl.pipelines.backends import kube
+
+    written: list[dict] = []
+
+    class Cluster:
+        refuse = True
+
+        def __init__(self, namespace: str, context: str | None = None) -> None:
+            self.namespace = namespace
+
+        def apply_secret(self, body: dict, *, dry_run: bool = False) -> None:
+            if not dry_run and Cluster.refuse:
+                raise Unreachable(f"apply Secret pipectl-mlflow-credentials in namespace {self.namespace}: the API server "
+                                  "refused us (403 Forbidden)", "check your kubeconfig credentials and RBAC")
+            if not dry_run:
+                written.append(body)
+
+    monkeypatch.setattr(kube, "ArgoCluster", Cluster)
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"teams": [{"name": "team-d", "namespace": "ml-team-d", "groups": ["team-d-ml"], "max_gpus": 1,
+                                               "model_prefix": "team-d", "s3_prefix": "s3://pipectl/teams/team-d/"}]}))
+    env = {"MLFLOW_TRACKING_USERNAME": server.admin, "MLFLOW_TRACKING_PASSWORD": server.admin_password}
+    argv = ["--site", str(site), "teams", "mlflow-user", "team-d", "--mlflow-uri", server.url]
+    r = CliRunner().invoke(main, argv, env=env)
+    assert r.exit_code == 3, r.output
+    assert "MLflow user team-d was created, but Secret ml-team-d/pipectl-mlflow-credentials was not written" in r.output
+    assert "mlflow-user team-d --rotate" in r.output and not written
+    Cluster.refuse = False
+    r = CliRunner().invoke(main, argv + ["--rotate"], env=env)
+    assert r.exit_code == 0 and "given a new password" in r.output, r.output
+    import base64
+
+    creds = {k: base64.b64decode(v).decode() for k, v in written[0]["data"].items()}
+    assert creds["MLFLOW_TRACKING_PASSWORD"] not in r.output
+    with as_user(creds["MLFLOW_TRACKING_USERNAME"], creds["MLFLOW_TRACKING_PASSWORD"]):
+        _client(server).search_experiments()
