@@ -189,6 +189,7 @@ def _train_side(side: str, store: str, proc: Any, epochs: int, workflow: str) ->
     from pipectl.components.shard_stream import ShardStream
     from pipectl.components.train import builtin
     from pipectl.components.train.core import mlflow_metrics, mlflow_tags
+    from pipectl.components.train.preemption import PreemptionWatch
 
     inp = TrainInput(shards_uri=SHARDS_URI, run_uri="s3://bench/runs/telemetry", workflow_name=workflow,
                      model_name="bench-telemetry", epochs=epochs, batch_size=BATCH, learning_rate=LEARNING_RATE,
@@ -207,6 +208,7 @@ def _train_side(side: str, store: str, proc: Any, epochs: int, workflow: str) ->
         ctx.exporter = exporter.from_env(inp.workflow_name, *telemetry.whereabouts(),
                                          {METRICS_PORT_ENV: "0", "LOCAL_RANK": os.environ.get("LOCAL_RANK", "0")})
     torch.manual_seed(inp.seed)
+    ctx.watch = PreemptionWatch()  # around the steps, as the train step sets it (core._trained)
     try:
         builtin.train(ctx)
     finally:

@@ -123,6 +123,73 @@ def test_a_gang_told_to_stop_checkpoints_its_step_then_resumes_from_it(settings,
     assert out.resumed_from_step == stopped["step"] and out.steps == 184
 
 
+def test_a_gang_told_to_stop_after_its_last_step_ends_at_once(settings, s3, shards_uri, step_env, tmp_path):
+    """SIGTERM to the launcher once the last epoch's log line is out (the steps are done, the
+    stop check of the last step is behind): the training processes end at once, 143, without
+    going on to score and publish the model (no train output written), and torchrun never has to
+    SIGKILL a worker that ignored its SIGTERM (it does after 30 s: a stop noted where no step
+    answers it kept the pod, and its GPUs, for that long)."""
+    workflow = "wf-stop-after"
+    run_uri = f"s3://{settings.bucket}/runs/{workflow}"
+    argv = _argv(settings, shards_uri, tmp_path / "out", epochs=2, workflow=workflow)
+    argv = [sys.executable, "-m", "pipectl.components.train.launch", *argv[1:]]
+    log = tmp_path / "train.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen(argv, env=step_env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while "epoch 2 of 2 done" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "forcefully exiting via SIGKILL" not in text, text[-3000:]
+    assert not _json_or_none(s3, f"{run_uri}/train-output.json"), "the run went on to publish after it was told to stop"
+
+
+def _json_or_none(s3, uri: str):
+    from pipectl.components.runtime import object_exists, parse_s3_uri
+
+    return read_json(s3, uri) if object_exists(s3, *parse_s3_uri(uri)) is not None else None
+
+
+def test_a_train_step_told_to_stop_before_its_steps_ends_at_once(settings, shards_uri, tmp_path):
+    """The train step (one process) stopped while it waits for MLflow before its first step (here
+    an MLflow server that accepts the connection and never answers): SIGTERM ends it at once,
+    as nothing is trained yet. A stop noted there and then forgotten kept the process, and its
+    pod's GPUs, until the kubelet's SIGKILL at the end of the grace period."""
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    accepted = threading.Event()
+    held = []
+
+    def accept():
+        try:
+            while True:
+                held.append(server.accept()[0])
+                accepted.set()
+        except OSError:
+            return
+    threading.Thread(target=accept, daemon=True).start()
+    hung = settings.model_copy(update={"mlflow_uri": f"http://127.0.0.1:{server.getsockname()[1]}"})
+    argv = _argv(hung, shards_uri, tmp_path / "out", epochs=2, workflow="wf-stop-before")
+    env = {**os.environ, **hung.step_env()}
+    proc = subprocess.Popen([sys.executable, "-m", *argv[5:]], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert accepted.wait(timeout=120), "the train step never called MLflow"
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=20)
+    finally:
+        proc.kill()
+        server.close()
+        for conn in held:
+            conn.close()
+    assert code == -signal.SIGTERM, proc.stderr.read()[-2000:]
+
+
 @pytest.mark.parametrize(("worker_exit", "retry_oom", "expected"), [
     ("sys.exit(75)", False, 75), ("sys.exit(1)", False, 1), ("sys.exit(0)", False, 0),
     # the container's only code-failure value is 1 (the Volcano policy ends the job on 1

@@ -84,7 +84,9 @@ class TrainContext:
     log_tags: Callable[[dict[str, str]], None] = field(default=lambda tags: None, repr=False)
     """Where the run's tags go (rank 0: the MLflow run): each epoch's step-time line and the verdicts
     so far, for ``pipectl status`` while the training runs (:mod:`pipectl.components.train.live`)."""
-    watch: PreemptionWatch = field(default_factory=PreemptionWatch, repr=False)
+    watch: PreemptionWatch | None = field(default=None, repr=False)
+    """Set around the train function's steps only (:func:`pipectl.components.train.core.train`):
+    before and after them a stop signal ends the process at once, as nothing is left to save."""
     clock: StepClock = field(default_factory=StepClock, repr=False)
     """Where each step's time goes (:mod:`pipectl.components.train.telemetry`)."""
     verdicts: list[str] = field(default_factory=list)
@@ -233,6 +235,8 @@ class TrainContext:
     def _should_stop(self) -> bool:
         """The gang's per-step stop check (one all-reduce: every rank meets there), its wait in the
         step clock's ``sync``."""
+        if self.watch is None:
+            return False
         t0 = time.perf_counter()
         try:
             return self.watch.should_stop()

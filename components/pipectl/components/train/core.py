@@ -230,7 +230,8 @@ def _trained(ctx: TrainContext, function: TrainFunction, ref: str) -> nn.Module:
     try:
         model = function(ctx)
     finally:
-        ctx.watch.close()
+        watch, ctx.watch = ctx.watch, None
+        watch.close()  # a stop the steps did not answer ends the process here
     model = getattr(model, "module", model) if isinstance(model, DDP) else model
     if not isinstance(model, nn.Module):
         raise StepError(f"train function {ref} returned {type(model).__name__}, not the trained torch.nn.Module",
