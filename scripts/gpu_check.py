@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -209,16 +210,53 @@ def pipeline(svc: Services, work: Path, device: str, epochs: int, n_gpus: int) -
                     f"{wall:.1f} s wall"), "", "ok" if ok else f"FAIL: world size {out['world_size']}"
         return go
 
+    def stopped() -> tuple[str, str, str]:
+        """The gang's stop on this device: SIGTERM to the launcher after epoch 1 (periodic
+        checkpoints far apart): 143 with a checkpoint of the step it was in; the rerun resumes there."""
+        uri, args = f"s3://{b}/runs/gpu-check-stop", [
+            "--shards-uri", state["shards"], "--run-uri", f"s3://{b}/runs/gpu-check-stop", "--workflow-name", "gpu-check-stop",
+            "--model-name", model, "--epochs", "4", "--batch-size", "32", "--learning-rate", "0.002",
+            "--checkpoint-every-steps", "100000", "--seed", "0"]
+        argv = [sys.executable, "-m", "pipectl.components.train.launch", "--standalone", "--nproc-per-node", "1",
+                "-m", "pipectl.components.train", *args, "--outputs-dir", str(work / "outputs-stop")]
+        log = work / "stop.log"
+        with log.open("w") as f:
+            proc = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while "epoch 1 of 4 done" not in log.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                return "", "", f"FAIL: no epoch 1 (exit {proc.poll()}): {log.read_text()[-600:]}"
+            time.sleep(0.05)
+        t0 = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+        took = time.perf_counter() - t0
+        told = [ln for ln in log.read_text().splitlines() if "told to stop at step" in ln]
+        if code != 143 or not told:
+            return "", "", f"FAIL: exit {code}, no checkpoint line: {log.read_text()[-600:]}"
+        at = int(told[-1].split("told to stop at step ")[1].split()[0])
+        out = step(env, "pipectl.components.train", args, work, launch=["--standalone", "--nproc-per-node", "1"])
+        ok = out["resumed_from_step"] == at and out["steps"] > at
+        return (f"exit 143 {took:.1f} s after SIGTERM, checkpoint at step {at}; rerun resumed from "
+                f"{out['resumed_from_step']}, {out['steps']} steps"), "periodic checkpoints every 100000 steps", \
+            "ok" if ok else f"FAIL: resumed from {out['resumed_from_step']}"
+
     def evaluate() -> tuple[str, str, str]:
         out = step(env, "pipectl.components.evaluate", [
             "--shards-uri", state["shards"], "--run-uri", run_uri, "--model-name", model,
             "--promotion-metric", "accuracy", "--promotion-threshold", "0.5"], work)
+        state["evaluation"] = out
         return f"held-out accuracy {out['metric']:.3f}, decision {out['decision']}", "threshold 0.5", "ok"
 
     def register(n: int) -> Callable[[], tuple[str, str, str]]:
         def go() -> tuple[str, str, str]:
+            from pipectl.pipelines.composer import EVALUATION_HANDED_OVER
+
+            handed = [arg for key in EVALUATION_HANDED_OVER if state["evaluation"].get(key) is not None
+                      for arg in (f"--{key.replace('_', '-')}", str(state["evaluation"][key]))]  # as the pipeline hands them over
             out = step(env, "pipectl.components.register", [
-                "--run-uri", run_uri, "--model-name", model, "--run-key", "gpu-check-run", "--promotion-metric", "accuracy"], work)
+                "--model-name", model, "--run-key", "gpu-check-run", "--promotion-metric", "accuracy", *handed], work)
             want_created = n == 1
             ok = out["created"] == want_created
             return (f"version {out['version']}, alias {out['alias']}, created {out['created']}", "",
@@ -229,6 +267,7 @@ def pipeline(svc: Services, work: Path, device: str, epochs: int, n_gpus: int) -
         ("stage (digits)", stage), (f"preprocess --device {device}", preprocess),
         (f"train, 1 process ({'nccl' if device == 'gpu' else 'gloo'})", train(1, run_uri)),
         ("evaluate", evaluate), ("register", register(1)), ("register again (retry)", register(2)),
+        ("train told to stop (SIGTERM after epoch 1), then resumed", stopped),
     ]
     for name, fn in steps:
         before = len([r for r in ROWS if r.status.startswith("FAIL")])
