@@ -251,10 +251,11 @@ def pipeline(svc: Services, work: Path, device: str, epochs: int, n_gpus: int) -
 
     def register(n: int) -> Callable[[], tuple[str, str, str]]:
         def go() -> tuple[str, str, str]:
-            from pipectl.pipelines.composer import EVALUATION_HANDED_OVER
+            from pipectl.components.contracts import EvaluateOutput, RegisterInput
 
-            handed = [arg for key in EVALUATION_HANDED_OVER if state["evaluation"].get(key) is not None
-                      for arg in (f"--{key.replace('_', '-')}", str(state["evaluation"][key]))]  # as the pipeline hands them over
+            handed_over = [k for k in RegisterInput.model_fields if k in EvaluateOutput.model_fields]  # as the pipeline does
+            handed = [arg for key in handed_over if state["evaluation"].get(key) is not None
+                      for arg in (f"--{key.replace('_', '-')}", str(state["evaluation"][key]))]
             out = step(env, "pipectl.components.register", [
                 "--model-name", model, "--run-key", "gpu-check-run", "--promotion-metric", "accuracy", *handed], work)
             want_created = n == 1

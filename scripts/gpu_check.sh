@@ -11,7 +11,7 @@
 # reaches no registry, and a call carries at most 64 MiB (working tree + carried paths). The check needs
 # NVIDIA DALI (nvidia-dali-cuda130 2.4.0, ~200 MB, + nvimgcodec, nvcomp, nvjpeg for CUDA 13: ~260 MB) and
 # the step's Python dependencies (~60 MB; 318 MB in all, packed 2026-12-01). They travel as a tar split in parts
-# of PART_MIB (default 61 MiB: 5 parts; the working tree is ~2.5 MiB, `pack` checks the sum), one part per call, each copied to /tmp/gpu-pack; paths carried earlier
+# of PART_MIB (default 59 MiB: 6 parts; the working tree is ~4.7 MiB, `pack` checks the sum), one part per call, each copied to /tmp/gpu-pack; paths carried earlier
 # stay only while the machine is warm (30 s idle), so the calls must follow each other.
 #
 # Order of calls with the session's `run` tool (device time: ~20 s per part call once warm; the check
@@ -19,19 +19,19 @@
 #   1. here:   bash scripts/gpu_check.sh pack                 -> .pipectl/gpu-pack/part-00 .. part-NN + SHA256SUMS
 #   2. device: run(command="bash scripts/gpu_check.sh receive part-00", carry=[".pipectl/gpu-pack/part-00"])
 #      ... one call per part, in order, without pauses ...
-#   3. device: run(command="bash scripts/gpu_check.sh receive part-04 && bash scripts/gpu_check.sh run",
-#                  carry=[".pipectl/gpu-pack/part-04", ".pipectl/gpu-pack/SHA256SUMS"], timeout_s=600)
+#   3. device: run(command="bash scripts/gpu_check.sh receive part-05 && bash scripts/gpu_check.sh run",
+#                  carry=[".pipectl/gpu-pack/part-05", ".pipectl/gpu-pack/SHA256SUMS"], timeout_s=600)
 #      joins the parts, checks the sha256 of the tar, installs the wheels into /tmp/gpu-site (pip
 #      --no-index, else unzip), lays the project out as the `pipectl` package, runs scripts/gpu_check.py
 #      and leaves the table in $OUT/gpu-check.md (+ .json). Then give the machine back.
-# (the last part travels with the run call itself: 5 calls in all for 5 parts.)
+# (the last part travels with the run call itself: 6 calls in all for 6 parts.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 PACK_DIR=${PACK_DIR:-.pipectl/gpu-pack}
 RECV_DIR=${RECV_DIR:-/tmp/gpu-pack}
 SITE=${SITE:-/tmp/gpu-site}
-PART_MIB=${PART_MIB:-61}
+PART_MIB=${PART_MIB:-59}
 PY=${PYTHON:-}
 if [[ -z $PY ]]; then
   if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=$(command -v python3 || command -v python); fi
@@ -41,7 +41,7 @@ fi
 WHEELS=(
   "nvidia-dali-cuda130==2.4.0" "nvidia-nvimgcodec-cu13" "nvidia-libnvcomp-cu13" "nvidia-nvjpeg"
   "pydantic" "pydantic-settings" "boto3" "moto[s3]==5.2.5" "flask" "flask-cors" "mlflow-skinny==3.17.2" "importlib_metadata<9"
-  "pillow"
+  "pillow" "obstore==0.12.1" "prometheus-client"
 )
 
 case "${1:-run}" in
