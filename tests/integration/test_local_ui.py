@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipectl.pipelines.backends.services import start_mlflow
+from tests.tools.procs import default_signals
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +31,7 @@ def test_ui_serves_the_state_folders_mlflow_store_until_stopped(tmp_path, sig):
     with it ignored) or SIGTERM; then the server it started is gone too."""
     start_mlflow(tmp_path).stop()  # what a `pipectl run` leaves: the store, no server
     proc = subprocess.Popen([PIPECTL, "ui", "--state-dir", str(tmp_path)], stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=default_signals)
     try:
         line = ""
         deadline = time.monotonic() + 120
@@ -75,7 +76,9 @@ def test_the_latest_runs_learning_curve_opens_in_the_mlflow_ui(tmp_path):
     run_id = json.loads(r.stdout)["mlflow_run_id"]
     png = next(state.rglob(f"{run_id}/artifacts/evaluation/learning_curve.png")).read_bytes()
     width = struct.unpack(">I", png[16:20])[0]  # the IHDR chunk's width
-    proc = subprocess.Popen([PIPECTL, "ui", "--state-dir", str(state)], stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default for the child (CI runners start tests with it ignored): the stop below is Ctrl-C
+    proc = subprocess.Popen([PIPECTL, "ui", "--state-dir", str(state)], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_signals)
     try:
         text, deadline = "", time.monotonic() + 120
         while "latest run:" not in text:
