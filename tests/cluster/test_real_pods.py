@@ -757,28 +757,37 @@ class _PodWatch:
         self.gone: dict[str, float] = {}
         self.exit_codes: dict[str, dict[str, int]] = {}
         self.logs: dict[str, list[str]] = {}
+        self.error: Exception | None = None
+        self._stopping = False
         self._watch = watch.Watch()
         self._threads = [threading.Thread(target=self._pods, args=(selector,), daemon=True)]
         self._threads[0].start()
 
     def _pods(self, selector: str) -> None:
+        try:
+            for ev in self._watch.stream(self.core.list_namespaced_pod, NS, label_selector=selector, timeout_seconds=900):
+                self._event(ev)
+        except Exception as e:  # the watch's connection closed under it: expected once stopped
+            if not self._stopping:
+                self.error = e
+
+    def _event(self, ev: dict) -> None:
         import threading
 
-        for ev in self._watch.stream(self.core.list_namespaced_pod, NS, label_selector=selector, timeout_seconds=900):
-            p, now = ev["object"], time.monotonic() - self.t0
-            name = p.metadata.name
-            if p.status.phase == "Running" and name not in self.logs:
-                self.logs[name] = []
-                t = threading.Thread(target=self._log, args=(name,), daemon=True)
-                t.start()
-                self._threads.append(t)
-            if p.metadata.deletion_timestamp and name not in self.deleting:
-                self.deleting[name] = now
-            for cs in p.status.container_statuses or []:
-                if cs.state and cs.state.terminated:
-                    self.exit_codes.setdefault(name, {})[cs.name] = cs.state.terminated.exit_code
-            if ev["type"] == "DELETED":
-                self.gone[name] = now
+        p, now = ev["object"], time.monotonic() - self.t0
+        name = p.metadata.name
+        if p.status.phase == "Running" and name not in self.logs:
+            self.logs[name] = []
+            t = threading.Thread(target=self._log, args=(name,), daemon=True)
+            t.start()
+            self._threads.append(t)
+        if p.metadata.deletion_timestamp and name not in self.deleting:
+            self.deleting[name] = now
+        for cs in p.status.container_statuses or []:
+            if cs.state and cs.state.terminated:
+                self.exit_codes.setdefault(name, {})[cs.name] = cs.state.terminated.exit_code
+        if ev["type"] == "DELETED":
+            self.gone[name] = now
 
     def _log(self, name: str) -> None:
         try:
@@ -789,6 +798,8 @@ class _PodWatch:
             self.logs[name].append(f"[log ended: {type(e).__name__}]")
 
     def stop(self) -> None:
+        assert self.error is None, f"the pod watch ended early: {self.error!r}"
+        self._stopping = True
         self._watch.stop()
 
 
@@ -851,6 +862,7 @@ def test_a_stopped_run_releases_its_training_gang(services, project, real_cluste
     assert logs, f"no gang pod's log was read: {timeline}"
     assert "forcefully exiting via SIGKILL" not in logs, f"a worker ignored its SIGTERM until torchrun killed it\n{logs}"
     codes = [code for per_pod in pods.exit_codes.values() for code in per_pod.values()]
+    assert codes, f"no gang pod's end was seen: {timeline}"
     assert 137 not in codes, f"a gang pod was killed at the end of its grace period: {timeline}\n{logs}"
     print(f"stopped run: {json.dumps(timeline)}")
 
