@@ -89,6 +89,18 @@ def test_killed_training_resumes_from_its_last_checkpoint(settings, s3, shards_u
     assert json.loads((tmp_path / "out3" / "output.json").read_text()) == out.model_dump(mode="json")
 
 
+def _launch_until(argv: list[str], env: dict, log: Path, line: str) -> tuple[subprocess.Popen, Path]:
+    """Start ``argv`` (its output to ``log``) and return once ``line`` is in its log (the
+    process still running), within 300 s."""
+    with log.open("w") as f:
+        proc = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while line not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.02)
+    return proc, log
+
+
 def test_a_gang_told_to_stop_checkpoints_its_step_then_resumes_from_it(settings, s3, shards_uri, step_env, tmp_path):
     """SIGTERM to the gang pod's first process (pipectl's launcher, as the kubelet sends it on a
     preemption, eviction or drain) with periodic checkpoints far apart (every 1000 steps): the
@@ -100,13 +112,7 @@ def test_a_gang_told_to_stop_checkpoints_its_step_then_resumes_from_it(settings,
     argv = _argv(settings, shards_uri, tmp_path / "out1", epochs=8, workflow=workflow)
     argv = [sys.executable, "-m", "pipectl.components.train.launch", *argv[1:]]
     argv[argv.index("--checkpoint-every-steps") + 1] = "1000"
-    log = tmp_path / "train.log"
-    with log.open("w") as f:
-        proc = subprocess.Popen(argv, env=step_env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while "epoch 2 of 8 done" not in log.read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.1)
+    proc, log = _launch_until(argv, step_env, tmp_path / "train.log", "epoch 2 of 8 done")
     logged = max(int(line.split(": step ")[1].split()[0]) for line in log.read_text().splitlines() if " done: step " in line)
     assert latest_checkpoint(s3, run_uri) is None  # no periodic checkpoint yet
     proc.send_signal(signal.SIGTERM)
@@ -133,13 +139,7 @@ def test_a_gang_told_to_stop_after_its_last_step_ends_at_once(settings, s3, shar
     run_uri = f"s3://{settings.bucket}/runs/{workflow}"
     argv = _argv(settings, shards_uri, tmp_path / "out", epochs=2, workflow=workflow)
     argv = [sys.executable, "-m", "pipectl.components.train.launch", *argv[1:]]
-    log = tmp_path / "train.log"
-    with log.open("w") as f:
-        proc = subprocess.Popen(argv, env=step_env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while "epoch 2 of 2 done" not in log.read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.02)
+    proc, log = _launch_until(argv, step_env, tmp_path / "train.log", "epoch 2 of 2 done")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 143, log.read_text()[-3000:]
     text = log.read_text()
