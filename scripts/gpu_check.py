@@ -213,7 +213,7 @@ def pipeline(svc: Services, work: Path, device: str, epochs: int, n_gpus: int) -
     def stopped() -> tuple[str, str, str]:
         """The gang's stop on this device: SIGTERM to the launcher after epoch 1 (periodic
         checkpoints far apart): 143 with a checkpoint of the step it was in; the rerun resumes there."""
-        uri, args = f"s3://{b}/runs/gpu-check-stop", [
+        args = [
             "--shards-uri", state["shards"], "--run-uri", f"s3://{b}/runs/gpu-check-stop", "--workflow-name", "gpu-check-stop",
             "--model-name", model, "--epochs", "4", "--batch-size", "32", "--learning-rate", "0.002",
             "--checkpoint-every-steps", "100000", "--seed", "0"]

@@ -810,7 +810,7 @@ def test_a_stopped_run_releases_its_training_gang(services, project, real_cluste
     launcher 143; torchrun never had to SIGKILL a worker that ignored it, which it does after 30 s,
     and the kubelet never had to at the end of the 60 s grace period: 137). Measured and printed:
     seconds from the stop to the exit handler's start and end, each pod's deletion and its end, and
-    to no gang job or pod left."""
+    to no gang job or pod left. Field case C19 (a stopped run holds no GPUs)."""
     from pipectl.components.train.preemption import GRACE_PERIOD_S
 
     c, _ = real_cluster
