@@ -497,9 +497,13 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]))
-    elif len(sys.argv) > 1 and sys.argv[1] == "--child-alternating":
-        child_alternating(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    if len(sys.argv) > 1 and sys.argv[1].startswith("--child"):
+        from pipectl.components.train.process_end import end_process
+
+        if sys.argv[1] == "--child":
+            child(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]))
+        else:
+            child_alternating(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+        end_process(0)  # as the train step's processes end (its __main__)
     else:
         main()

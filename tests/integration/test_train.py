@@ -543,6 +543,59 @@ def test_the_users_own_torchrun_code_runs_after_the_gang_preflight(tmp_path, cas
     assert ("gang preflight: 4 ranks" in r.stdout + r.stderr) == case.startswith("healthy"), r.stdout[-2000:] + r.stderr[-2000:]
 
 
+UNWAITED_COLLECTIVES = """
+import sys, pathlib, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+for _ in range(16):
+    dist.all_reduce(torch.ones(262144), async_op=True)  # not waited for: still in flight at the end
+pathlib.Path(sys.argv[1], f"done-{dist.get_rank()}").write_text("ok")
+"""
+
+
+def test_a_users_gang_that_finished_its_work_does_not_die_in_torchs_teardown(tmp_path):
+    """Torch's gloo threads can drop the last reference to a collective while the interpreter
+    is finalizing; the thread is then ended under a C++ destructor and the process dies by
+    SIGABRT ("terminate called without an active exception") after its work — which the launcher
+    must count as a code failure. Seen after the built-in loop's final barrier and after a user's
+    ``destroy_process_group``; here made certain with collectives left in flight (3 of 3 plain
+    torchrun launches aborted). pipectl's runner ends the user's processes without finalization:
+    exit 0, no abort."""
+    (tmp_path / "unwaited.py").write_text(UNWAITED_COLLECTIVES)
+    out = tmp_path / "out"
+    out.mkdir()
+    r = subprocess.run([sys.executable, "-m", "pipectl.components.train.launch", "--standalone", "--nproc-per-node=2",
+                        str(tmp_path / "unwaited.py"), str(out)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert "terminate called" not in r.stderr, r.stderr[-3000:]
+    assert r.returncode == 0 and sorted(p.name for p in out.iterdir()) == ["done-0", "done-1"], (r.returncode, r.stderr[-3000:])
+
+
+ENDINGS = {
+    "returns": ("open(sys.argv[1], 'w').write('left open, never closed')", 0, ""),
+    "exits-3": ("sys.exit(3)", 1, ""),
+    "exits-text": ("sys.exit('no data for this shard')", 1, "no data for this shard"),
+    "raises": ("raise ValueError('bad learning rate')", 1, "ValueError: bad learning rate"),
+}
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_the_users_code_ends_with_the_status_python_would_give_it(tmp_path, ending):
+    """Behind pipectl's runner the user's code exits as under plain Python: 0 at its end (a file
+    it left open still holds what it wrote), a ``sys.exit`` code or message, 1 with the traceback
+    for an uncaught exception; the launcher maps every failure to 1 (the code's)."""
+    line, code, said = ENDINGS[ending]
+    script = tmp_path / "user.py"
+    script.write_text(f"import sys\nf = None\n{line}\n")
+    left = tmp_path / "left-open.txt"
+    r = subprocess.run([sys.executable, "-m", "pipectl.components.train.launch", "--standalone", "--nproc-per-node=1",
+                        str(script), str(left)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == code, (r.returncode, r.stderr[-3000:])
+    assert said in r.stderr, r.stderr[-3000:]
+    if ending == "returns":
+        assert left.read_text() == "left open, never closed"
+
+
 LISTENING_PROBE = """
 import os, torch.distributed as dist, psutil
 dist.init_process_group("gloo")

@@ -474,25 +474,26 @@ def test_only_pods_that_talk_to_mlflow_get_the_teams_mlflow_user(launcher):
     assert gang and all(names == ["pipectl-s3-credentials", MLFLOW_SECRET] for names in gang), gang
 
 
-def test_the_gang_preflight_goes_in_front_of_the_users_own_torchrun_code(monkeypatch):
+def test_pipectls_runner_goes_in_front_of_the_users_own_torchrun_code():
     """The launcher's torchrun arguments for a user's target: the same gang and port, the target
-    run by the preflight module in each process after the ring is timed; unchanged for pipectl's
-    own train function (it times the gang itself), fewer than 3 processes, or gang-preflight off."""
-    from pipectl.components.train.launch import with_preflight
+    run by pipectl's runner in each process (it times the ring when the run asks for it and ends
+    the process cleanly) — whatever the gang's size; unchanged for pipectl's own train function
+    (it does both itself) and for a target that is not Python (``--no-python``)."""
+    from pipectl.components.train.launch import with_runner
 
-    monkeypatch.setenv("PIPECTL_TRAIN_GANG_PREFLIGHT", "true")
     gang = ["--nnodes=2", "--node-rank=1", "--nproc-per-node=2", "--master-addr=10.0.0.5", "--master-port=29500"]
-    pre = ["-m", "pipectl.components.train.preflight"]
-    assert with_preflight([*gang, "-m", "mypkg.train", "--lr", "0.1"]) == [*gang, *pre, "-m", "mypkg.train", "--lr", "0.1"]
-    assert with_preflight([*gang, "--module", "mypkg.train"]) == [*gang, *pre, "-m", "mypkg.train"]
-    assert with_preflight(["--master-port", "29500", "--nnodes", "3", "train.py", "-x"]) == [
+    pre = ["-m", "pipectl.components.train.runner"]
+    assert with_runner([*gang, "-m", "mypkg.train", "--lr", "0.1"]) == [*gang, *pre, "-m", "mypkg.train", "--lr", "0.1"]
+    assert with_runner([*gang, "--module", "mypkg.train"]) == [*gang, *pre, "-m", "mypkg.train"]
+    assert with_runner(["--master-port", "29500", "--nnodes", "3", "train.py", "-x"]) == [
         "--master-port", "29500", "--nnodes", "3", *pre, "train.py", "-x"]
-    assert with_preflight(["--standalone", "--nproc-per-node=4", "train.py"]) == ["--standalone", "--nproc-per-node=4", *pre, "train.py"]
+    assert with_runner(["--standalone", "--nproc-per-node=4", "train.py"]) == ["--standalone", "--nproc-per-node=4", *pre, "train.py"]
+    assert with_runner(["--nnodes=1", "--nproc-per-node=1", "train.py"]) == ["--nnodes=1", "--nproc-per-node=1", *pre, "train.py"]
     own = [*gang, "-m", "pipectl.components.train", "--epochs", "1"]
-    assert with_preflight(own) == own
-    assert with_preflight(["--nnodes=1", "--nproc-per-node=2", "train.py"]) == ["--nnodes=1", "--nproc-per-node=2", "train.py"]
-    monkeypatch.setenv("PIPECTL_TRAIN_GANG_PREFLIGHT", "false")
-    assert with_preflight([*gang, "train.py"]) == [*gang, "train.py"]
+    assert with_runner(own) == own
+    wrapped = [*gang, *pre, "train.py"]
+    assert with_runner(wrapped) == wrapped
+    assert with_runner([*gang, "--no-python", "./train.sh"]) == [*gang, "--no-python", "./train.sh"]
 
 
 def test_every_pod_writes_to_disk_within_a_size_limit(wt):

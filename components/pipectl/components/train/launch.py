@@ -97,10 +97,8 @@ def _loopback_store(argv: list[str]) -> tuple[Any, socket.socket] | None:
 
 
 OWN_TARGET = "pipectl.components.train"
-"""torchrun's target when pipectl's train function runs (it times the gang itself: preflight.check_gang)."""
-PREFLIGHT_TARGET = "pipectl.components.train.preflight"
-PREFLIGHT_ENV = "PIPECTL_TRAIN_GANG_PREFLIGHT"
-"""The run's ``gang-preflight`` parameter, in the gang's environment (``true``/``false``)."""
+"""torchrun's target when pipectl's train function runs (it times the gang and ends its processes itself)."""
+RUNNER_TARGET = "pipectl.components.train.runner"
 
 
 _TORCHRUN_FLAGS = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path"}
@@ -119,24 +117,20 @@ def _target_at(argv: list[str]) -> int:
     return len(argv)
 
 
-def with_preflight(argv: list[str]) -> list[str]:
-    """torchrun's arguments with the gang preflight in front of the user's own training code
-    (``train(module=...)``/``script``, which pipectl does not run in-process): the target becomes
-    ``-m pipectl.components.train.preflight <the user's target and arguments>``; each process times
-    the ring, then runs the user's target in the same process (no second torchrun, no other port).
-    Unchanged when the run turned it off, with fewer than 3 processes, or for pipectl's own train
-    function (it checks the gang itself)."""
+def with_runner(argv: list[str]) -> list[str]:
+    """torchrun's arguments with pipectl's runner (:mod:`pipectl.components.train.runner`) in front
+    of the user's own training code (``train(module=...)``/``script``, which pipectl does not run
+    in-process): the target becomes ``-m pipectl.components.train.runner <the user's target and
+    arguments>``; each process times the ring when the run asks for it, runs the user's target in
+    the same process (no second torchrun, no other port) and ends cleanly. Unchanged for
+    pipectl's own train function and for ``--no-python`` (the target is not Python)."""
     at = _target_at(argv)
-    if os.environ.get(PREFLIGHT_ENV, "true") != "true" or at >= len(argv):
+    if at >= len(argv) or any(a in ("--no-python", "--no_python") for a in argv[:at]):
         return argv
     target = argv[at:]
-    if target[0] in ("-m", "--module") and (len(target) < 2 or target[1] in (OWN_TARGET, PREFLIGHT_TARGET)):
+    if target[0] in ("-m", "--module") and (len(target) < 2 or target[1] in (OWN_TARGET, RUNNER_TARGET)):
         return argv
-    known = _torchrun_args(argv)
-    nnodes, nproc = str(known.nnodes).split(":")[-1], str(known.nproc_per_node)
-    if not (nnodes.isdigit() and nproc.isdigit()) or int(nnodes) * int(nproc) < 3:
-        return argv
-    return [*argv[:at], "-m", PREFLIGHT_TARGET, *("-m" if a == "--module" else a for a in target[:1]), *target[1:]]
+    return [*argv[:at], "-m", RUNNER_TARGET, *("-m" if a == "--module" else a for a in target[:1]), *target[1:]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import main as torchrun_main
 
-    argv = with_preflight(sys.argv[1:] if argv is None else argv)
+    argv = with_runner(sys.argv[1:] if argv is None else argv)
     publishes = os.environ.get(PUBLISH_ONNX_ENV) == "1" and _torchrun_args(argv).node_rank == 0
     if publishes:  # an earlier attempt's file is not this attempt's model
         publish.model_path().unlink(missing_ok=True)

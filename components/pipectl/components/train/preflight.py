@@ -30,6 +30,7 @@ import logging
 import os
 import socket
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 
@@ -156,19 +157,12 @@ def check_gang() -> list[RankTime]:
     return times
 
 
-def main(argv: list[str]) -> int:
-    """``python -m pipectl.components.train.preflight TARGET...`` in each process of a gang that
-    runs the user's own torchrun code (the launcher puts it in front: launch.with_preflight): the
-    ring timed in a process group of its own, torn down, then the user's target — ``-m MODULE
-    ARGS`` or ``SCRIPT ARGS`` — run in this same process as ``__main__`` with its own ``sys.argv``,
-    as torchrun would have run it. A slow link: exit 76 (the infrastructure's; the next attempt
-    avoids its nodes) before the user's code started."""
-    import runpy
-    import sys
+def run_preflight() -> int | None:
+    """In a process of a gang that runs the user's own torchrun code (:mod:`runner`): the ring
+    timed in a process group of its own, then torn down. Returns the exit code of a slow link
+    (76: the infrastructure's; the next attempt avoids its nodes), None when the gang is sound."""
+    import datetime
 
-    if not argv or (argv[0] == "-m" and len(argv) < 2):
-        print("usage: python -m pipectl.components.train.preflight (-m MODULE | SCRIPT) [ARGS...]", file=sys.stderr)
-        return 1
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     gpu = torch.cuda.is_available()
     if gpu:
@@ -176,8 +170,6 @@ def main(argv: list[str]) -> int:
     # the gang's own store (torchrun's, at MASTER_ADDR:MASTER_PORT) under a prefix of its own: the
     # user's init_process_group after this one then meets no key this group left behind (with the
     # same keys, a second default group in one process waits forever on the first one's barrier)
-    import datetime
-
     store = dist.PrefixStore("pipectl-preflight/", dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=datetime.timedelta(minutes=5)))
     dist.init_process_group("nccl" if gpu else "gloo", store=store, rank=int(os.environ["RANK"]),
@@ -189,16 +181,4 @@ def main(argv: list[str]) -> int:
         return int(e.step_exit)
     dist.barrier()
     dist.destroy_process_group()
-    if argv[0] == "-m":
-        sys.argv = [argv[1], *argv[2:]]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = list(argv)
-        runpy.run_path(argv[0], run_name="__main__")
-    return 0
-
-
-if __name__ == "__main__":
-    import sys as _sys
-
-    raise SystemExit(main(_sys.argv[1:]))
+    return None
