@@ -284,6 +284,27 @@ def pipeline(svc: Services, work: Path, device: str, epochs: int, n_gpus: int) -
 # ---------------------------------------------------------------- preprocess benchmark
 
 
+def same_shards(blobs: list[bytes], batch: int, threads: int) -> tuple[str, str, str]:
+    """The GPU step's shards (outputs copied straight into page-locked shard memory) against the
+    same images decoded on the GPU and copied out with ``as_cpu()``, image by image, per split."""
+    import numpy as np
+
+    from tests.bench import bench_preprocess as bp
+
+    from pipectl.components.preprocess.decode import decode_all
+
+    kept: list[Any] = []
+    bp.step_path(blobs, 224, batch, threads, keep=kept, use_gpu=True)
+    splits, _ = bp._splits(blobs)
+    ref, _ = decode_all(blobs, 224, batch, True)
+    want = {s: ref[[i for i, x in enumerate(splits) if x == s]] for s in ("train", "validation")}
+    got = {s: next((k for k in kept if k.shape == w.shape and np.array_equal(k, w)), None) for s, w in want.items()}
+    equal = all(g is not None for g in got.values())
+    return (f"{sum(len(k) for k in kept):,} images in {len(kept)} shards",
+            f"train {len(want['train']):,}, validation {len(want['validation']):,}: "
+            + ("equal, image by image" if equal else "DIFFERENT"), "ok" if equal else "FAIL")
+
+
 def bench(svc: Services, work: Path, sizes: list[int], runs: int, has_gpu: bool) -> None:
     """Step path vs DALI alone at each size, on the GPU (when there is one) and on the CPU."""
     import statistics
@@ -323,6 +344,9 @@ def bench(svc: Services, work: Path, sizes: list[int], runs: int, has_gpu: bool)
                         f"DALI alone {med(peer):,.0f} images/s (start-up {med(s_peer):.2f} s): {ratio:.2f}×",
                         f"{'met' if ratio >= goal else 'NOT met'} (goal ≥ {goal:.2f}×)")
 
+            if device == "gpu":
+                row("bench", f"{label}: the step's shards vs as_cpu() copies of the same decode", device,
+                    lambda blobs=blobs: same_shards(blobs, batch, threads))
             row("bench", f"{label}: step path vs DALI alone ({ceiling_device}), steady state", device, versus)
 
             def whole(device: str = device, n: int = n, blobs: list[bytes] = blobs) -> tuple[str, str, str]:

@@ -99,7 +99,7 @@ def decode_to_shards(
     """
     remaining = Counter(splits[i] for i in range(len(splits)))
     with ThreadPoolExecutor(max_workers=WRITES_IN_FLIGHT, thread_name_prefix="shard-put") as pool:
-        writer = ShardWriter(output_uri, shard_size, image_size, dict(remaining), put, pool)
+        writer = ShardWriter(output_uri, shard_size, image_size, dict(remaining), put, pool, pin_buffers=use_gpu)
         for split in ("train", "validation"):
             writer.expected.setdefault(split, 0)
         split_of = np.asarray([s == "validation" for s in splits], dtype=bool)

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Iterator, TypeVar
 import numpy as np
 
 from pipectl.components.runtime import StepError, available_cpus
+from pipectl.components.preprocess.device_copy import DeviceImages
 from pipectl.components.preprocess.screen import FALLBACK_FORMATS, Corrupt, Verdict, image_format, screen
 
 log = logging.getLogger("pipectl.preprocess")
@@ -277,12 +278,14 @@ def decode_stream(
     num_threads: int | None = None,
     timings: DecodeTimings | None = None,
     reasons: dict[T, Verdict] | None = None,
-) -> Iterator[tuple[list[T], np.ndarray, list[tuple[T, bytes]]]]:
+) -> Iterator[tuple[list[T], "np.ndarray | DeviceImages", list[tuple[T, bytes]]]]:
     """Decode a stream of batches of (tag, encoded image) with one DALI pipeline, in order.
 
     Yields, per input batch, (tags of the decoded images, their images float16 [n, 3, S, S],
-    the (tag, bytes) DALI could not decode). The images array is a view of DALI's output
-    buffer: valid until the next item is requested (copy what you keep). Batches are pulled
+    the (tag, bytes) DALI could not decode). The images are a view of DALI's output buffer —
+    a numpy array on the CPU, a :class:`~pipectl.components.preprocess.device_copy.DeviceImages`
+    in GPU memory with ``use_gpu`` — valid until the next item is requested: copy what you keep
+    (:func:`~pipectl.components.preprocess.device_copy.take_into`). Batches are pulled
     from ``batches`` by DALI's external source as the pipeline asks (prefetch depth 2), so a
     slow producer shows up as ``timings.feed_wait_s``. When DALI fails a batch, the batches fed
     but not yet returned are decoded again by :func:`decode_robust` (isolating the bad images)
@@ -311,7 +314,7 @@ def decode_stream(
                 except StopIteration:
                     return
                 batch = src.pending.popleft()
-                images = _to_numpy(result, use_gpu)
+                images = DeviceImages(result) if use_gpu else _to_numpy(result, use_gpu)
                 now = time.perf_counter()
                 if first_out is None:
                     first_out = now

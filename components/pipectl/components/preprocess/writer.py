@@ -22,6 +22,7 @@ import numpy as np
 from pipectl.components.contracts import DEFAULT_SHARD_MIB, ShardIndex
 from pipectl.components.runtime import StepError, join_uri, write_json
 from pipectl.components.preprocess.decode import MEAN, STD
+from pipectl.components.preprocess.device_copy import DeviceImages, pin, take_into, unpin
 from pipectl.components.preprocess.npz import ShardFile, fits
 
 WRITES_IN_FLIGHT = 2
@@ -71,6 +72,8 @@ class ShardWriter:
     expected: dict[str, int]
     put: Callable[[str, Any], None]
     pool: ThreadPoolExecutor
+    pin_buffers: bool = False
+    """Page-lock each shard buffer for direct copies from the GPU (the ``mixed`` decoder's outputs)."""
     uris: dict[str, list[str]] = field(default_factory=lambda: {"train": [], "validation": []})
     sizes: dict[str, list[int]] = field(default_factory=lambda: {"train": [], "validation": []})
     counts: Counter[str] = field(default_factory=Counter)
@@ -79,9 +82,9 @@ class ShardWriter:
     _writes: deque[tuple[Future[float], Any]] = field(default_factory=deque)
     _free: list[Any] = field(default_factory=list)
 
-    def add(self, split: str, images: np.ndarray, positions: np.ndarray, labels: np.ndarray) -> None:
-        """Copy ``images[positions]`` (float16 [B, 3, S, S]; positions int [k]) with ``labels``
-        int64 [k] into ``split``'s open shard(s)."""
+    def add(self, split: str, images: np.ndarray | DeviceImages, positions: np.ndarray, labels: np.ndarray) -> None:
+        """Copy ``images[positions]`` (float16 [B, 3, S, S], on the host or the GPU; positions
+        int [k], ascending) with ``labels`` int64 [k] into ``split``'s open shard(s)."""
         k = 0
         while k < len(positions):
             if split not in self._open:
@@ -90,11 +93,7 @@ class ShardWriter:
             if fill == f.capacity:  # capacity = min(shard_size, an upper bound of what may arrive)
                 raise StepError(f"more {split} images arrived than expected ({fill})", "report this as a bug")
             take = positions[k:k + f.capacity - fill]
-            dst = f.images(f.capacity)[fill:fill + len(take)]
-            if len(take) == len(images) and take[0] == 0 and take[-1] == len(images) - 1:
-                np.copyto(dst, images)
-            else:
-                np.take(images, take, axis=0, out=dst, mode="clip")
+            take_into(images, take, f.images(f.capacity)[fill:fill + len(take)])
             labs.append(labels[k:k + len(take)])
             k += len(take)
             fill += len(take)
@@ -113,6 +112,8 @@ class ShardWriter:
             self._flush(split)
         while self._writes:
             self._reclaim(self._writes.popleft())
+        for f in self._free:
+            unpin(f.images(f.capacity))
 
     def _file(self, capacity: int) -> Any:
         while self._writes and self._writes[0][0].done():
@@ -120,9 +121,10 @@ class ShardWriter:
         for i, f in enumerate(self._free):
             if f.capacity >= capacity:
                 return self._free.pop(i)
-        if not fits(capacity, self.image_size):
-            return _NumpyShard(capacity, self.image_size)
-        return ShardFile(capacity, self.image_size)
+        f = ShardFile(capacity, self.image_size) if fits(capacity, self.image_size) else _NumpyShard(capacity, self.image_size)
+        if self.pin_buffers:
+            pin(f.images(f.capacity))  # GPU outputs are copied straight in (device_copy); else through the host
+        return f
 
     def _reclaim(self, write: tuple[Future[float], Any]) -> None:
         fut, f = write
