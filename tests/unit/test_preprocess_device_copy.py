@@ -77,3 +77,37 @@ def test_host_arrays_are_copied_or_gathered():
 def test_without_cuda_nothing_is_pinned():
     assert device_copy.pin(np.zeros((2, 3, S, S), np.float16)) is False
     assert device_copy._pinned == {}
+
+
+def test_shard_buffers_for_the_gpu_are_made_ready_before_the_first_images(monkeypatch):
+    """With ``pin_buffers`` each split's first buffer is made (and page-locked) in a writer
+    thread while the decoder starts; the images then land in those very buffers, each split in
+    the smallest that holds it, and every buffer is released (unpinned) at close."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipectl.components.preprocess.writer import ShardWriter
+
+    pinned, unpinned, made = [], [], []
+    monkeypatch.setattr("pipectl.components.preprocess.writer.pin", lambda a: pinned.append(a.ctypes.data) or True)
+    monkeypatch.setattr("pipectl.components.preprocess.writer.unpin", lambda a: unpinned.append(a.ctypes.data))
+    written: dict[str, np.ndarray] = {}
+
+    def put(uri, body):
+        with np.load(io.BytesIO(body.read())) as z:
+            written[uri.rsplit("/", 1)[1]] = z["images"]
+
+    images = np.arange(6 * 3 * S * S, dtype=np.float16).reshape(6, 3, S, S)
+    with ThreadPoolExecutor(2) as pool:
+        w = ShardWriter("s3://b/shards", 100, S, {"train": 4, "validation": 2}, put, pool, pin_buffers=True)
+        real_new = w._new_file
+        monkeypatch.setattr(w, "_new_file", lambda c: made.append(c) or real_new(c))
+        w.prepare()
+        w._ready.result()
+        assert sorted(made) == [2, 4] and len(pinned) == 2
+        w.add("validation", images, np.asarray([1, 3]), np.asarray([0, 1]))  # the smaller buffer, not the train one
+        w.add("train", images, np.asarray([0, 2, 4, 5]), np.asarray([0, 1, 2, 3]))
+        w.close()
+    assert sorted(made) == [2, 4]  # no buffer made after the prepared ones
+    np.testing.assert_array_equal(written["validation-00000.npz"], images[[1, 3]])
+    np.testing.assert_array_equal(written["train-00000.npz"], images[[0, 2, 4, 5]])
+    assert sorted(unpinned) == sorted(pinned)

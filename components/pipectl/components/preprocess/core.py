@@ -102,6 +102,7 @@ def decode_to_shards(
         writer = ShardWriter(output_uri, shard_size, image_size, dict(remaining), put, pool, pin_buffers=use_gpu)
         for split in ("train", "validation"):
             writer.expected.setdefault(split, 0)
+        writer.prepare()
         split_of = np.asarray([s == "validation" for s in splits], dtype=bool)
 
         def counted(stream: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:

@@ -81,6 +81,7 @@ class ShardWriter:
     _open: dict[str, tuple[Any, int, list[np.ndarray]]] = field(default_factory=dict)
     _writes: deque[tuple[Future[float], Any]] = field(default_factory=deque)
     _free: list[Any] = field(default_factory=list)
+    _ready: Future[None] | None = None
 
     def add(self, split: str, images: np.ndarray | DeviceImages, positions: np.ndarray, labels: np.ndarray) -> None:
         """Copy ``images[positions]`` (float16 [B, 3, S, S], on the host or the GPU; positions
@@ -112,19 +113,39 @@ class ShardWriter:
             self._flush(split)
         while self._writes:
             self._reclaim(self._writes.popleft())
+        if self._ready is not None:  # nothing was added: the prepared buffers are still to be released
+            self._ready.result()
+            self._ready = None
         for f in self._free:
             unpin(f.images(f.capacity))
 
-    def _file(self, capacity: int) -> Any:
-        while self._writes and self._writes[0][0].done():
-            self._reclaim(self._writes.popleft())
-        for i, f in enumerate(self._free):
-            if f.capacity >= capacity:
-                return self._free.pop(i)
+    def prepare(self) -> None:
+        """With ``pin_buffers``: make each split's first shard buffer ready (allocated, its pages
+        faulted in and page-locked) in a writer thread, while the decoder starts (DALI's build and
+        first batch take seconds); the first :meth:`add` waits for it. Without, nothing: buffers
+        are made when needed."""
+        if self.pin_buffers:
+            capacities = [min(self.shard_size, n) for n in self.expected.values() if n > 0]
+            self._ready = self.pool.submit(lambda: self._free.extend(self._new_file(c) for c in capacities))
+
+    def _new_file(self, capacity: int) -> Any:
         f = ShardFile(capacity, self.image_size) if fits(capacity, self.image_size) else _NumpyShard(capacity, self.image_size)
         if self.pin_buffers:
             pin(f.images(f.capacity))  # GPU outputs are copied straight in (device_copy); else through the host
         return f
+
+    def _file(self, capacity: int) -> Any:
+        if self._ready is not None:
+            self._ready.result()
+            self._ready = None
+        while self._writes and self._writes[0][0].done():
+            self._reclaim(self._writes.popleft())
+        fitting = [f for f in self._free if f.capacity >= capacity]
+        if fitting:  # the smallest that holds it: a large buffer stays for the split that needs it
+            f = min(fitting, key=lambda f: f.capacity)
+            self._free.remove(f)
+            return f
+        return self._new_file(capacity)
 
     def _reclaim(self, write: tuple[Future[float], Any]) -> None:
         fut, f = write
