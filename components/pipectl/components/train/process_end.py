@@ -13,8 +13,8 @@ the code. Seen in a core dump of the built-in train loop's rank 1 (``ProcessGrou
 in a user's script's rank 0 after its own ``destroy_process_group`` — the user's code does
 nothing wrong; the race is in torch's teardown.
 
-So :func:`end_process` does what finalization would do for the program — joins the threads
-that are not daemons, runs the ``atexit`` handlers (MLflow ends its run, logging flushes),
+So :func:`end_process` does what finalization would do for the program — threading's exit
+hooks and a join of the threads that are not daemons, then the ``atexit`` handlers (MLflow ends its run, logging flushes),
 flushes every open file — and then ``os._exit(code)``: no C++ destructor runs and no other
 thread runs on. Used by pipectl's own train step (its ``__main__``) and by
 :mod:`pipectl.components.train.runner`, which pipectl puts in front of a user's training code.
@@ -37,11 +37,13 @@ from typing import NoReturn
 
 
 def _join_threads() -> None:
-    """Wait for the threads that are not daemons, as the interpreter does before its atexit handlers."""
-    me = threading.current_thread()
-    for t in threading.enumerate():
-        if t is not me and t is not threading.main_thread() and not t.daemon and t.is_alive():
-            t.join()
+    """What the interpreter does first at exit (``threading._shutdown``): threading's own exit
+    hooks — every ``concurrent.futures`` executor tells its idle workers to stop (MLflow's async
+    logging pools are such workers) — then every thread that is not a daemon is joined. Joining
+    those workers without the hooks first would wait for ever."""
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None and threading.current_thread() is threading.main_thread():
+        shutdown()
 
 
 def _flush_open_files() -> None:
