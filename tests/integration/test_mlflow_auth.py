@@ -256,3 +256,31 @@ def test_a_secret_that_cannot_be_written_after_the_user_was_created_says_so_and_
     assert creds["MLFLOW_TRACKING_PASSWORD"] not in r.output
     with as_user(creds["MLFLOW_TRACKING_USERNAME"], creds["MLFLOW_TRACKING_PASSWORD"]):
         _client(server).search_experiments()
+
+
+def test_doctor_checks_the_mlflow_secret_against_what_mlflow_asks_for(server, users, services):
+    """``pipectl doctor``'s MLflow credentials row: with basic auth on, a missing Secret fails
+    (MLflow answers 401 to the steps), a wrong password or a half Secret fails naming the fix, the
+    team's real user passes; an MLflow without auth needs no Secret; a server that does not answer
+    leaves the Secret's shape only."""
+    import base64
+
+    from pipectl.pipelines.backends.doctor_mlflow import credentials_row
+    from pipectl.pipelines.backends.processes import free_port
+
+    def secret(user: str | None, password: str | None) -> dict[str, str]:
+        pairs = (("MLFLOW_TRACKING_USERNAME", user), ("MLFLOW_TRACKING_PASSWORD", password))
+        return {k: base64.b64encode(v.encode()).decode() for k, v in pairs if v is not None}
+
+    missing = credentials_row(server.url, None, "ml-vision")
+    assert missing.status == "fail" and "asks for credentials (401)" in missing.detail
+    assert "pipectl teams mlflow-user TEAM" in missing.fix and "ml-vision" in missing.fix
+    right = credentials_row(server.url, secret("team-a", users["team-a"].password), "ml-vision")
+    assert right.status == "ok" and "accepts user team-a" in right.detail, right
+    wrong = credentials_row(server.url, secret("team-a", "not-the-password"), "ml-vision")
+    assert wrong.status == "fail" and "refuses user team-a" in wrong.detail and "--rotate" in wrong.fix, wrong
+    half = credentials_row(server.url, secret("team-a", None), "ml-vision")
+    assert half.status == "fail" and "lacks MLFLOW_TRACKING_PASSWORD" in half.detail, half
+    assert credentials_row(services.mlflow_url, None, "ml-vision").status == "ok"  # no auth: no Secret needed
+    silent = credentials_row(f"http://127.0.0.1:{free_port()}", secret("team-a", "x"), "ml-vision")
+    assert silent.status == "ok" and "not tried" in silent.detail, silent

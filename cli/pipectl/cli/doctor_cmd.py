@@ -29,7 +29,8 @@ def doctor(from_pod: bool, pod_timeout: int, namespace: str, context: str | None
     gang-launcher CRDs, Argo Workflows' version (asked of the Argo Server when ARGO_SERVER is set,
     else read from the controller's Deployment), what argo/ installs (PriorityClasses, queues,
     admission policies, RBAC, config, the WorkflowTemplate), the store's Secret, GPU nodes,
-    Karpenter's NodePools and node class where Karpenter runs, the store and MLflow answering.
+    Karpenter's NodePools and node class where Karpenter runs, the store and MLflow answering, and the
+    team's MLflow credentials against what MLflow asks for.
     The store and MLflow are asked from this machine; --from-pod asks them from a pod of the
     namespace too, and starts both step images there. Prints a fix for each failing row; exit 1 when one fails, 3 when the cluster
     cannot be reached.

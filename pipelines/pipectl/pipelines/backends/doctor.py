@@ -3,7 +3,8 @@
 Compares the cluster with what ``argo/`` installs (the same :func:`~pipectl.pipelines.manifests.cluster_manifests`
 that renders it) and checks what ``argo/`` cannot install: the API server's version, the Argo and
 gang-launcher CRDs, Argo Workflows' version, Karpenter and the NodePools of ``argo/autoscaling/``
-where Karpenter runs, the store's Secret, GPU nodes, and whether the store and MLflow answer. Each
+where Karpenter runs, the store's Secret, GPU nodes, whether the store and MLflow answer, and the
+MLflow credentials against what MLflow asks for (:mod:`~pipectl.pipelines.backends.doctor_mlflow`). Each
 check is one :class:`Row` with a fix; ``fail`` rows make the command exit 1, ``warn`` rows do not.
 """
 
@@ -73,7 +74,7 @@ class Doctor:
     def rows(self) -> list[Row]:
         checks: list[Callable[[], list[Row]]] = [self._version, self._crds, self._argo_version, self._objects,
                                                  self._namespace_labels, self._secret, self._gpu_nodes,
-                                                 self._karpenter, self._services]
+                                                 self._karpenter, self._services, self._mlflow_secret]
         out: list[Row] = []
         for check in checks:
             out += check()
@@ -282,6 +283,31 @@ class Doctor:
                 continue
             rows.append(self._answers(what, url.rstrip("/") + path))
         return rows
+
+    def _mlflow_secret(self) -> list[Row]:
+        """The namespace's MLflow credentials against what its MLflow asks for (:mod:`doctor_mlflow`)."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        from pipectl.components.names import MLFLOW_SECRET
+        from pipectl.pipelines.backends.doctor_mlflow import CHECK, credentials_row
+
+        core = client.CoreV1Api(self.api)
+        try:
+            uri = (core.read_namespaced_config_map(STORE_CONFIGMAP, self.cfg.namespace).data or {}).get("PIPECTL_MLFLOW_URI")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            uri = None
+        try:
+            secret: dict[str, str] | None = core.read_namespaced_secret(MLFLOW_SECRET, self.cfg.namespace).data or {}
+        except ApiException as e:
+            if e.status == 403:
+                return [Row(CHECK, "warn", f"not allowed to read Secret {MLFLOW_SECRET}: not checked")]
+            if e.status != 404:
+                raise
+            secret = None
+        return [Row(CHECK, *credentials_row(uri, secret, self.cfg.namespace, self.timeout))]
 
     def _answers(self, what: str, url: str) -> Row:
         try:
