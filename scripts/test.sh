@@ -71,13 +71,14 @@ slowest() {  # the ten slowest and the ten most CPU-hungry tests of every tier (
 import collections
 import sys
 import xml.etree.ElementTree as ET
-rows, cpu_by_tier = [], collections.Counter()
+rows, cpu_by_tier, shared = [], collections.Counter(), collections.Counter()
 for path in sys.argv[1:]:
     tier = path.rsplit("/", 1)[-1].removesuffix(".xml")
     for case in ET.parse(path).iter("testcase"):
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         cpu = float(props.get("cpu_s", 0))
-        cpu_by_tier[tier] += cpu
+        cpu_by_tier[tier] += cpu + float(props.get("shared_cpu_s", 0))
+        shared[tier] += float(props.get("shared_cpu_s", 0))
         rows.append((float(case.get("time", 0)), cpu, tier, f"{case.get('classname')}::{case.get('name')}"))
 for title, key in (("slowest (wall", 0), ("most CPU-hungry (CPU", 1)):
     print(f"\nTen {title} seconds, tier, test):")
@@ -85,6 +86,8 @@ for title, key in (("slowest (wall", 0), ("most CPU-hungry (CPU", 1)):
         print(f"  {row[key]:8.1f}  {row[2]:<16} {row[3]}")
 print(f"  ({len(rows)} tests in all; CPU seconds by tier: "
       + ", ".join(f"{t} {c:,.0f}" for t, c in cpu_by_tier.most_common()) + ")")
+print("  (module and session fixtures, counted apart when their services are reaped: "
+      + ", ".join(f"{t} {c:,.0f}" for t, c in shared.most_common()) + ")")
 PY
 }
 cpu_busy() {  # the machine's CPU busy share since the run started (all cores, from /proc/stat)

@@ -2,8 +2,10 @@
 
 On a shared 2-core machine a test's wall time says how crowded the machine was as much as what
 the test costs; its CPU time (this process and every child it waited for, user + system, from
-setup to teardown) is what it takes from the others. A service a session fixture started is
-counted where it is reaped: at the teardown of the session's last test.
+setup to teardown) is what it takes from the others. A service a module or session fixture
+started is counted where it is reaped, in the teardown of the last test that used the fixture:
+that teardown's CPU is recorded apart (``shared_cpu_s``, listed as the shared fixtures' own line),
+not charged to the test.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import pytest
 
 _START = pytest.StashKey[float]()
+_SHARED = pytest.StashKey[float]()
 
 
 def cpu_now() -> float:
@@ -27,7 +30,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """A teardown that ends a module's or the session's fixtures (the last test of its module or
+    of the run): its CPU is the shared fixtures' (their services reaped), kept apart."""
+    reaps = nextitem is None or nextitem.module is not item.module
+    t0 = cpu_now()
+    yield
+    if reaps and _START in item.stash:
+        item.stash[_SHARED] = cpu_now() - t0
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if call.when == "teardown" and _START in item.stash:
-        item.user_properties.append(("cpu_s", f"{cpu_now() - item.stash[_START]:.2f}"))
+        shared = item.stash.get(_SHARED, 0.0)
+        item.user_properties.append(("cpu_s", f"{cpu_now() - item.stash[_START] - shared:.2f}"))
+        if shared:
+            item.user_properties.append(("shared_cpu_s", f"{shared:.2f}"))
     yield
