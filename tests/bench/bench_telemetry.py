@@ -49,6 +49,10 @@ previous launch) is flagged BUSY, one during which other processes used more tha
 core SHARED. Not a timed test: it prints a table and writes ``results/telemetry.{json,md}``.
 
     .venv/bin/python -m tests.bench.run telemetry      # make bench BENCH=telemetry
+    .venv/bin/python -m tests.bench.bench_telemetry --alternating-only   # its decisive figure alone (~4 min)
+
+``--alternating-only`` runs the two alternating launches and prints their pairs' median and
+quartiles with the date and commit; it writes no result file.
 """
 
 from __future__ import annotations
@@ -391,6 +395,25 @@ def _commit() -> str:
     return git("rev-parse", "--short", "HEAD") + (" + uncommitted train/bench changes" if dirty else "")
 
 
+def alternating_only() -> None:
+    """The alternating launches alone: on ÷ off per pair, median and quartiles, printed."""
+    from datetime import datetime, timezone
+
+    from pipectl.pipelines.backends.services import EmbeddedServices
+
+    with tempfile.TemporaryDirectory(prefix="bench-telemetry-") as tmp, \
+            EmbeddedServices(Path(tmp) / "services", s3=False, mlflow=True) as svc:
+        load = os.getloadavg()
+        facts = make_shards(Path(tmp) / "data")
+        pairs = [p for _ in range(2) for p in launch_alternating(facts, svc.mlflow_url or "", Path(tmp))]
+    ratios = [p["on"] / p["off"] for p in pairs]
+    q1, median, q3 = statistics.quantiles(ratios, n=4)
+    print(f"alternating in one launch, {len(pairs)} pairs: on ÷ off median {median - 1:+.2%}, quartiles "
+          f"{q1 - 1:+.2%} to {q3 - 1:+.2%} (goal: both within {GOAL:.0%}); on {statistics.median(p['on'] for p in pairs):.2f} "
+          f"ms/step, off {statistics.median(p['off'] for p in pairs):.2f}; {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
+          f"{_commit()}, load before {load[0]:.2f}")
+
+
 def main() -> None:
     from pipectl.pipelines.backends.services import EmbeddedServices
 
@@ -505,5 +528,7 @@ if __name__ == "__main__":
         else:
             child_alternating(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
         end_process(0)  # as the train step's processes end (its __main__)
+    elif len(sys.argv) > 1 and sys.argv[1] == "--alternating-only":
+        alternating_only()
     else:
         main()
