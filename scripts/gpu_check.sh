@@ -53,6 +53,7 @@ pack)
   # torch, numpy and friends are on the GPU machine already: leave out what it has
   find "$PACK_DIR/wheels" \( -name 'torch-*' -o -name 'numpy-*' -o -name 'nvidia_cu*' -o -name 'nvidia_cudnn*' \
     -o -name 'nvidia_nccl*' -o -name 'triton-*' -o -name 'sympy-*' -o -name 'networkx-*' \) -delete
+  printf '%s\n' "${WHEELS[@]}" > "$PACK_DIR/wheels/WHEELS.txt"  # what this pack was built from (run checks it)
   tar -C "$PACK_DIR" -cf "$PACK_DIR/pack.tar" wheels
   rm -rf "$PACK_DIR/wheels"
   split -b "${PART_MIB}M" -d -a 2 "$PACK_DIR/pack.tar" "$PACK_DIR/part-"
@@ -84,6 +85,12 @@ run)
     else
       mkdir -p "$SITE" && for w in "$RECV_DIR"/wheels/*.whl; do "$PY" -m zipfile -e "$w" "$SITE"; done
     fi
+  fi
+  if [[ -f $RECV_DIR/wheels/WHEELS.txt ]] && ! diff -q <(printf '%s\n' "${WHEELS[@]}") "$RECV_DIR/wheels/WHEELS.txt" >/dev/null; then
+    echo "error: the pack was built from another wheel list than this checkout's (scripts/gpu_check.sh WHEELS):" >&2
+    diff <(printf '%s\n' "${WHEELS[@]}") "$RECV_DIR/wheels/WHEELS.txt" >&2 || true
+    echo "hint: rebuild it where the registry is reachable: bash scripts/gpu_check.sh pack, then send its parts again" >&2
+    exit 2
   fi
   if ! "$PY" -c 'import pipectl.components' 2>/dev/null; then
     # not installed: the three folders are roots of the pipectl namespace (README "Layout")
