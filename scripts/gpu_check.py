@@ -324,6 +324,7 @@ def bench(svc: Services, work: Path, sizes: list[int], runs: int, has_gpu: bool)
         for device in ("gpu", "cpu"):
             label = f"{n:,} × 512² → 224²"
             if device == "gpu" and not has_gpu:
+                skipped("bench", f"{label}: the step's shards vs as_cpu() copies of the same decode", "no GPU")
                 skipped("bench", f"{label}: step path vs DALI alone (mixed), steady state", "no GPU")
                 skipped("bench", f"{label}: whole step from S3 (--device gpu)", "no GPU")
                 continue
