@@ -369,6 +369,14 @@ def launch(side: str, facts: dict[str, Any], mlflow_url: str, mlflow_sid: int, w
                   ranks[0]["last_epoch_loss"], ranks[0]["anatomy"], proc.returncode)
 
 
+ALTERNATING_LAUNCHES = 2
+
+
+def alternating_pairs(facts: dict[str, Any], mlflow_url: str, work: Path) -> list[dict[str, Any]]:
+    """The timed pairs of :data:`ALTERNATING_LAUNCHES` alternating launches."""
+    return [p for _ in range(ALTERNATING_LAUNCHES) for p in launch_alternating(facts, mlflow_url, work)]
+
+
 def launch_alternating(facts: dict[str, Any], mlflow_url: str, work: Path) -> list[dict[str, Any]]:
     """One alternating launch (:func:`child_alternating`); rank 0's timed pairs: on and off ms/step."""
     out = Path(tempfile.mkdtemp(prefix="alternating-", dir=work))
@@ -405,7 +413,7 @@ def alternating_only() -> None:
             EmbeddedServices(Path(tmp) / "services", s3=False, mlflow=True) as svc:
         load = os.getloadavg()
         facts = make_shards(Path(tmp) / "data")
-        pairs = [p for _ in range(2) for p in launch_alternating(facts, svc.mlflow_url or "", Path(tmp))]
+        pairs = alternating_pairs(facts, svc.mlflow_url or "", Path(tmp))
     ratios = [p["on"] / p["off"] for p in pairs]
     q1, median, q3 = statistics.quantiles(ratios, n=4)
     print(f"alternating in one launch, {len(pairs)} pairs: on ÷ off median {median - 1:+.2%}, quartiles "
@@ -465,7 +473,7 @@ def main() -> None:
                           Stats([r.wall_s for r in off])))
         b.rows.append(Row("other processes' CPU during a launch", "cores", Stats([r.other_cpu_s / r.wall_s for r in on]),
                           Stats([r.other_cpu_s / r.wall_s for r in off]), note="flag SHARED above 0.25"))
-        alternating = [p for _ in range(2) for p in launch_alternating(facts, svc.mlflow_url or "", work)]
+        alternating = alternating_pairs(facts, svc.mlflow_url or "", work)
         alt_ratio = [p["on"] / p["off"] for p in alternating]
         b.rows.append(Row(f"alternating in one launch: ms per step ({len(alternating)} pairs of {SEGMENT_EPOCHS - 1}-epoch trainings)", "ms",
                           Stats([p["on"] for p in alternating]), Stats([p["off"] for p in alternating])))
