@@ -588,6 +588,10 @@ ENDINGS = {
     # process's end flushes it, as the interpreter's finalization would
     "returns": ("import types; state = sys.modules.setdefault('user_state', types.ModuleType('user_state')); "
                 "state.f = open(sys.argv[1], 'w'); state.f.write('left open, never closed')", 0, ""),
+    # a thread pool never shut down (as MLflow's async logging leaves one): its idle workers are
+    # told to stop at the end, as at the interpreter's exit, instead of being waited for
+    "pool-left": ("import concurrent.futures as cf, types; state = sys.modules.setdefault('user_state', types.ModuleType('user_state')); "
+                  "state.pool = cf.ThreadPoolExecutor(2); state.pool.submit(sum, [1, 2]).result()", 0, ""),
     "exits-3": ("sys.exit(3)", 1, ""),
     "exits-text": ("sys.exit('no data for this shard')", 1, "no data for this shard"),
     "raises": ("raise ValueError('bad learning rate')", 1, "ValueError: bad learning rate"),
@@ -604,7 +608,7 @@ def test_the_users_code_ends_with_the_status_python_would_give_it(tmp_path, endi
     script.write_text(f"import sys\nf = None\n{line}\n")
     left = tmp_path / "left-open.txt"
     r = subprocess.run([sys.executable, "-m", "pipectl.components.train.launch", "--standalone", "--nproc-per-node=1",
-                        str(script), str(left)], capture_output=True, text=True, timeout=300,
+                        str(script), str(left)], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == code, (r.returncode, r.stderr[-3000:])
     assert said in r.stderr, r.stderr[-3000:]
