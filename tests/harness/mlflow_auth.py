@@ -1,7 +1,7 @@
 """A real MLflow tracking server in basic-auth mode (``mlflow server --app-name basic-auth``) for the
 tests of per-team MLflow users: the auth config docs/install.md ships (docs/mlflow-basic-auth.ini:
-``default_permission = READ``) with the test's admin user and its user database a sqlite file under
-the test's folder."""
+``default_permission = READ``, pipectl's rule on names) with the test's admin user, its teams'
+prefixes and its user database a sqlite file under the test's folder."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from typing import Iterator
 
 ADMIN = "pipectl-admin"
 ADMIN_PASSWORD = "admin-password-for-tests-only"
+TEAMS = ("team-a", "team-b")
+"""The teams' MLflow users, each owning the model prefix of its name (the config's [pipectl] section)."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ def auth_ini(folder: Path) -> Path:
     config.read(SHIPPED_INI)
     config["mlflow"].update({"database_uri": f"sqlite:///{(folder / 'basic_auth.db').resolve()}",
                              "admin_username": ADMIN, "admin_password": ADMIN_PASSWORD})
+    config["pipectl"]["team_prefixes"] = ", ".join(f"{t}={t}" for t in TEAMS)
     path = folder / "basic_auth.ini"
     with path.open("w") as f:
         config.write(f)

@@ -211,6 +211,33 @@ def test_d_team_b_reads_team_as_model_and_its_champion(server, users, team_a_mod
     assert any((tmp_path / "champion").rglob("MLmodel"))
 
 
+def test_e_a_team_cannot_take_a_name_under_anothers_prefix_before_it_does(server, users, team_a_model):
+    """No team has used ``team-a-unused`` yet, and still team-b's user cannot create it (a model or
+    an experiment), nor rename its own model into team-a's prefix; under its own prefix it may.
+    The admin is not held to a prefix. The server's own rule (pipectl.pipelines.backends.mlflow_names)."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client(server)
+    with as_user("team-b", users["team-b"].password):
+        for create in (lambda: client.create_registered_model("team-a-unused"),
+                       lambda: client.create_experiment("team-a-unused"),
+                       lambda: client.create_registered_model("unprefixed")):
+            with pytest.raises(MlflowException) as refused:
+                create()
+            assert refused.value.error_code == "PERMISSION_DENIED"
+            assert "user team-b may name a" in str(refused.value) and "only team-b-<name>" in str(refused.value)
+        client.create_registered_model("team-b-own")
+        with pytest.raises(MlflowException, match="only team-b-<name>"):
+            client.rename_registered_model("team-b-own", "team-a-own")
+        experiment = client.create_experiment("team-b-own")
+        with pytest.raises(MlflowException, match="only team-b-<name>"):
+            client.rename_experiment(experiment, "team-a-own")
+    with as_user(server.admin, server.admin_password):
+        assert [m.name for m in client.search_registered_models(filter_string="name LIKE 'team-a-%'")] == [MODEL]
+        assert client.get_registered_model("team-b-own").name == "team-b-own"
+        assert client.create_registered_model("team-a-by-the-admin").name == "team-a-by-the-admin"
+
+
 def test_a_secret_that_cannot_be_written_after_the_user_was_created_says_so_and_how_to_rerun(server, tmp_path, monkeypatch):
     """The API server accepts the dry run, then refuses the write (its RBAC changed in between; the
     one stand-in here: a cluster whose second answer differs): the command names the user it

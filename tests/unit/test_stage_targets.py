@@ -20,7 +20,10 @@ from pipectl.components.stage.targets import TMP_DIR, FsTarget, S3Target, mount_
     [
         ("cephfs:///data", None, "PIPECTL_CEPHFS_MOUNT"),
         ("cephfs://fs/data", "/mnt", "three slashes"),
-        ("s3://bucket/some/path", None, "s3://<bucket>"),
+        ("s3://bucket/some/../path/", None, "s3://<bucket>/<path>/"),
+        ("s3://bucket//path/", None, "s3://<bucket>/<path>/"),
+        ("s3://bucket/path/?versionId=1", None, "s3://<bucket>/<path>/"),
+        ("s3:///path/", None, "s3://<bucket>"),
         ("ftp://host/x", None, "is not s3://<bucket>, cephfs:///<path> or an absolute path"),
         ("relative/path", None, "is not s3://<bucket>"),
     ],
@@ -34,6 +37,9 @@ def test_bad_target_uris_are_usage_errors(uri, mount, says):
 
 def test_target_uris_map_to_targets(tmp_path):
     assert isinstance(parse_target("s3://b", s3=object(), cephfs_mount=None), S3Target)
+    team = parse_target("s3://b/teams/vision", s3=object(), cephfs_mount=None)  # a team's prefix, / or not
+    assert (team.bucket, team.prefix, team.root_uri) == ("b", "teams/vision/", "s3://b/teams/vision")
+    assert parse_target("s3://b/teams/vision/", s3=object(), cephfs_mount=None).prefix == "teams/vision/"
     t = parse_target("cephfs:///pipectl/x", s3=None, cephfs_mount=str(tmp_path))
     assert isinstance(t, FsTarget) and t.root == tmp_path / "pipectl/x" and t.root_uri == "cephfs:///pipectl/x"
     assert parse_target(f"file://{tmp_path}", s3=None, cephfs_mount=None).root == tmp_path

@@ -180,8 +180,10 @@ REMOTE_DATASETS = ("s3://", "example:")
 def _refuse_local_dataset(pipeline: str, uri: str) -> None:
     """Exit 2 for a ``dataset-uri`` that names this machine's files: no pod of the run can see them."""
     if not uri.startswith(REMOTE_DATASETS):
+        team = compile_config().own_team()  # a team's key writes under its prefix only
+        to = f" --to {team.s3_prefix}" if team is not None else ""
         fail(f"dataset-uri {uri!r} is a path on this machine: the pipeline's pods cannot read it",
-             f"push it to the store first: pipectl submit {pipeline} -p dataset-uri=$(pipectl data push {uri})", code=2)
+             f"push it to the store first: pipectl submit {pipeline} -p dataset-uri=$(pipectl data push {uri}{to})", code=2)
 
 
 @click.group()

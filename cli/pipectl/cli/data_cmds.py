@@ -39,13 +39,18 @@ def data_example(directory: Path, name: str) -> None:
 @click.option("--bucket", envvar="PIPECTL_BUCKET", default=None, help="Bucket to write to. [default: pipectl]")
 @click.option("--s3-endpoint", envvar="PIPECTL_S3_ENDPOINT", default=None,
               help="S3 endpoint (Ceph RGW, MinIO...); credentials from PIPECTL_S3_ACCESS_KEY/PIPECTL_S3_SECRET_KEY.")
+@click.option("--to", "to", default=None, metavar="S3_URI",
+              help="Where to push: a prefix such as your team's s3_prefix (s3://pipectl/teams/vision/). [default: s3://<bucket>]")
 @needs_steps_extra("pipectl data push")
-def data_push(source: str, bucket: str | None, s3_endpoint: str | None) -> None:
+def data_push(source: str, bucket: str | None, s3_endpoint: str | None, to: str | None) -> None:
     """Copy SOURCE (a local folder in ImageFolder layout, or a CSV/Parquet manifest of uri,label
     rows) to the store, verified and content-addressed, as the pipeline's stage step does; print
     the dataset URI to submit with (-p dataset-uri=...). Pushing the same images again writes nothing.
 
-    Example: pipectl submit training -p dataset-uri=$(pipectl data push ./my-images)"""
+    \b
+    Example:
+      pipectl submit training -p dataset-uri=$(pipectl data push ./my-images)
+      pipectl data push ./my-images --to s3://pipectl/teams/vision/   # a team's key writes under its prefix only"""
     from pydantic import ValidationError
 
     from pipectl.components.contracts import DatasetLayout, StageInput, StoreSettings
@@ -58,7 +63,9 @@ def data_push(source: str, bucket: str | None, s3_endpoint: str | None) -> None:
     except ValidationError as e:
         fail(f"invalid store setting: {e.errors()[0]['msg']}", "see pipectl data push --help", code=2)
     path = Path(source).expanduser().resolve()
-    out = _stage(StageInput(source_uri=str(path), bucket=settings.bucket), settings)
+    if to is not None and not to.startswith("s3://"):
+        fail(f"--to {to}: an S3 URI is expected", "e.g. --to s3://pipectl/teams/vision/", code=2)
+    out = _stage(StageInput(source_uri=str(path), bucket=settings.bucket, target_uri=to), settings)
     data_uri = DatasetLayout(dataset_uri=out.dataset_uri).data_uri
     console().print(f"pushed {out.objects} images ({out.bytes / 1e6:.1f} MB, {out.copied} written, "
                     f"{out.skipped} already there) to {out.dataset_uri}", markup=False)

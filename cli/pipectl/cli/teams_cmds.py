@@ -1,9 +1,11 @@
 """``pipectl teams``: what a platform admin does for each team of the site file (``teams:``):
 ``mlflow-user TEAM`` gives the team its own user on an MLflow that runs with basic auth and
-writes it into the team's namespace (:mod:`pipectl.pipelines.backends.mlflow_users`)."""
+writes it into the team's namespace (:mod:`pipectl.pipelines.backends.mlflow_users`);
+``store-policy`` holds each team's store key to its prefix (:mod:`pipectl.pipelines.store_policy`)."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import click
@@ -15,12 +17,13 @@ from pipectl.components.names import MLFLOW_PASSWORD_ENV, MLFLOW_SECRET, MLFLOW_
 
 @click.group()
 def teams() -> None:
-    """Teams sharing the cluster (the site file's teams:): their MLflow users.
+    """Teams sharing the cluster (the site file's teams:): their MLflow users and store policy.
 
     \b
     Example:
       export MLFLOW_TRACKING_USERNAME=admin MLFLOW_TRACKING_PASSWORD=...   # the MLflow admin
       pipectl --site site.yaml teams mlflow-user vision
+      pipectl --site site.yaml teams store-policy --apply                 # as the bucket's owner
     """
 
 
@@ -91,3 +94,71 @@ def mlflow_user(team: str, mlflow_uri: str | None, rotate: bool, context: str | 
              "password and writes the Secret", code=e.exit_code)
     out.print(f"MLflow user {username} {'created' if user.created else 'given a new password'} at {uri}; "
               f"Secret {namespace}/{MLFLOW_SECRET} written (the team's steps use it from their next run)", markup=False)
+
+
+@teams.command("store-policy")
+@click.option("--apply", "apply_", is_flag=True, default=False,
+              help="Write it into each bucket's policy (as the bucket's owner), keeping the statements pipectl does not own.")
+@click.option("--s3-endpoint", envvar="PIPECTL_S3_ENDPOINT", default=None,
+              help="The store's S3 endpoint as this machine reaches it; credentials from PIPECTL_S3_ACCESS_KEY/PIPECTL_S3_SECRET_KEY.")
+def store_policy(apply_: bool, s3_endpoint: str | None) -> None:
+    """The bucket policy that holds each team's store key to its own s3_prefix: the key of the
+    team's s3_principal may read, write, delete and list there, and nowhere else (the bucket's
+    owner keeps every right). Without --apply: printed, one JSON document per bucket, for your own
+    tools (aws s3api put-bucket-policy). With --apply: pipectl's statements (Sid pipectl-team-*) in
+    each bucket's policy are replaced, every other statement is kept.
+
+    Put each team's key into its namespace's Secret pipectl-s3-credentials (PIPECTL_S3_ACCESS_KEY,
+    PIPECTL_S3_SECRET_KEY); its runs keep their datasets, runs and logs under the team's prefix.
+    Exit 2: a team without s3_principal, or no teams; 3: the store cannot be reached or refuses
+    (not the bucket's owner).
+
+    \b
+    Example:
+      export PIPECTL_S3_ACCESS_KEY=... PIPECTL_S3_SECRET_KEY=...   # the bucket owner's key
+      pipectl --site site.yaml teams store-policy                  # look first
+      pipectl --site site.yaml teams store-policy --apply
+    """
+    from pipectl.pipelines.store_policy import bucket_policies, merged_policy
+
+    cfg = compile_config()
+    if not cfg.teams:
+        fail("the site file declares no teams:", "declare the teams (and each one's s3_principal) under teams:", code=2)
+    try:
+        policies = bucket_policies(cfg.teams)
+    except ValueError as e:
+        fail(str(e), "e.g. s3_principal: arn:aws:iam:::user/pipectl-<team> (the Ceph RGW user of the team's key)", code=2)
+    if not apply_:
+        for bucket, statements in sorted(policies.items()):
+            click.echo(f"# bucket {bucket}")
+            click.echo(json.dumps(merged_policy(None, statements), indent=2))
+        return
+    from pipectl.components.contracts import StoreSettings
+    from pipectl.components.runtime import s3_client
+    from pipectl.pipelines.backends.store_admin import apply_policies
+
+    settings = StoreSettings(**({"s3_endpoint": s3_endpoint} if s3_endpoint else {}))
+    done = apply_policies(s3_client(settings), policies)  # Unreachable: exit 3, naming the bucket
+    out = console()
+    for a in done:
+        out.print(f"bucket {a.bucket}: {a.statements} statements for its teams written, {a.kept} others kept", markup=False)
+
+
+@teams.command("mlflow-config")
+def mlflow_config() -> None:
+    """Print the [pipectl] section of the MLflow auth app's config (MLFLOW_AUTH_CONFIG_PATH) for the
+    site file's teams: each team's MLflow user (named as the team, `pipectl teams mlflow-user`) may
+    create or rename experiments and registered models only under its model prefix. The server
+    enforces it with authorization_function = pipectl.pipelines.backends.mlflow_names:authenticate
+    (docs/mlflow-basic-auth.ini). Exit 2: the site file declares no teams.
+
+    \b
+    Example:
+      pipectl --site site.yaml teams mlflow-config   # in place of the config file's [pipectl] section
+    """
+    from pipectl.pipelines.backends.mlflow_names import render_section
+
+    cfg = compile_config()
+    if not cfg.teams:
+        fail("the site file declares no teams:", "declare the teams under teams:", code=2)
+    click.echo(render_section({t.name: t.model_prefix for t in cfg.teams}), nl=False)

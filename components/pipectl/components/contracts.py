@@ -385,15 +385,24 @@ class RunLayout(StrictModel):
         <run_uri>/train-output.json         TrainOutput (rank 0)
         <run_uri>/evaluate-output.json      EvaluateOutput
 
-    ``run_uri`` is ``s3://<bucket>/runs/<workflow name>``.
+    ``run_uri`` is ``<store root>/runs/<workflow name>``: ``s3://<bucket>/runs/<workflow name>``,
+    or under a team's prefix in a team's namespace (``s3://<bucket>/teams/<team>/runs/...``).
     """
 
     run_uri: str
 
+    RUNS: ClassVar[str] = "runs"
+
     @classmethod
     def for_workflow(cls, bucket: str, workflow_name: str) -> "RunLayout":
         """The run of workflow ``workflow_name`` (an Argo tag such as ``{{workflow.name}}`` in templates)."""
-        return cls(run_uri=f"s3://{bucket}/runs/{workflow_name}")
+        return cls.under(f"s3://{bucket}/", workflow_name)
+
+    @classmethod
+    def under(cls, root_uri: str, workflow_name: str) -> "RunLayout":
+        """The run of workflow ``workflow_name`` under the store root ``root_uri`` (``s3://bucket/``
+        or a prefix in it, ``s3://bucket/teams/vision/``)."""
+        return cls(run_uri=_join(root_uri, cls.RUNS, workflow_name))
 
     @property
     def shards_uri(self) -> str:
@@ -485,8 +494,9 @@ class StageInput(StrictModel):
     max_concurrency: int = Field(16, ge=1, le=256)
     target_uri: str | None = Field(
         None,
-        description="Where to stage: s3://<bucket> (default: s3://<bucket>), cephfs:///<path> (inside the CephFS "
-        "mounted at PIPECTL_CEPHFS_MOUNT) or an absolute path on a mounted file system.",
+        description="Where to stage: s3://<bucket> (default: s3://<bucket>) or a prefix in it (s3://<bucket>/<path>/: "
+        "a team's), cephfs:///<path> (inside the CephFS mounted at PIPECTL_CEPHFS_MOUNT) or an absolute path on a "
+        "mounted file system.",
     )
     lane: Lane | None = Field(None, description="The run's lane: whose dataset maximum applies.")
     dataset_max: LaneDatasetMax | None = Field(None, description="The largest dataset of each lane (JSON); none: no bound.")

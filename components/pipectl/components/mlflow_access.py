@@ -47,7 +47,7 @@ def refused_error(status: int, user: str | None, what: str) -> StepError:
                          f"(MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD): ask your platform admin to run "
                          f"`pipectl teams mlflow-user <team>` (with --rotate if the password changed)")
     return StepError(f"MLflow refused user {user or '(none)'} to {what}: permission denied (403: another team's "
-                     f"user created it; yours may read it, not write it)",
+                     f"user created it, or the name is outside your team's model prefix; yours may read it, not write it)",
                      "a team writes only its own models and experiments: name the model with your team's model prefix "
                      "(<prefix>-<name>, the namespace label pipectl.io/model-prefix), or ask the MLflow admin to grant "
                      "your team's user EDIT on it")

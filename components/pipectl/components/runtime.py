@@ -141,26 +141,50 @@ def write_json(s3: Any, uri: str, obj: Any) -> None:
 
 
 def object_exists(s3: Any, bucket: str, key: str) -> dict | None:
-    """HEAD ``key``: its response dict, or None when absent (404)."""
+    """HEAD ``key``: its response dict, or None when absent (404).
+
+    A store answers 403, not 404, for a missing object to credentials that may not list the whole
+    bucket (S3's rule, Ceph RGW's too): a team's key, listed only under its prefix
+    (:mod:`pipectl.pipelines.store_policy`). Then a listing of ``key`` decides: absent is None, and
+    a 403 for an object that is there (or a listing refused too) is raised as it came."""
     from botocore.exceptions import ClientError
 
     try:
         return s3.head_object(Bucket=bucket, Key=key)
     except ClientError as e:
-        if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+        code = e.response.get("Error", {}).get("Code")
+        if code in ("404", "NoSuchKey", "NotFound"):
+            return None
+        if code not in DENIED_CODES:
+            raise
+        try:
+            listed = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("Contents", [])
+        except ClientError:
+            raise e from None
+        if not listed or listed[0]["Key"] != key:
             return None
         raise
 
 
+DENIED_CODES = frozenset({"403", "AccessDenied", "Forbidden", "AllAccessDisabled"})
+"""S3 error codes of a request the store refused to these credentials (boto3's ``Error.Code``;
+a HEAD has no body, so its code is the status)."""
+
+
 def ensure_bucket(s3: Any, bucket: str) -> None:
-    """Create ``bucket`` if it does not exist ("already owned" is success)."""
+    """Create ``bucket`` if it does not exist ("already owned" is success). A bucket these
+    credentials may not look at (403) exists: a team's key may use only a prefix of it, and its
+    reads and writes there say whether it may."""
     from botocore.exceptions import ClientError
 
     try:
         s3.head_bucket(Bucket=bucket)
         return
     except ClientError as e:
-        if e.response.get("Error", {}).get("Code") not in ("404", "NoSuchBucket", "NotFound"):
+        code = e.response.get("Error", {}).get("Code")
+        if code in DENIED_CODES:
+            return
+        if code not in ("404", "NoSuchBucket", "NotFound"):
             raise
     try:
         s3.create_bucket(Bucket=bucket)

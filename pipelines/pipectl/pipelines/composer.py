@@ -478,7 +478,7 @@ class Pipeline:
         """The compiled WorkflowTemplate ``<name>-v1`` for ``cfg`` (defaults when None)."""
         self.check()
         cfg = (cfg or CompileConfig()).model_copy(update={"pipeline_parameters": self.parameter_specs()})
-        ctx = _Context(cfg, RunLayout.for_workflow(cfg.bucket, "{{workflow.name}}"), {}, {})
+        ctx = _Context(cfg, RunLayout.under(cfg.store_root(), "{{workflow.name}}"), {}, {})
         tasks: list[Task] = []
         templates: list = []
         after: list[str] = []  # what the next step depends on

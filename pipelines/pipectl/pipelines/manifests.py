@@ -262,14 +262,20 @@ def config_maps(cfg: CompileConfig) -> list[dict]:
     Ceph RGW (credentials only as Secret references), and the (empty) rules of the templates' own
     parameters the submission policy reads (``pipectl templates apply`` adds each template's keys). ``archiveLogs``: every step pod's main log is
     saved to ``s3://pipectl-artifacts/<workflow>/<pod>/main.log`` by argoexec's wait container, so
-    logs outlive pod GC (the Argo UI and `pipectl logs` read pods while they exist)."""
+    logs outlive pod GC (the Argo UI and `pipectl logs` read pods while they exist). In a declared
+    team's namespace they go under the team's prefix, ``<s3_prefix>logs/<workflow>/<pod>/main.log``:
+    its key may write nowhere else (:mod:`~pipectl.pipelines.store_policy`)."""
+    from pipectl.pipelines.store_policy import split_prefix
+
+    team = cfg.own_team()
+    bucket, key_prefix = split_prefix(team.s3_prefix) if team is not None else (ARTIFACT_BUCKET, "")
     artifact_repo = {
         "archiveLogs": True,
         "s3": {
-            "bucket": ARTIFACT_BUCKET,
+            "bucket": bucket,
             "endpoint": urlsplit(cfg.s3_endpoint).netloc,
             "insecure": urlsplit(cfg.s3_endpoint).scheme == "http",
-            "keyFormat": "{{workflow.name}}/{{pod.name}}",
+            "keyFormat": (key_prefix + "logs/" if team is not None else "") + "{{workflow.name}}/{{pod.name}}",
             "accessKeySecret": {"name": STORE_SECRET, "key": "PIPECTL_S3_ACCESS_KEY"},
             "secretKeySecret": {"name": STORE_SECRET, "key": "PIPECTL_S3_SECRET_KEY"},
         }

@@ -16,6 +16,7 @@ Example (in the site file)::
         lane_gpus: {urgent: 8, batch: 16}
         model_prefix: vision
         s3_prefix: s3://pipectl/teams/vision/
+        s3_principal: arn:aws:iam:::user/pipectl-vision   # its store key's user (Ceph RGW)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pipectl.components.names import Lane
 
 _DNS_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 _S3_PREFIX = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/([A-Za-z0-9._=-]+/)*$"
+_S3_PRINCIPAL = r"^arn:aws[a-z-]*:iam::[A-Za-z0-9_-]*:(user|role)/[A-Za-z0-9+=,.@_/-]+$"
 
 
 EVERYONE_GROUPS = {"system:authenticated": "every signed-in identity", "system:unauthenticated": "every anonymous request",
@@ -51,7 +53,13 @@ class TeamSpec(BaseModel):
                                        "bounds it); a preempting lane (urgent) is granted only when listed.")
     model_prefix: str = Field(pattern=_DNS_LABEL, description="The team's models are named <model_prefix>-<name>.")
     s3_prefix: str = Field(pattern=_S3_PREFIX, description="Every run's dataset-uri must be under this prefix "
-                           "(s3://bucket/path/, ending in /).")
+                           "(s3://bucket/path/, ending in /); the team's own namespace keeps its staged datasets, "
+                           "runs and logs under it too.")
+    s3_principal: str | None = Field(None, pattern=_S3_PRINCIPAL, description="The store identity of the team's key "
+                                     "(the Secret pipectl-s3-credentials of its namespace), as bucket policies name it: "
+                                     "Ceph RGW arn:aws:iam:::user/<uid>, AWS arn:aws:iam::<account>:user/<name> or "
+                                     ":role/<name>. `pipectl teams store-policy` grants it the team's s3_prefix, "
+                                     "and nothing else.")
 
     @field_validator("groups")
     @classmethod
@@ -132,6 +140,9 @@ def _owner_conflicts(teams: tuple[TeamSpec, ...], own_namespace: str, own_team: 
                            f"(a model {b.model_prefix}-x would be both teams')")
             if _nested(a.s3_prefix, b.s3_prefix):
                 out.append(f"{pair}: S3 prefixes {a.s3_prefix} and {b.s3_prefix} overlap (one holds the other's objects)")
+            if a.s3_principal is not None and a.s3_principal == b.s3_principal:
+                out.append(f"{pair}: both name store identity {a.s3_principal} (its key would reach both teams' prefixes); "
+                           "give each team a store user of its own")
     return out
 
 

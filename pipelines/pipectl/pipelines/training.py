@@ -258,6 +258,14 @@ class CompileConfig(BaseModel):
         """The declared team (``teams:``) this install's namespace belongs to (``team:``), if any."""
         return next((t for t in self.teams if t.name == self.team), None) if self.team else None
 
+    def store_root(self) -> str:
+        """Where this namespace's runs keep their objects (staged datasets, runs, step logs): the
+        team's ``s3_prefix`` when the install is a declared team's (``team:`` among ``teams:``), so a
+        team's key restricted to its prefix (:mod:`~pipectl.pipelines.store_policy`) does all its
+        runs need; else ``s3://<bucket>/``."""
+        team = self.own_team()
+        return team.s3_prefix if team is not None else f"s3://{self.bucket}/"
+
     @field_validator("launcher")
     @classmethod
     def _known_launcher(cls, v: str) -> str:
@@ -587,7 +595,10 @@ def validate_templates(cfg: CompileConfig) -> list:
 
 
 def stage_templates(cfg: CompileConfig) -> list:
-    return [_step(cfg, "stage", cfg.light_image, "stage", StageInput, StageOutput, fixed={"bucket": cfg.bucket, **_dataset_max(cfg)})]
+    # a team's namespace stages under the team's prefix (its key may write nowhere else)
+    target = {"target_uri": cfg.store_root()} if cfg.own_team() is not None else {}
+    return [_step(cfg, "stage", cfg.light_image, "stage", StageInput, StageOutput,
+                  fixed={"bucket": cfg.bucket, **target, **_dataset_max(cfg)})]
 
 
 def _dataset_max(cfg: CompileConfig) -> dict[str, str]:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 
 from pipectl.components.contracts import DatasetLayout, DatasetManifest, ManifestEntry, StageInput, StageOutput, StoreSettings
 from pipectl.components.datasize import DatasetSize, check_dataset_size
-from pipectl.components.runtime import StepError, s3_client
+from pipectl.components.runtime import DENIED_CODES, StepError, s3_client
 from pipectl.components.stage.sources import (  # noqa: F401 - DatasetError, scan_local, validate_source: the step's API
     IMAGE_SUFFIXES,
     DatasetError,
@@ -165,5 +165,18 @@ def make_target(inp: StageInput, s3: Any, settings: StoreSettings | None = None,
 def run(inp: StageInput, settings: StoreSettings) -> StageOutput:
     """Step entry: builds the S3 client and the target from ``settings`` and calls :func:`stage`."""
     # room for boto3's own writes (C14 stores, copies from an S3 source) from every thread
+    from botocore.exceptions import ClientError
+
     s3 = s3_client(settings, max_pool=max(32, 2 * inp.max_concurrency))
-    return stage(inp, s3, target=make_target(inp, s3, settings, own_client=True))
+    target = make_target(inp, s3, settings, own_client=True)
+    try:
+        return stage(inp, s3, target=target)
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") not in DENIED_CODES:
+            raise
+        raise StepError(
+            f"the store refused these credentials at {target.root_uri}/ ({e.operation_name}: "
+            f"{e.response['Error'].get('Code')}); no dataset was staged (its manifest is written last)",
+            "a team's key reaches only its own prefix (the site file's s3_prefix): stage under it "
+            "(`pipectl data push DIR --to <s3_prefix>`; the stage step's --target-uri), or have the platform "
+            "admin grant it (`pipectl teams store-policy --apply`)", cli_exit=2) from e

@@ -20,7 +20,8 @@ and give the same guarantees, through the :class:`Target` interface that ``core.
   1,000 keys on S3, one ``scandir`` per label folder on a file system).
 - idempotency: a manifest with the same digest means nothing is copied.
 
-Target URIs (``StageInput.target_uri``): ``s3://<bucket>`` (the default, ``s3://<StageInput.bucket>``),
+Target URIs (``StageInput.target_uri``): ``s3://<bucket>`` (the default, ``s3://<StageInput.bucket>``)
+or a prefix in a bucket, ``s3://<bucket>/<path>/`` (a team's, whose key may write nowhere else),
 ``cephfs:///<path>`` (a path inside the CephFS mounted at ``StoreSettings.cephfs_mount``; the
 mount is checked to be a CephFS, kernel ``ceph`` or ``fuse.ceph-fuse``), or a plain mounted path
 ``/mnt/...`` / ``file:///mnt/...`` (any POSIX file system). The step never mounts anything
@@ -125,16 +126,17 @@ def _verified_head(head: dict | None, entry: ManifestEntry) -> bool:
 
 
 class S3Target:
-    """``s3://<bucket>``: local files through obstore (stage/transfer.py: one unsigned PUT below
+    """``s3://<bucket>`` or ``s3://<bucket>/<prefix>`` (every key written under ``prefix``): local files through obstore (stage/transfer.py: one unsigned PUT below
     8 MiB, its ETag compared with the content md5; parts above, verified by HEAD of size and the
     ``sha256`` user metadata); boto3 for server-side copies from an S3 source, for streams that
     are no local file, and for every single PUT of a store whose ETags are no MD5 (C14: sent with
     Content-MD5, so the store checks the body). ``s3`` is a boto3 client (``runtime.s3_client``);
     obstore writes to the same endpoint with the same credentials."""
 
-    def __init__(self, s3: Any, bucket: str, *, part_size: int = MULTIPART_THRESHOLD_BYTES, max_concurrency: int = 10,
-                 skip_100_continue: bool = False) -> None:
-        """``skip_100_continue``: drop the ``Expect: 100-continue`` header botocore puts on every
+    def __init__(self, s3: Any, bucket: str, *, prefix: str = "", part_size: int = MULTIPART_THRESHOLD_BYTES,
+                 max_concurrency: int = 10, skip_100_continue: bool = False) -> None:
+        """``prefix``: the folder in the bucket the layout's keys go under (``teams/vision/``; empty:
+        the bucket's root). ``skip_100_continue``: drop the ``Expect: 100-continue`` header botocore puts on every
         PutObject (an extra round trip before the body; it only pays off for large bodies a server
         might refuse, and our single PUTs are < 8 MiB). Changes ``s3``'s event hooks: only for a
         client this target owns."""
@@ -144,7 +146,8 @@ class S3Target:
             s3.meta.events.unregister("before-call.s3.PutObject", add_expect_header)
         self.s3 = s3
         self.bucket = bucket
-        self.root_uri = f"s3://{bucket}"
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.root_uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self.part_size = part_size
         self.max_concurrency = max_concurrency
         self.md5_etags = True  # False once a PUT showed an ETag that is no MD5 (C14)
@@ -167,15 +170,16 @@ class S3Target:
         ensure_bucket(self.s3, self.bucket)
 
     def read_manifest(self, key: str) -> dict | None:
+        key = self.prefix + key
         if object_exists(self.s3, self.bucket, key) is None:
             return None
         return json.loads(self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read())
 
     def present(self, prefix: str) -> dict[str, Present]:
         found: dict[str, Present] = {}
-        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
             for obj in page.get("Contents", []):
-                found[obj["Key"]] = Present(obj["Size"], obj.get("ETag", "").strip('"'))
+                found[obj["Key"][len(self.prefix):]] = Present(obj["Size"], obj.get("ETag", "").strip('"'))
         return found
 
     def is_complete(self, key: str, have: Present, entry: ManifestEntry, md5: str) -> bool:
@@ -185,9 +189,10 @@ class S3Target:
             return True  # a single PUT's ETag is the content md5
         # multipart ETags ("<md5 of part md5s>-<parts>"), and ETags that are no MD5 at all (SSE-KMS,
         # SSE-C, some gateways: field case C14): the size and the sha256 recorded at upload decide
-        return _verified_head(object_exists(self.s3, self.bucket, key), entry)
+        return _verified_head(object_exists(self.s3, self.bucket, self.prefix + key), entry)
 
     def put(self, key: str, src: Any, entry: ManifestEntry, md5: str) -> int:
+        key = self.prefix + key
         if src.s3_location is None and entry.size < self.part_size:
             return self._put_small(key, src, entry, md5)
         if src.s3_location is None and getattr(src, "path", None):
@@ -266,7 +271,7 @@ class S3Target:
 
     def write_manifest(self, key: str, obj: Any) -> None:
         body = json.dumps(obj, indent=2, sort_keys=True, default=str).encode()
-        self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json")
+        self.s3.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=body, ContentType="application/json")
 
     def finish(self) -> None:
         pass
@@ -427,20 +432,21 @@ class FsTarget:
 
 
 def parse_target(target_uri: str, *, s3: Any, cephfs_mount: str | None, max_concurrency: int = 10) -> Target:
-    """``s3://bucket`` -> :class:`S3Target`; ``cephfs:///path`` -> :class:`FsTarget` under
+    """``s3://bucket`` or ``s3://bucket/prefix/`` -> :class:`S3Target`; ``cephfs:///path`` -> :class:`FsTarget` under
     ``cephfs_mount`` (checked to be a CephFS); ``/path`` or ``file:///path`` -> :class:`FsTarget`.
 
-    Raises StepError (CLI exit 2) for an unknown scheme, a bucket with a path, or ``cephfs://``
-    without ``cephfs_mount``.
+    Raises StepError (CLI exit 2) for an unknown scheme, an S3 prefix that is no key prefix, or
+    ``cephfs://`` without ``cephfs_mount``.
     """
     from urllib.parse import urlparse
 
     u = urlparse(target_uri)
     if u.scheme == "s3":
-        if not u.netloc or u.path.strip("/"):
-            raise StepError(f"target {target_uri!r}: write s3://<bucket> (datasets go under <bucket>/datasets/)",
-                            "drop the path after the bucket", cli_exit=2)
-        return S3Target(s3, u.netloc, max_concurrency=max_concurrency)
+        prefix = u.path.strip("/")
+        if not u.netloc or u.query or u.fragment or "//" in u.path or any(p in (".", "..") for p in prefix.split("/")):
+            raise StepError(f"target {target_uri!r}: write s3://<bucket> or s3://<bucket>/<path>/ (datasets go under "
+                            "<target>/datasets/)", "e.g. s3://pipectl or s3://pipectl/teams/vision/", cli_exit=2)
+        return S3Target(s3, u.netloc, prefix=prefix, max_concurrency=max_concurrency)
     if u.scheme == "cephfs":
         if not cephfs_mount:
             raise StepError(
