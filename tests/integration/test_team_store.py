@@ -146,3 +146,20 @@ def test_a_team_pushes_its_images_under_its_prefix_and_is_told_where_it_may_not(
     assert refused.returncode == 2 and refused.stdout == "", refused.stderr
     assert f"the store refused these credentials at s3://{bucket}/" in refused.stderr and "s3_prefix" in refused.stderr
     assert [k for k in _keys(owner, bucket, "datasets/")] == []
+
+
+def test_a_wrong_key_is_told_as_a_wrong_key_not_as_a_prefix(teams, tmp_path):
+    """A HEAD answers 403 with no body to a key the store does not know as well: the listing that
+    decides a 403 names it (InvalidAccessKeyId), and `data push` says to set the credentials (exit 3)."""
+    import os
+    import subprocess
+
+    from tests.unit.test_cli_conventions import PIPECTL
+
+    bucket, settings, _ = teams
+    env = {**os.environ, "PIPECTL_S3_ENDPOINT": settings["vision"].s3_endpoint, "PIPECTL_S3_ACCESS_KEY": "NOSUCHKEY0000",
+           "PIPECTL_S3_SECRET_KEY": "wrong", "PIPECTL_BUCKET": bucket}
+    r = subprocess.run([PIPECTL, "data", "push", str(_images(tmp_path)), "--to", f"s3://{bucket}/teams/vision/"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 3, r.stderr
+    assert "InvalidAccessKeyId" in r.stderr and "PIPECTL_S3_ACCESS_KEY" in r.stderr and "s3_prefix" not in r.stderr

@@ -146,7 +146,8 @@ def object_exists(s3: Any, bucket: str, key: str) -> dict | None:
     A store answers 403, not 404, for a missing object to credentials that may not list the whole
     bucket (S3's rule, Ceph RGW's too): a team's key, listed only under its prefix
     (:mod:`pipectl.pipelines.store_policy`). Then a listing of ``key`` decides: absent is None, and
-    a 403 for an object that is there (or a listing refused too) is raised as it came."""
+    a 403 for an object that is there (or a listing refused too) is raised as it came; a listing
+    that fails otherwise raises its own error (a HEAD has no body to say "wrong key")."""
     from botocore.exceptions import ClientError
 
     try:
@@ -159,8 +160,10 @@ def object_exists(s3: Any, bucket: str, key: str) -> dict | None:
             raise
         try:
             listed = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("Contents", [])
-        except ClientError:
-            raise e from None
+        except ClientError as listing:
+            if listing.response.get("Error", {}).get("Code") in DENIED_CODES:
+                raise e from None
+            raise  # the listing names what the HEAD could not (a wrong key: InvalidAccessKeyId)
         if not listed or listed[0]["Key"] != key:
             return None
         raise
