@@ -126,19 +126,20 @@ def _verified_head(head: dict | None, entry: ManifestEntry) -> bool:
 
 
 class S3Target:
-    """``s3://<bucket>`` or ``s3://<bucket>/<prefix>`` (every key written under ``prefix``): local files through obstore (stage/transfer.py: one unsigned PUT below
-    8 MiB, its ETag compared with the content md5; parts above, verified by HEAD of size and the
-    ``sha256`` user metadata); boto3 for server-side copies from an S3 source, for streams that
-    are no local file, and for every single PUT of a store whose ETags are no MD5 (C14: sent with
-    Content-MD5, so the store checks the body). ``s3`` is a boto3 client (``runtime.s3_client``);
+    """``s3://<bucket>`` or ``s3://<bucket>/<prefix>`` (every key written under ``prefix``): local
+    files through obstore (stage/transfer.py: one unsigned PUT below 8 MiB, its ETag compared with
+    the content md5; parts above, verified by HEAD of size and the ``sha256`` user metadata); boto3
+    for server-side copies from an S3 source, for streams that are no local file, and for every
+    single PUT of a store whose ETags are no MD5 (C14: sent with Content-MD5, so the store checks
+    the body). ``s3`` is a boto3 client (``runtime.s3_client``);
     obstore writes to the same endpoint with the same credentials."""
 
     def __init__(self, s3: Any, bucket: str, *, prefix: str = "", part_size: int = MULTIPART_THRESHOLD_BYTES,
                  max_concurrency: int = 10, skip_100_continue: bool = False) -> None:
         """``prefix``: the folder in the bucket the layout's keys go under (``teams/vision/``; empty:
-        the bucket's root). ``skip_100_continue``: drop the ``Expect: 100-continue`` header botocore puts on every
-        PutObject (an extra round trip before the body; it only pays off for large bodies a server
-        might refuse, and our single PUTs are < 8 MiB). Changes ``s3``'s event hooks: only for a
+        the bucket's root). ``skip_100_continue``: drop the ``Expect: 100-continue`` header botocore
+        puts on every PutObject (an extra round trip before the body; it only pays off for large
+        bodies a server might refuse, and our single PUTs are < 8 MiB). Changes ``s3``'s event hooks: only for a
         client this target owns."""
         if skip_100_continue:
             from botocore.handlers import add_expect_header
