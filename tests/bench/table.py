@@ -52,6 +52,26 @@ class Stats:
         return Stats([s * factor for s in self.samples])
 
 
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """The distribution-free confidence interval of the median of ``values``: the order statistics
+    x(k) and x(n-k+1) (1-based) with the largest k for which P(Binomial(n, 1/2) <= k-1) is at most
+    (1 - confidence) / 2 (the sign test's interval; Conover, Practical Nonparametric Statistics,
+    3rd ed., section 3.2). ValueError when ``values`` are too few for ``confidence`` (fewer than 6
+    at 95%)."""
+    from math import comb
+
+    xs, alpha = sorted(values), (1 - confidence) / 2
+    n, k, cdf = len(xs), 0, 0.0
+    while k < n // 2:
+        below = cdf + comb(n, k) / 2 ** n  # P(Binomial <= k)
+        if below > alpha:
+            break
+        cdf, k = below, k + 1
+    if k == 0:
+        raise ValueError(f"{n} values are too few for a {confidence:.0%} interval of the median")
+    return xs[k - 1], xs[n - k]
+
+
 def timed(fn: Callable[[], Any]) -> float:
     """Wall seconds of ``fn()``; if ``fn`` returns a float, that value is the measurement instead
     (for a benchmark that times only part of what it does)."""
