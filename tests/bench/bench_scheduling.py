@@ -27,7 +27,9 @@ cluster is mostly the simulator updating nodes. Latencies are wall seconds on th
 create call returning to the watch event of the last pod seen with ``spec.nodeName``.
 
 Environment: ``BENCH_SCHED_NODES`` (default ``250,500,1000,2000``; S1-wait, S2 and S3 run on the
-1,000-node cluster, or the largest below it), ``BENCH_SCHED_ONLY`` (e.g. ``S4``), ``BENCH_RUNS``.
+1,000-node cluster, or the largest below it), ``BENCH_SCHED_ONLY`` (e.g. ``S4``), ``BENCH_RUNS``,
+``BENCH_SCHED_KEEP_LOGS=1`` (the components' logs copied to ``.pipectl/bench-logs/`` after every
+scenario, not only after a failed one).
 """
 
 from __future__ import annotations
@@ -506,6 +508,9 @@ def run() -> dict:
                         except (TimeoutError, RuntimeError) as e:  # recorded; the next scenarios still run
                             r[f"{key}_error"] = str(e)
                             r[f"{key}_logs"] = _keep_logs(c, f"{nodes}-{key}")
+                        else:
+                            if os.environ.get("BENCH_SCHED_KEEP_LOGS") == "1":
+                                r[f"{key}_logs"] = _keep_logs(c, f"{nodes}-{key}")
                 print(f"[scheduling] {nodes} nodes: {json.dumps(r)}", flush=True)
         if "S4" in only:
             with _cluster(tmp, S4_NODES) as c, _closing(Bench(c, S4_NODES)) as b:
