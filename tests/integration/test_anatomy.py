@@ -49,7 +49,8 @@ def test_injected_sync_and_data_delays_are_reported_as_their_shares_and_the_verd
     sit above their targets); fabric-bound fires above 15% and "adding nodes will not pay" above
     30% of what was reported, and never against the truth by more than those 3 points; starved
     fires for the slow loader. Against the injected delay itself: X of the step in the all-reduce
-    reads as X plus the loop's own exposed all-reduce (the no-fault case's share), within 3 points."""
+    is seen in full (the reported share is at least X, within 3 points); the rest of the share is
+    the loop's own exposed all-reduce, which the true share above bounds."""
     cases = _anatomy_run("single", "sync:0.05", "sync:0.15", "sync:0.30", "data:0.40")
     print(json.dumps(cases, indent=1))
     assert [c["case"] for c in cases] == ["none", "sync", "sync", "sync", "data"]
@@ -63,13 +64,14 @@ def test_injected_sync_and_data_delays_are_reported_as_their_shares_and_the_verd
         # the rule, exactly; the slow loader must trip it (another case's loader can too, truly,
         # when other processes take the CPU: in a full test run a sync case's data wait was 20.65%)
         assert starved == (c["reported"]["data"] > 0.20) and (starved or c["case"] != "data"), c
-    # against the injected X itself: a delay of X of the step in the all-reduce adds X to the sync
-    # share, on top of the loop's own exposed all-reduce (the no-fault case's share b, which now
-    # makes up 1 - X of the step): reported = X + b * (1 - X), within the 3 points
-    b = cases[0]["reported"]["sync"]
+    # against the injected X itself: a delay of X of the step in the all-reduce is in the sync share
+    # in full. On top of it sits the loop's own exposed all-reduce, which includes waiting for the
+    # slower peer: on a loaded 2-core machine it moved from 5.4% (no fault) to 13% of the rest of
+    # the step between two cases a second apart, so the no-fault case's share cannot predict it;
+    # the true share (checked above, within 3 points) is what bounds the report from above
     for c in cases[1:4]:
         x = c["injected"]
-        assert abs(c["reported"]["sync"] - (x + b * (1 - x))) <= ACCURACY, (c["target"], x, b, c["reported"])
+        assert c["reported"]["sync"] >= x - ACCURACY, (c["target"], x, c["reported"], c["true"])
     injected = [c["injected"] for c in cases[1:4]]
     # the targets reached, near enough on a loaded machine (each delay follows the steps' own time as it changes)
     assert injected == sorted(injected) and injected[1] > 0.10 and injected[2] > 0.22, injected
