@@ -265,10 +265,10 @@ def config_maps(cfg: CompileConfig) -> list[dict]:
     logs outlive pod GC (the Argo UI and `pipectl logs` read pods while they exist). In a declared
     team's namespace they go under the team's prefix, ``<s3_prefix>logs/<workflow>/<pod>/main.log``:
     its key may write nowhere else (:mod:`~pipectl.pipelines.store_policy`)."""
-    from pipectl.pipelines.store_policy import split_prefix
+    from pipectl.components.runtime import parse_s3_uri
 
     team = cfg.own_team()
-    bucket, key_prefix = split_prefix(team.s3_prefix) if team is not None else (ARTIFACT_BUCKET, "")
+    bucket, key_prefix = parse_s3_uri(team.s3_prefix) if team is not None else (ARTIFACT_BUCKET, "")
     artifact_repo = {
         "archiveLogs": True,
         "s3": {

@@ -18,6 +18,7 @@ Example (a site with teams vision and speech on bucket ``pipectl``)::
 
 from __future__ import annotations
 
+from pipectl.components.runtime import parse_s3_uri
 from pipectl.pipelines.tenancy import TeamSpec
 
 SID_PREFIX = "pipectl-team-"
@@ -28,19 +29,13 @@ OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMu
 """What a team's key may do with an object under its prefix (a multipart upload is PutObject)."""
 
 
-def split_prefix(s3_prefix: str) -> tuple[str, str]:
-    """``s3://bucket/teams/vision/`` -> (``bucket``, ``teams/vision/``)."""
-    bucket, _, key = s3_prefix.removeprefix("s3://").partition("/")
-    return bucket, key
-
-
 def team_statements(team: TeamSpec) -> list[dict]:
     """The two statements granting ``team.s3_principal`` its prefix: its objects, and listing keys
     under it (``s3:prefix``). ValueError when the team names no ``s3_principal``."""
     if team.s3_principal is None:
         raise ValueError(f"team {team.name} has no s3_principal: name the store identity of its key "
                          "(Ceph RGW: arn:aws:iam:::user/<uid>) under the team in the site file")
-    bucket, key = split_prefix(team.s3_prefix)
+    bucket, key = parse_s3_uri(team.s3_prefix)
     who = {"AWS": [team.s3_principal]}
     return [
         {"Sid": f"{SID_PREFIX}{team.name}-objects", "Effect": "Allow", "Principal": who,
@@ -55,7 +50,7 @@ def bucket_policies(teams: tuple[TeamSpec, ...]) -> dict[str, list[dict]]:
     """Bucket -> pipectl's statements for the teams whose prefix is in it (every team's, in order)."""
     out: dict[str, list[dict]] = {}
     for team in teams:
-        out.setdefault(split_prefix(team.s3_prefix)[0], []).extend(team_statements(team))
+        out.setdefault(parse_s3_uri(team.s3_prefix)[0], []).extend(team_statements(team))
     return out
 
 
