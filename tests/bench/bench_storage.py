@@ -1,6 +1,7 @@
 """Storage benchmark: staging throughput to one real Ceph RGW, stage and its peers in one run.
 
-    .venv/bin/python tests/bench/bench_storage.py [--runs 5] [--small 10000] [--big 3] [--only small|big]
+    .venv/bin/python tests/bench/bench_storage.py [--runs 5] [--small 10000] [--big 3] [--only small|big|growth]
+        [--growth 1000,10000,50000] [--growth-runs 1]
     .venv/bin/python -m tests.bench.run storage
 
 Tools (each a separate process, run as a user would run it):
@@ -13,7 +14,9 @@ Tools (each a separate process, run as a user would run it):
 - ``aws s3 sync`` (``--tools`` only: slow; ``max_concurrent_requests = 16``)
 
 Datasets (random bytes, ImageFolder layout because stage takes labelled images):
-(a) ``--small`` files of 4-60 KiB (uniform) in 10 labels; (b) ``--big`` files of 256 MiB in 2 labels.
+(a) ``--small`` files of 4-60 KiB (uniform) in 10 labels; (b) ``--big`` files of 256 MiB in 2 labels;
+(c) the growth curve: the same small files at each ``--growth`` size (ms per file, and the marginal
+cost of a file between sizes: linear when it stays flat).
 
 Each run gets a fresh single-node Ceph (started before and stopped after the timed part) and an
 empty bucket: nothing to skip, the memstore OSD never fills, no run pays for another's garbage.
@@ -232,9 +235,39 @@ def _rows(name: str, files: int, nbytes: int, runs: dict[str, list[Run]]) -> lis
         rows.append(Row(f"{name}: Ceph's own CPU per PUT (during stage runs)", "ms", ceph_ms, None))
         rows.append(Row(f"{name}: physical limit: files/s of a client costing no CPU ({CORES} cores ÷ Ceph CPU per PUT)",
                         "files/s", Stats([CORES * 1000 / v for v in ceph_ms.samples]), None, higher_is_better=True))
+        limit = Stats([CORES * 1000 / v for v in ceph_ms.samples])
+        rows.append(Row(f"{name}: stage ÷ the physical limit", "×", Stats([o / l for o, l in zip(ours.samples, limit.samples)]),
+                        None, higher_is_better=True, goal="≥ 0.70"))
     rows.append(Row(f"{name}: CPU of other processes during the runs (all tools)", "cores",
                     Stats([r.foreign_cpu_s / r.seconds for rs in runs.values() for r in rs]), None))
     return rows
+
+
+def _growth(tools: Tools, names: list[str], base: Path, sizes: list[int], rounds: int) -> tuple[list[Row], dict]:
+    """The growth curve: every tool on ``sizes`` small files (the same 4-60 KiB mix), ms per file;
+    linear means the marginal cost of a file (the slope between two sizes) stays flat, while
+    the per-file figure at the smallest size still carries each tool's start-up."""
+    rows: list[Row] = []
+    raw: dict[str, dict[str, list[dict]]] = {}
+    runs_by_size = {}
+    for n in sizes:
+        src, files, _ = next(iter(make_datasets(base / f"growth-{n}", n, 0).values()))
+        runs_by_size[n] = _measure(tools, names, src, files, rounds, f"growth, {n:,} small files")
+        raw[f"{n}"] = {t: [vars(r) for r in rs] for t, rs in runs_by_size[n].items()}
+        shutil.rmtree(base / f"growth-{n}", ignore_errors=True)
+    for t in names:
+        for n in sizes:
+            rows.append(Row(f"growth: {t}, {n:,} small files: ms per file", "ms",
+                            Stats([1000 * r.seconds / n for r in runs_by_size[n][t]]), None))
+        slopes = []
+        for a, b in zip(sizes, sizes[1:]):
+            slope = Stats([1000 * (rb.seconds - ra.seconds) / (b - a) for ra, rb in zip(runs_by_size[a][t], runs_by_size[b][t])])
+            slopes.append(slope.median)
+            rows.append(Row(f"growth: {t}, marginal ms per file from {a:,} to {b:,} files", "ms", slope, None))
+        if len(slopes) > 1 and min(slopes) > 0:
+            rows.append(Row(f"growth: {t}, largest ÷ smallest marginal cost", "×", Stats([max(slopes) / min(slopes)]), None,
+                            goal="≤ 1.10 (linear)" if t == "stage" else ""))
+    return rows, raw
 
 
 def _commit() -> str:
@@ -267,7 +300,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--small", type=int, default=10_000)
     ap.add_argument("--big", type=int, default=3)
-    ap.add_argument("--only", choices=["small", "big"])
+    ap.add_argument("--only", choices=["small", "big", "growth"])
+    ap.add_argument("--growth", default="1000,10000,50000",
+                    help="sizes (small files) of the growth curve, comma-separated; empty: none")
+    ap.add_argument("--growth-runs", type=int, default=1)
     ap.add_argument("--tools", default="stage,s5cmd,s5cmd --numworkers 16,rclone copy",
                     help=f"comma-separated, stage first; peers: {', '.join(PEERS)}")
     args = ap.parse_args([] if argv is None else argv)  # tests.bench.run calls main()
@@ -279,8 +315,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
         raise SystemExit(f"--tools: stage first, then any of {', '.join(PEERS)}")
     if "rclone copy" in names and shutil.which("rclone") is None:
         raise SystemExit("rclone is missing: run scripts/system-deps.sh --bench (Debian package rclone)")
-    small = 0 if args.only == "big" else args.small
-    big = 0 if args.only == "small" else args.big
+    small = 0 if args.only in ("big", "growth") else args.small
+    big = 0 if args.only in ("small", "growth") else args.big
+    sizes = [int(n) for n in args.growth.split(",") if n.strip()] if args.only in (None, "growth") else []
     with tempfile.TemporaryDirectory(prefix="storage-bench-") as tmp, \
             Results("storage", "Staging to one Ceph 16.2 RGW (memstore OSD) on 127.0.0.1", "stage", "peer (in the case)",
                    runs=args.runs, warmup=1) as report:
@@ -293,6 +330,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
             report.setup[name] = {t: [vars(r) for r in rs] for t, rs in runs.items()}
             busy += sum(r.busy for rs in runs.values() for r in rs)
             shared += sum(r.shared for rs in runs.values() for r in rs)
+        if sizes:
+            growth_rows, report.setup["growth"] = _growth(tools, names, Path(tmp) / "data", sizes, args.growth_runs)
+            report.rows.extend(growth_rows)
+            busy += sum(r["load_before"] > CORES for rs in report.setup["growth"].values() for t in rs.values() for r in t)
         report.notes.append(f"git commit {report.setup['commit']}; {CORES} cores; every run on a fresh Ceph; "
                             "ratios: stage ÷ peer per round (a round runs every tool once, in turn)")
         report.notes.append(f"idle-machine rule: runs with a 1-minute load average above {CORES} before they started: {busy} "

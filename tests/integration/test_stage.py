@@ -212,6 +212,23 @@ def test_unreachable_store_is_transient_exit_75(settings, digits_dir, tmp_path):
     assert "127.0.0.1:9" in r.stderr
 
 
+def test_a_listing_longer_than_one_page_is_read_whole(store_settings):
+    """The resume listing (and every other listing) follows continuation tokens: a store answers
+    1,000 keys a request, and an interrupted run's 1,001st object must still count as present."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipectl.components.runtime import ensure_bucket, list_objects, s3_client
+
+    s3 = s3_client(store_settings)
+    ensure_bucket(s3, store_settings.bucket)
+    prefix = f"paging-{uuid.uuid4().hex[:8]}/"
+    keys = [f"{prefix}{i:05d}" for i in range(1003)]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda k: s3.put_object(Bucket=store_settings.bucket, Key=k, Body=b"x"), keys))
+    s3.put_object(Bucket=store_settings.bucket, Key=prefix.rstrip("/") + "-beside", Body=b"x")  # not under it
+    assert [o["Key"] for o in list_objects(s3, store_settings.bucket, prefix)] == keys
+
+
 def test_large_objects_are_verified_and_not_resent(dest, tmp_path):
     """A 20 MiB file crosses the 8 MiB multipart threshold: on S3 uploaded in parts, verified by
     HEAD; on CephFS read back before the rename. A run that lost the manifest re-sends nothing."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from pipectl.components.contracts import DatasetLayout, DatasetManifest, DatasetMax, Lane, ShardIndex
-from pipectl.components.runtime import StepError, join_uri, object_exists, parse_s3_uri, read_json
+from pipectl.components.runtime import StepError, join_uri, list_objects, object_exists, parse_s3_uri, read_json
 
 GIB = 1 << 30
 
@@ -88,9 +88,7 @@ def shard_bytes(s3: Any, shards_uri: str, uris: list[str]) -> dict[str, int]:
     """Bytes of each of ``uris`` that exists: one listing of ``shards_uri`` (a request per 1,000
     keys), a HEAD for a shard kept elsewhere."""
     bucket, prefix = parse_s3_uri(join_uri(shards_uri, ""))
-    listed: dict[str, int] = {}
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        listed.update({f"s3://{bucket}/{o['Key']}": o["Size"] for o in page.get("Contents", [])})
+    listed = {f"s3://{bucket}/{o['Key']}": o["Size"] for o in list_objects(s3, bucket, prefix)}
     out = {}
     for uri in uris:
         if uri in listed:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 
 from pipectl.components.contracts import DatasetLayout, DatasetManifest, ManifestEntry, StageInput, StageOutput, StoreSettings
 from pipectl.components.datasize import DatasetSize, check_dataset_size
-from pipectl.components.runtime import DENIED_CODES, StepError, s3_client
+from pipectl.components.runtime import DENIED_CODES, Deferred, StepError, available_cpus, s3_client
 from pipectl.components.stage.sources import (  # noqa: F401 - DatasetError, scan_local, validate_source: the step's API
     IMAGE_SUFFIXES,
     DatasetError,
@@ -36,7 +36,7 @@ from pipectl.components.stage.sources import (  # noqa: F401 - DatasetError, sca
     scan_source,
     validate_source,
 )
-from pipectl.components.stage.targets import MULTIPART_THRESHOLD_BYTES, S3Target, SourceFile, Target, parse_target
+from pipectl.components.stage.targets import MULTIPART_THRESHOLD_BYTES, S3Target, SourceFile, Target, drop_expect_header, parse_target
 
 log = logging.getLogger("pipectl.stage")
 
@@ -102,7 +102,10 @@ def _upload(inp: StageInput, target: Target, data_prefix: str, todo: list[tuple[
 
 
 def _stage_files(inp: StageInput, target: Target, files: list[SourceFile]) -> StageOutput:
-    with ThreadPoolExecutor(max_workers=inp.max_concurrency) as pool:
+    # hashing is CPU (OpenSSL, the GIL released) and page-cache reads: a thread per CPU; more
+    # threads only fight over the GIL between files (2 cores, 2,000 small files: 0.11 s with 2
+    # threads, 0.16 s with 16)
+    with ThreadPoolExecutor(max_workers=max(1, min(inp.max_concurrency, available_cpus()))) as pool:
         digests = list(pool.map(_digests, files))
     entries = [ManifestEntry(key=f.key, size=f.size, sha256=sha, label=f.label) for f, (sha, _) in zip(files, digests)]
     digest = dataset_digest(entries)
@@ -151,11 +154,10 @@ def _stage_files(inp: StageInput, target: Target, files: list[SourceFile]) -> St
     return result(len(written), sum(written))
 
 
-def make_target(inp: StageInput, s3: Any, settings: StoreSettings | None = None, *, own_client: bool = False) -> Target:
-    """The :class:`Target` for ``inp.target_uri`` (default ``s3://<inp.bucket>``); see targets.py.
-    ``own_client``: ``s3`` belongs to this staging (its PutObject hooks may be tuned)."""
+def make_target(inp: StageInput, s3: Any, settings: StoreSettings | None = None) -> Target:
+    """The :class:`Target` for ``inp.target_uri`` (default ``s3://<inp.bucket>``); see targets.py."""
     if not inp.target_uri:
-        return S3Target(s3, inp.bucket, max_concurrency=min(inp.max_concurrency, 10), skip_100_continue=own_client)
+        return S3Target(s3, inp.bucket, max_concurrency=min(inp.max_concurrency, 10))
     return parse_target(
         inp.target_uri, s3=s3, cephfs_mount=settings.cephfs_mount if settings else None,
         max_concurrency=min(inp.max_concurrency, 10),
@@ -163,12 +165,13 @@ def make_target(inp: StageInput, s3: Any, settings: StoreSettings | None = None,
 
 
 def run(inp: StageInput, settings: StoreSettings) -> StageOutput:
-    """Step entry: builds the S3 client and the target from ``settings`` and calls :func:`stage`."""
-    # room for boto3's own writes (C14 stores, copies from an S3 source) from every thread
+    """Step entry: builds the S3 client and the target from ``settings`` and calls :func:`stage`.
+    The client is built while the source is scanned and hashed (neither needs it)."""
     from botocore.exceptions import ClientError
 
-    s3 = s3_client(settings, max_pool=max(32, 2 * inp.max_concurrency))
-    target = make_target(inp, s3, settings, own_client=True)
+    # room for boto3's own writes (C14 stores, copies from an S3 source) from every thread
+    s3 = Deferred(lambda: drop_expect_header(s3_client(settings, max_pool=max(32, 2 * inp.max_concurrency))))
+    target = make_target(inp, s3, settings)
     try:
         return stage(inp, s3, target=target)
     except ClientError as e:

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
-from pipectl.components.runtime import StepError, parse_s3_uri
+from pipectl.components.runtime import StepError, list_objects, parse_s3_uri
 from pipectl.components.stage.targets import SourceFile
 
 # torchvision's ImageFolder IMG_EXTENSIONS (datasets/folder.py), compared case-insensitively (.JPG
@@ -88,26 +88,37 @@ def scan_local(root: Path) -> list[SourceFile]:
                                "copy the files into the dataset folder (links may point only inside it)")
         return real
 
-    files = []
+    found: list[tuple[Path, os.DirEntry]] = []
     seen: set[Path] = set()
-    for folder, dirs, names in os.walk(root, followlinks=True):  # a symlinked label folder counts
-        real_folder = inside(Path(folder))
+    pending = [root]
+    while pending:  # one stat per file; a path is resolved only where a link is
+        folder = pending.pop()
+        real_folder = inside(folder)
         if real_folder in seen:  # reached again through a link: a cycle or a duplicate
-            dirs[:] = []
             continue
         seen.add(real_folder)
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # hidden folders are not classes
-        for name in names:
-            p = Path(folder) / name
-            if p.suffix.lower() in IMAGE_SUFFIXES and not name.startswith(".") and p.is_file():
-                inside(p)
-                files.append(p)
-    files.sort()
-    keys = [p.relative_to(root).as_posix() for p in files]
+        try:
+            with os.scandir(folder) as listing:
+                entries = list(listing)
+        except OSError as e:
+            raise DatasetError(f"dataset {root}: cannot read {folder}: {e.strerror}", "make the folder readable") from e
+        subfolders = []
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.name.startswith("."):  # hidden files and folders are not part of the dataset
+                continue
+            if entry.is_dir():  # a symlinked label folder counts
+                subfolders.append(Path(entry.path))
+            elif Path(entry.name).suffix.lower() in IMAGE_SUFFIXES and entry.is_file():
+                if entry.is_symlink():
+                    inside(Path(entry.path))
+                found.append((Path(entry.path), entry))
+        pending.extend(reversed(subfolders))  # depth first, in name order (a folder reached twice: its first path counts)
+    found.sort(key=lambda item: item[0])
+    keys = [p.relative_to(root).as_posix() for p, _ in found]
     _check_layout(keys, str(root))
     return [
-        SourceFile(key=k, label=k.split("/", 1)[0], size=p.stat().st_size, open=(lambda p=p: open(p, "rb")), path=str(p))
-        for k, p in zip(keys, files)
+        SourceFile(key=k, label=k.split("/", 1)[0], size=entry.stat().st_size, open=(lambda p=p: open(p, "rb")), path=str(p))
+        for k, (p, entry) in zip(keys, found)
     ]
 
 
@@ -122,11 +133,10 @@ def scan_s3(s3: Any, uri: str) -> list[SourceFile]:
     prefix = prefix.rstrip("/") + "/" if prefix else ""
     objects: list[tuple[str, int]] = []
     try:
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                rel = obj["Key"][len(prefix):]
-                if Path(rel).suffix.lower() in IMAGE_SUFFIXES and not any(part.startswith(".") for part in rel.split("/")):
-                    objects.append((rel, obj["Size"]))
+        for obj in list_objects(s3, bucket, prefix):
+            rel = obj["Key"][len(prefix):]
+            if Path(rel).suffix.lower() in IMAGE_SUFFIXES and not any(part.startswith(".") for part in rel.split("/")):
+                objects.append((rel, obj["Size"]))
     except ClientError as e:
         code = e.response.get("Error", {}).get("Code", "")
         if code in ("NoSuchBucket", "AccessDenied", "AllAccessDisabled"):

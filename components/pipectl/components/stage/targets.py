@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from pipectl.components.contracts import ManifestEntry
-from pipectl.components.runtime import StepError, ensure_bucket, object_exists
+from pipectl.components.runtime import StepError, ensure_bucket, list_objects, object_exists
 
 
 @dataclass(frozen=True)
@@ -135,16 +135,10 @@ class S3Target:
     obstore writes to the same endpoint with the same credentials."""
 
     def __init__(self, s3: Any, bucket: str, *, prefix: str = "", part_size: int = MULTIPART_THRESHOLD_BYTES,
-                 max_concurrency: int = 10, skip_100_continue: bool = False) -> None:
+                 max_concurrency: int = 10) -> None:
         """``prefix``: the folder in the bucket the layout's keys go under (``teams/vision/``; empty:
-        the bucket's root). ``skip_100_continue``: drop the ``Expect: 100-continue`` header botocore
-        puts on every PutObject (an extra round trip before the body; it only pays off for large
-        bodies a server might refuse, and our single PUTs are < 8 MiB). Changes ``s3``'s event hooks: only for a
-        client this target owns."""
-        if skip_100_continue:
-            from botocore.handlers import add_expect_header
-
-            s3.meta.events.unregister("before-call.s3.PutObject", add_expect_header)
+        the bucket's root). ``s3`` is used only from :meth:`prepare` on (it may still be being built:
+        ``runtime.Deferred``)."""
         self.s3 = s3
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
@@ -178,9 +172,8 @@ class S3Target:
 
     def present(self, prefix: str) -> dict[str, Present]:
         found: dict[str, Present] = {}
-        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
-            for obj in page.get("Contents", []):
-                found[obj["Key"][len(self.prefix):]] = Present(obj["Size"], obj.get("ETag", "").strip('"'))
+        for obj in list_objects(self.s3, self.bucket, self.prefix + prefix):
+            found[obj["Key"][len(self.prefix):]] = Present(obj["Size"], obj.get("ETag", "").strip('"'))
         return found
 
     def is_complete(self, key: str, have: Present, entry: ManifestEntry, md5: str) -> bool:
@@ -279,6 +272,17 @@ class S3Target:
 
 
 # ---------------------------------------------------------------- POSIX file system (CephFS)
+
+
+def drop_expect_header(s3: Any) -> Any:
+    """Drop the ``Expect: 100-continue`` header botocore puts on every PutObject of ``s3`` (an extra
+    round trip before the body; it only pays off for large bodies a server might refuse, and the
+    single PUTs of a staging are < 8 MiB). Changes the client's event hooks: only for a client the
+    staging owns. Returns ``s3``."""
+    from botocore.handlers import add_expect_header
+
+    s3.meta.events.unregister("before-call.s3.PutObject", add_expect_header)
+    return s3
 
 
 def mount_fstype(path: Path) -> tuple[Path, str]:
