@@ -15,8 +15,8 @@ Tools (each a separate process, run as a user would run it):
 
 Datasets (random bytes, ImageFolder layout because stage takes labelled images):
 (a) ``--small`` files of 4-60 KiB (uniform) in 10 labels; (b) ``--big`` files of 256 MiB in 2 labels;
-(c) the growth curve: the same small files at each ``--growth`` size (ms per file, and the marginal
-cost of a file between sizes: linear when it stays flat).
+(c) the growth curve: the same small files at each ``--growth`` size, stage and s5cmd at its defaults
+(ms per file, and the marginal cost of a file between sizes: linear when it stays flat).
 
 Each run gets a fresh single-node Ceph (started before and stopped after the timed part) and an
 empty bucket: nothing to skip, the memstore OSD never fills, no run pays for another's garbage.
@@ -331,7 +331,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
             busy += sum(r.busy for rs in runs.values() for r in rs)
             shared += sum(r.shared for rs in runs.values() for r in rs)
         if sizes:
-            growth_rows, report.setup["growth"] = _growth(tools, names, Path(tmp) / "data", sizes, args.growth_runs)
+            growth_tools = [t for t in names if t in ("stage", "s5cmd")]  # the goal's peer; the others add only time
+            growth_rows, report.setup["growth"] = _growth(tools, growth_tools, Path(tmp) / "data", sizes, args.growth_runs)
             report.rows.extend(growth_rows)
             busy += sum(r["load_before"] > CORES for rs in report.setup["growth"].values() for t in rs.values() for r in t)
         report.notes.append(f"git commit {report.setup['commit']}; {CORES} cores; every run on a fresh Ceph; "
