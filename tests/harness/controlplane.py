@@ -542,15 +542,22 @@ class TestCluster:
                 # tests/cluster/test_monitoring.py scrapes it (C12)
                 "--enable-metrics", "--listen-address", f"127.0.0.1:{self.ports['vc-sched-http']}",
                 "--healthz-address", f"127.0.0.1:{self.ports['vc-sched-healthz']}",
-                "--default-queue", "default", "--cache-dumper=false", "--logtostderr",
+                "--default-queue", "default", "--cache-dumper=false", "--logtostderr", *self._volcano_verbosity(),
             ])
         if "vc-controller-manager" not in self.errors:
             self._spawn("vc-controller-manager", [
                 str(binary("vc-controller-manager")), "--kubeconfig", kc,
                 "--leader-elect=true", "--leader-elect-resource-namespace", "volcano-system",
                 "--healthz-address", f"127.0.0.1:{self.ports['vc-cm-healthz']}",
-                "--scheduler-name", "volcano", "--logtostderr",
+                "--scheduler-name", "volcano", "--logtostderr", *self._volcano_verbosity(),
             ])
+
+    @staticmethod
+    def _volcano_verbosity() -> list[str]:
+        """``PIPECTL_TEST_VOLCANO_V=3``: Volcano's components log at klog level 3 (each job sync and
+        why it failed, each scheduling cycle's decisions); unset: their default."""
+        level = os.environ.get("PIPECTL_TEST_VOLCANO_V", "")
+        return [f"-v={int(level)}"] if level.strip() else []
 
     def _start_karpenter(self, k) -> None:
         """Its namespace and the KWOKNodeClass, then Karpenter (karpenter.py)."""

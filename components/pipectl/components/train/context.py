@@ -147,7 +147,8 @@ class TrainContext:
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """``model`` in DistributedDataParallel when the gang has more than one process, with the
-        step clock's timing all-reduce hook (so do not register a communication hook of your own on it)."""
+        step clock's gradient hooks (:func:`telemetry.attach`; DDP's all-reduce is left alone: a
+        communication hook of your own, e.g. PowerSGD, may be registered on it)."""
         if not self.distributed:
             return model
         ddp = DDP(model)
