@@ -664,7 +664,7 @@ def test_a_user_train_function_pipeline_with_its_own_defaults_reaches_succeeded_
     wf = _training_wf(custom, name)
     assert wf["status"]["phase"] == "Succeeded" and wf["spec"]["workflowTemplateRef"] == {"name": "shapes-training-v1"}
     sent = {p["name"]: p["value"] for p in wf["spec"]["arguments"]["parameters"]}
-    assert (sent["image-size"], sent["learning-rate"], sent["model-name"]) == ("64", "0.05", "shapes-classifier")
+    assert (sent["image-size"], sent["learning-rate"], sent["model-name"]) == ("64", "0.02", "shapes-classifier")
     job = custom.get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", "pipectl", "jobs", _gang_job(k8s_api, name))
     container = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]
     assert container["image"] == "registry.example.com/ml/shapes:0.1.0"

@@ -325,3 +325,10 @@ def test_a_templates_own_input_default_has_the_workflows_globals_resolved_first_
     result = LocalRunner(_wf([{"name": "a", "template": "echo"}], [echo]), {}, {}, tmp_path / "runs").run()
     assert result.phase == "Succeeded"
     assert result.node("a").outputs["out"] == f"{result.workflow_name}-X".upper()
+
+
+def test_a_skipped_step_says_why_in_the_parameters_words():
+    from pipectl.pipelines.backends.runner import _skipped
+
+    assert _skipped("{{workflow.parameters.warm-cache}} == true", "false == true") == "skipped: warm-cache is false"
+    assert _skipped("{{workflow.parameters.epochs}} > 3", "2 > 3") == "skipped: epochs > 3 does not hold (2 > 3)"

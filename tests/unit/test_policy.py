@@ -3,7 +3,7 @@
 import pytest
 
 from pipectl.components.contracts import Decision
-from pipectl.components.evaluate.core import decide
+from pipectl.components.evaluate.core import decide, explain
 from pipectl.components.preprocess.screen import is_corrupt
 from pipectl.components.preprocess.split import in_validation
 from pipectl.components.stage.core import dataset_digest
@@ -35,6 +35,21 @@ def test_promotion_rule(metric, threshold, champion, expected):
 )
 def test_the_champion_is_compared_on_the_set_it_was_scored_on(metric, threshold, champion, challenger, expected):
     assert decide(metric, threshold, champion, challenger) is expected
+
+
+@pytest.mark.parametrize(
+    "metric,threshold,champion,challenger,says",
+    [
+        (0.2727, 0.8, None, None, "accuracy 0.2727 is below the promotion threshold 0.800"),
+        (0.97, 0.95, None, None, "accuracy 0.9700 reaches the threshold 0.950; no champion to beat"),
+        (0.97, 0.95, 0.96, None, "accuracy 0.9700 beats the champion (version 3)'s 0.9600"),
+        (0.96, 0.95, 0.96, None, "accuracy 0.9600 ties the champion (version 3): a tie keeps the champion"),
+        (0.99, 0.95, 0.96, 0.90, "accuracy 0.9000 is below the champion (version 3)'s 0.9600"),  # on the champion's set
+    ],
+)
+def test_the_decision_says_why(metric, threshold, champion, challenger, says):
+    decision = decide(metric, threshold, champion, challenger)
+    assert says in explain(decision, "accuracy", metric, threshold, champion, challenger, "3")
 
 
 def test_a_champion_set_with_other_labels_or_images_is_incomparable():

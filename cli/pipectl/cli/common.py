@@ -243,7 +243,9 @@ def training_parameters(pairs: Sequence[str], parameter_file: Path | None = None
                 + (f" (got {err['input']!r})" if "input" in err else "")
                 for err in e.errors()
             )
-            fail(f"invalid parameter: {problems}", "`pipectl submit PIPELINE --help` lists each parameter's type, bounds and values", code=2)
+            ctx = click.get_current_context(silent=True)  # the command in use: run or submit
+            command = ctx.command_path if ctx is not None else "pipectl submit"
+            fail(f"invalid parameter: {problems}", f"`{command} PIPELINE --help` lists each parameter's type, bounds and values", code=2)
         fail(str(e), "parameters are the WorkflowTemplate arguments, e.g. -p epochs=5 -p lane=urgent", code=2)
 
 

@@ -677,8 +677,9 @@ class EvaluateOutput(StrictModel):
     """The split candidate and champion were both scored on: the champion's registered evaluation
     set, or (a champion registered without one) the candidate's own; empty: no champion scored."""
     decision_reason: str = ""
-    """Why the candidate was kept without being compared with the champion (e.g. the champion's
-    evaluation set has other labels, or changed since it was registered); empty otherwise."""
+    """Why the candidate was promoted or kept, in one line: its metric against the threshold and the
+    champion's, or why the two could not be compared (e.g. the champion's evaluation set has other
+    labels, or changed since it was registered)."""
 
 
 EVALUATION_SET_TAG = "pipectl.evaluation_set"

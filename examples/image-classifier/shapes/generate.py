@@ -1,7 +1,7 @@
 """Write an ImageFolder dataset of RGB images, one folder per class (circle, square, triangle,
 cross): each image a shape of random colour, size and place on a noisy background.
 
-    python -m shapes.generate ./shapes-data --per-class 60 --size 64
+    python -m shapes.generate ./shapes-data --per-class 200 --size 64
 
 The same ``--seed`` writes the same bytes.
 """
@@ -53,7 +53,7 @@ def generate(out: Path, per_class: int, size: int = 64, seed: int = 0) -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path)
-    p.add_argument("--per-class", type=int, default=60)
+    p.add_argument("--per-class", type=int, default=200)
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()

@@ -62,6 +62,22 @@ def decide(metric: float, threshold: float, champion_metric: float | None, chall
     return Decision.promote
 
 
+def explain(decision: Decision, name: str, metric: float, threshold: float, champion_metric: float | None,
+            challenger_metric: float | None = None, champion_version: str | None = None) -> str:
+    """Why :func:`decide` decided ``decision``, in one line for the run summary and the step's output."""
+    if metric < threshold:
+        return f"{name} {metric:.4f} is below the promotion threshold {threshold:.3f}"
+    challenger = metric if challenger_metric is None else challenger_metric
+    if champion_metric is None:
+        return f"{name} {metric:.4f} reaches the threshold {threshold:.3f}; no champion to beat"
+    champion = f"the champion (version {champion_version})"
+    if decision is Decision.promote:
+        return f"{name} {challenger:.4f} beats {champion}'s {champion_metric:.4f}"
+    if challenger == champion_metric:
+        return f"{name} {challenger:.4f} ties {champion}: a tie keeps the champion"
+    return f"{name} {challenger:.4f} is below {champion}'s {champion_metric:.4f}"
+
+
 Metric = Callable[[np.ndarray, np.ndarray], dict[str, float]]
 
 
@@ -203,13 +219,16 @@ def evaluate(inp: EvaluateInput, s3: Any, client: Any) -> EvaluateOutput:
     log.info("candidate %s=%.4f, champion (v%s) %s%s, threshold %.3f -> %s%s", decider, metric, champ_version,
              comparison.champion_metric, on_theirs, inp.promotion_threshold, decision.value,
              f": {comparison.reason}" if comparison.reason else "")
-    out = _output(inp, train, metrics, decider, comparison, decision, champ_version, digest, pictures, own_hasher.hexdigest())
+    reason = comparison.reason or explain(decision, decider, metric, inp.promotion_threshold, comparison.champion_metric,
+                                          comparison.challenger_metric, champ_version)
+    out = _output(inp, train, metrics, decider, comparison, decision, champ_version, digest, pictures, own_hasher.hexdigest(), reason)
     write_json(s3, layout.evaluate_output_uri, out.model_dump(mode="json"))
     return out
 
 
 def _output(inp: EvaluateInput, train: TrainOutput, metrics: dict[str, float], decider: str, comparison: Comparison,
-            decision: Decision, champ_version: str | None, digest: str, pictures: list[str], set_sha256: str) -> EvaluateOutput:
+            decision: Decision, champ_version: str | None, digest: str, pictures: list[str], set_sha256: str,
+            reason: str) -> EvaluateOutput:
     return EvaluateOutput(
         mlflow_run_id=train.mlflow_run_id,
         model_uri=train.model_uri,
@@ -231,7 +250,7 @@ def _output(inp: EvaluateInput, train: TrainOutput, metrics: dict[str, float], d
         evaluation_set=inp.shards_uri,
         evaluation_set_sha256=set_sha256,
         compared_on=comparison.compared_on,
-        decision_reason=comparison.reason,
+        decision_reason=reason,
     )
 
 

@@ -65,6 +65,9 @@ class LocalBackendError(TemplateError):
 def _skipped(when: str, condition: str) -> str:
     """Why a task was skipped, for people: its ``when`` with parameter names, and what it read."""
     readable = re.sub(r"\{\{workflow\.parameters\.([A-Za-z0-9_-]+)\}\}", r"\1", when)
+    flag = re.fullmatch(r"\s*([A-Za-z0-9_-]+)\s*==\s*true\s*", readable)
+    if flag and condition.split("==")[0].strip() == "false":  # a switch: `warm-cache == true`, read as false
+        return f"skipped: {flag.group(1)} is false"
     return f"skipped: {readable} does not hold ({condition})"
 
 @dataclass
