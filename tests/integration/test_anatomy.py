@@ -1,5 +1,5 @@
 """The step anatomy against faults injected into a real training loop: TrainContext's own loop,
-DDP on gloo with the timing hook, a real shard stream (tests/tools/anatomy_run.py). What is
+DDP on gloo with the step clock's gradient hooks, a real shard stream (tests/tools/anatomy_run.py). What is
 checked: the shares it reports are the true ones (timed by the test
 around the loop's own calls, not by the clock's marks), the verdicts fire at their rules, and a rank
 slowed by 30% is named within 20 steps."""

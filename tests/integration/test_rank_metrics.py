@@ -2,7 +2,7 @@
 
 Two processes, each a gang pod of its own (its pod name, its node, its metrics port:
 tests/tools/rank_metrics_run.py), run the train step's loop (TrainContext, DDP on gloo with the
-timing hook, a real shard stream) for one epoch with rank 1 slowed by half its step (a straggler),
+gradient hooks, a real shard stream) for one epoch with rank 1 slowed by half its step (a straggler),
 and keep serving their ``/metrics`` as the train step's endpoint does. Debian's Prometheus
 (tests/harness/prometheus.py) scrapes both as the PodMonitor ``pipectl-train`` would (its target
 labelled with the pod's namespace, the endpoint's own labels honoured), with the rendered

@@ -35,7 +35,6 @@ def member(folder: str, rank: int, share: float) -> None:
 
     anatomy_run._process_group(folder, rank, 2)
     faults = anatomy_run.Faults()
-    anatomy_run._slow_allreduce(faults)
     ctx = anatomy_run._context(FolderStore(Path(folder)), faults, rank, 2, 1, SHARDS_URI)
     ctx.exporter = exporter.from_env(ctx.params.workflow_name, *telemetry.whereabouts())  # as the train step does
     anatomy_run._train(ctx, faults, slower=share if rank == 1 else 0.0, base_ms=anatomy_run.GANG_BASE_MS)
