@@ -268,7 +268,7 @@ def test_a_pipeline_sets_its_own_parameter_defaults_and_the_command_line_still_w
     r = _pipectl("submit", f"{example}:pipeline", "--dry-run", "-p", "epochs=2", "-p", "dataset-uri=s3://team/shapes/")
     assert r.returncode == 0, r.stderr
     sent = {a["name"]: a["value"] for a in yaml.safe_load(r.stdout)["spec"]["arguments"]["parameters"]}
-    assert (sent["learning-rate"], sent["image-size"], sent["epochs"]) == ("0.05", "64", "2")
+    assert (sent["learning-rate"], sent["image-size"], sent["epochs"]) == ("0.02", "64", "2")
 
 
 @pytest.mark.parametrize("defaults,message", [
