@@ -183,13 +183,14 @@ def save_s3_snapshot(url: str, dest: Path, *, threads: int = 8, select: Callable
     Not fsynced: it survives the process being stopped, not the machine losing power.
     Raises botocore errors when the server does not answer.
     """
+    from pipectl.components.runtime import list_objects
+
     s3 = _embedded_client(url)
     partial, old = dest.with_name(dest.name + ".partial"), dest.with_name(dest.name + ".old")
     shutil.rmtree(partial, ignore_errors=True)
     (partial / "objects").mkdir(parents=True)
     buckets = sorted(b["Name"] for b in s3.list_buckets().get("Buckets", []))
-    keys = [(bucket, o["Key"]) for bucket in buckets
-            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket) for o in page.get("Contents", [])]
+    keys = [(bucket, o["Key"]) for bucket in buckets for o in list_objects(s3, bucket)]
     if select is not None:
         keys = select(s3, keys)
 
