@@ -10,7 +10,7 @@ Wall time of a fresh process, output discarded, from the repository root (the ch
   (which checks only the Argo kinds in it: the WorkflowTemplate and the CronWorkflow);
 - ``pipectl lint FILES`` vs ``argo lint --offline FILES`` on those same two Argo files.
 
-The Argo CLI is the one ``tests/cluster/build.sh`` builds (``~/.cache/pipectl/cluster-bin``);
+The Argo CLI is the one ``tests/cluster/build.sh`` builds (``tests.harness.binaries.binary("argo")``);
 without it the peer column stays empty.
 """
 
@@ -20,10 +20,11 @@ import os
 import sys
 from pathlib import Path
 
+from tests.harness import binaries
 from tests.bench.table import Bench, Row, Stats, measure, measure_pair, run_cmd, with_cpu
 
 ROOT = Path(__file__).resolve().parents[2]
-ARGO = Path(os.environ.get("BENCH_ARGO", Path.home() / ".cache/pipectl/cluster-bin/argo-v4.0.5/argo"))
+ARGO = Path(os.environ.get("BENCH_ARGO") or binaries.binary("argo"))
 ARGO_FILES = ["argo/namespace/workflowtemplates/training-v1.yaml", "argo/namespace/cronworkflows/retrain.yaml"]
 
 

@@ -5,15 +5,21 @@ stand-in yielding (images, labels) shards, as ``ShardStream.shards`` does."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from pipectl.components.shard_stream import ShardStream
 from pipectl.components.train.context import TrainContext
 
 
 class _Shards:
+    index = SimpleNamespace(mean=[0.0, 0.0, 0.0], std=[1.0, 1.0, 1.0])
+    model_input = ShardStream.model_input  # the real one: uint8 normalised with the index's mean and std
+
     def __init__(self, shards):
         self._shards = shards
 
@@ -38,10 +44,10 @@ class _Fixed(nn.Module):
 def test_a_classifiers_loss_and_accuracy_over_every_shard():
     rng = np.random.default_rng(0)
     shards = []
-    for n in (700, 300):  # a shard larger than the scoring batch, and a second one
+    for n, dtype in ((700, np.uint8), (300, np.float16)):  # a shard larger than the scoring batch, and a second one
         labels = rng.integers(0, 3, n)
         guess = np.where(rng.random(n) < 0.8, labels, (labels + 1) % 3)
-        images = np.broadcast_to(guess[:, None, None, None], (n, 3, 2, 2)).astype(np.float16)
+        images = np.broadcast_to(guess[:, None, None, None], (n, 3, 2, 2)).astype(dtype)
         shards.append((images, labels.astype(np.int64)))
     model = _Fixed().train()
     got = _context(shards)._validate(model)

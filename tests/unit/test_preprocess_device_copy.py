@@ -21,7 +21,7 @@ S = 8
 
 
 def _output(n: int = 5):
-    """A real DALI batch of ``n`` decoded images (float16 [n, 3, S, S]) and the same on the host."""
+    """A real DALI batch of ``n`` decoded images (uint8 [n, 3, S, S]) and the same on the host."""
     rng = np.random.default_rng(0)
     blobs = []
     for _ in range(n):
@@ -36,15 +36,15 @@ def _output(n: int = 5):
 @pytest.mark.parametrize("positions", [[0, 1, 2, 3, 4], [1, 3, 4], [2]])
 def test_direct_copies_put_each_image_where_the_shard_wants_it(positions):
     pipe, out, host = _output()
-    dst = np.full((8, 3, S, S), -7, np.float16)
+    dst = np.full((8, 3, S, S), 7, np.uint8)
     DeviceImages(out).copy_into(dst[2:], np.asarray(positions))
     np.testing.assert_array_equal(dst[2:2 + len(positions)], host[positions])
-    assert (dst[:2] == -7).all() and (dst[2 + len(positions):] == -7).all()  # nothing written outside its place
+    assert (dst[:2] == 7).all() and (dst[2 + len(positions):] == 7).all()  # nothing written outside its place
 
 
 def test_memory_not_page_locked_gets_its_images_through_the_host(monkeypatch):
     pipe, out, host = _output()
-    dst = np.zeros((3, 3, S, S), np.float16)
+    dst = np.zeros((3, 3, S, S), np.uint8)
     direct = []
     monkeypatch.setattr(DeviceImages, "copy_into", lambda self, d, p: direct.append(p))
     take_into(DeviceImages(out), np.asarray([0, 2, 4]), dst)
@@ -54,19 +54,19 @@ def test_memory_not_page_locked_gets_its_images_through_the_host(monkeypatch):
 
 def test_page_locked_memory_of_the_right_shape_gets_direct_copies(monkeypatch):
     pipe, out, host = _output()
-    dst = np.zeros((4, 3, S, S), np.float16)
+    dst = np.zeros((4, 3, S, S), np.uint8)
     monkeypatch.setitem(device_copy._pinned, dst.ctypes.data, dst.nbytes)  # as pin() records it on a GPU
     take_into(DeviceImages(out), np.asarray([1, 4]), dst[1:])
     np.testing.assert_array_equal(dst[1:3], host[[1, 4]])
-    wrong = np.zeros((4, 3, S + 1, S + 1), np.float16)  # another image size: never a raw copy into it
+    wrong = np.zeros((4, 3, S + 1, S + 1), np.uint8)  # another image size: never a raw copy into it
     monkeypatch.setitem(device_copy._pinned, wrong.ctypes.data, wrong.nbytes)
     with pytest.raises(ValueError):
         take_into(DeviceImages(out), np.asarray([0]), wrong)  # the host path's own shape check
 
 
 def test_host_arrays_are_copied_or_gathered():
-    host = np.arange(5 * 3 * S * S, dtype=np.float16).reshape(5, 3, S, S)
-    dst = np.zeros((5, 3, S, S), np.float16)
+    host = (np.arange(5 * 3 * S * S) % 256).astype(np.uint8).reshape(5, 3, S, S)
+    dst = np.zeros((5, 3, S, S), np.uint8)
     take_into(host, np.arange(5), dst)
     np.testing.assert_array_equal(dst, host)
     take_into(host, np.asarray([3, 4]), dst)
@@ -75,7 +75,7 @@ def test_host_arrays_are_copied_or_gathered():
 
 @pytest.mark.skipif(gpu_available(), reason="a CUDA device is visible: pinning works there")
 def test_without_cuda_nothing_is_pinned():
-    assert device_copy.pin(np.zeros((2, 3, S, S), np.float16)) is False
+    assert device_copy.pin(np.zeros((2, 3, S, S), np.uint8)) is False
     assert device_copy._pinned == {}
 
 
@@ -96,7 +96,7 @@ def test_shard_buffers_for_the_gpu_are_made_ready_before_the_first_images(monkey
         with np.load(io.BytesIO(body.read())) as z:
             written[uri.rsplit("/", 1)[1]] = z["images"]
 
-    images = np.arange(6 * 3 * S * S, dtype=np.float16).reshape(6, 3, S, S)
+    images = (np.arange(6 * 3 * S * S) % 256).astype(np.uint8).reshape(6, 3, S, S)
     with ThreadPoolExecutor(2) as pool:
         w = ShardWriter("s3://b/shards", 100, S, {"train": 4, "validation": 2}, put, pool, pin_buffers=True)
         real_new = w._new_file

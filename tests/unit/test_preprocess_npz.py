@@ -12,7 +12,7 @@ from pipectl.components.preprocess.npz import ShardFile, fits
 
 def _fill(f: ShardFile, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    images = rng.uniform(-1, 1, (n, 3, f.image_size, f.image_size)).astype(np.float16)
+    images = rng.integers(0, 256, (n, 3, f.image_size, f.image_size), dtype=np.uint8)
     f.images(n)[:] = images
     return images, rng.integers(0, 10, n).astype(np.int64)
 
@@ -23,7 +23,7 @@ def test_shard_file_loads_with_numpy_like_savez():
     body = f.finish(7, labels).read()
     with np.load(io.BytesIO(body)) as z:
         assert sorted(z.files) == ["images", "labels"]
-        assert z["images"].dtype == np.float16 and z["images"].shape == (7, 3, 12, 12)
+        assert z["images"].dtype == np.uint8 and z["images"].shape == (7, 3, 12, 12)
         np.testing.assert_array_equal(z["images"], images)
         np.testing.assert_array_equal(z["labels"], labels)
 
@@ -63,17 +63,17 @@ def test_equal_shards_are_equal_bytes_and_the_reader_seeks():
 
 
 def test_zip64_sized_shards_are_refused():
-    assert fits(2048, 512)  # 2048 × 3 × 512² × 2 bytes ≈ 3.2 GB
-    assert not fits(3000, 512)
+    assert fits(5000, 512)  # 5000 × 3 × 512² bytes ≈ 3.9 GB
+    assert not fits(6000, 512)
     with pytest.raises(ValueError, match="ZIP64"):
-        ShardFile(3000, 512)
+        ShardFile(6000, 512)
 
 
 def test_a_shard_holds_at_most_256_mib_of_images():
     from pipectl.components.preprocess.writer import SHARD_BYTES, shard_images
 
     assert shard_images(2048, 64) == 2048
-    assert shard_images(2048, 224) == 891 and 891 * 3 * 224 * 224 * 2 <= SHARD_BYTES < 892 * 3 * 224 * 224 * 2
-    assert shard_images(2048, 224, 64 << 20) == 222 and shard_images(2048, 16, 1 << 20) == 682  # the run's shard-mib
-    assert shard_images(2048, 512, 2 << 20) == 1
-    assert shard_images(100, 512) == 100 and shard_images(2048, 512) == 170
+    assert shard_images(2048, 224) == 1783 and 1783 * 3 * 224 * 224 <= SHARD_BYTES < 1784 * 3 * 224 * 224  # uint8
+    assert shard_images(2048, 224, 64 << 20) == 445 and shard_images(2048, 16, 1 << 20) == 1365  # the run's shard-mib
+    assert shard_images(2048, 512, 1 << 20) == 1
+    assert shard_images(100, 512) == 100 and shard_images(2048, 512) == 341

@@ -32,19 +32,17 @@ def test_dry_run_prints_exactly_the_validated_workflow():
 
 @pytest.mark.parametrize("bad", [["-p", "lane=superurgent"], ["-p", "workers=0"], ["-p", "nope=1"],
                                  ["-p", "gpus-per-worker=4", "-p", "processes-per-worker=2"],
-                                 ["-p", "shard-mib=0"], ["-p", "shard-mib=5121"], ["-p", "image-size=512", "-p", "shard-mib=1"]])
+                                 ["-p", "shard-mib=0"], ["-p", "shard-mib=5121"]])
 def test_bad_parameters_exit_2_before_any_connection(bad):
     r = _run("submit", "training", *bad, env={"KUBECONFIG": "/nonexistent"})
     assert r.returncode == 2, r.stderr
     assert "Kubernetes" not in r.stderr
 
 
-def test_a_shard_size_that_holds_no_image_or_passes_one_put_is_refused_with_the_numbers():
-    r = _run("submit", "training", "-p", "image-size=512", "-p", "shard-mib=1", env={"KUBECONFIG": "/nonexistent"})
-    assert r.returncode == 2 and "shard-mib=1 holds no image of image-size=512 (1.50 MiB each in float16): use shard-mib=2 or more" in r.stderr, r.stderr
+def test_a_shard_size_past_one_put_is_refused_with_the_numbers():
     r = _run("submit", "training", "-p", "shard-mib=5121", env={"KUBECONFIG": "/nonexistent"})
     assert r.returncode == 2 and "shard-mib" in r.stderr and "5120" in r.stderr, r.stderr
-    assert TrainingParameters(image_size=512, shard_mib=2).shard_mib == 2  # one image of 1.5 MiB fits
+    assert TrainingParameters(image_size=512, shard_mib=1).shard_mib == 1  # one uint8 image of 0.75 MiB fits
 
 
 def test_C04_uneven_processes_and_gpus_are_rejected_before_submit():

@@ -68,7 +68,7 @@ class Decision(str, enum.Enum):
 
 
 DEFAULT_SHARD_MIB = 256
-"""Most MiB of images per shard unless a run says otherwise: ~890 images at 224x224 in float16, so
+"""Most MiB of images per shard unless a run says otherwise: ~1,780 images at 224x224 (uint8), so
 a training process's data memory (about four shards) stays near 1 GiB whatever the dataset's size."""
 SINGLE_PUT_MAX_MIB = 5 * 1024
 """The most one PUT may write: 5 GiB on S3 (AWS S3 docs, "Uploading objects": one PUT up to 5 GB) and
@@ -200,8 +200,8 @@ class TrainingParameters(CanonicalModel):
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Random seed for initialisation and sampling.")
     shard_mib: int = Field(
         DEFAULT_SHARD_MIB, ge=1, le=SINGLE_PUT_MAX_MIB,
-        description="Most MiB of images in one shard file preprocess writes (float16): a training process holds "
-        "about four shards at a time. At least one image of image-size; at most 5120, the store's limit for one PUT.",
+        description="Most MiB of images in one shard file preprocess writes (uint8 pixels): a training process holds "
+        "about four shards at a time (1 MiB holds one image of the largest image-size, 512). At most 5120, the store's limit for one PUT.",
     )
     gang_preflight: bool = Field(
         True,
@@ -223,14 +223,6 @@ class TrainingParameters(CanonicalModel):
                 f"processes-per-worker ({self.processes_per_worker}) must equal gpus-per-worker "
                 f"({self.gpus_per_worker}) on GPU pods: one torchrun process per GPU"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _shard_holds_an_image(self) -> "TrainingParameters":
-        image = 3 * self.image_size * self.image_size * 2  # float16 [3, S, S], as preprocess writes it
-        if self.shard_mib << 20 < image:
-            raise ValueError(f"shard-mib={self.shard_mib} holds no image of image-size={self.image_size} "
-                             f"({image / 2**20:.2f} MiB each in float16): use shard-mib={-(-image >> 20)} or more")
         return self
 
     @classmethod

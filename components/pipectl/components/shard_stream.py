@@ -19,7 +19,8 @@ before it. While a window trains, the shards of the next one are fetched in a th
 
 Memory: the shards the current and the next window touch, each once (a shard shared by two
 windows is fetched once): with shards of ``S`` bytes, about ``4 x S`` and at most ``6 x S``, plus
-one batch in float32. Preprocess keeps ``S`` at or below 256 MiB, so a process's data memory does
+one batch in float32 (shards stay as stored: uint8 from preprocess, normalised a batch at a time by
+:meth:`ShardStream.model_input`). Preprocess keeps ``S`` at or below 256 MiB, so a process's data memory does
 not grow with the dataset.
 
 Shard sizes come from the index (``train_sizes``/``validation_sizes``); an index written without
@@ -37,12 +38,14 @@ import numpy as np
 
 from pipectl.components.contracts import ShardIndex
 from pipectl.components.runtime import StepError
-from pipectl.components.shards import read_index, read_shard
+from pipectl.components.shards import as_float, read_index, read_shard
 
 log = logging.getLogger("pipectl.data")
 
 Batch = tuple[np.ndarray, np.ndarray]
-"""images float16 or float32 [B, C, H, W] (as the shard stores them) and labels int64 [B]."""
+"""images [B, C, H, W] as the shard stores them (uint8 from preprocess; float16 or float32, already
+normalised, from elsewhere) and labels int64 [B]; :meth:`ShardStream.model_input` makes the images
+what a model takes."""
 
 
 def shard_sizes(reader: Any, index: ShardIndex, split: str) -> list[int]:
@@ -71,6 +74,23 @@ class ShardStream:
         self.sizes = shard_sizes(reader, self.index, split)
         if not self.uris or sum(self.sizes) == 0:
             raise ValueError(f"the {split} split of {shards_uri} has no samples")
+
+    def model_input(self, images: np.ndarray, device: Any = None) -> Any:
+        """``images`` (a batch or a shard of this split, as stored) as a model takes them: float32
+        [B, C, H, W], normalised; a torch tensor on ``device`` when one is given, else numpy.
+
+        uint8 images (preprocess writes these: half the bytes of float16 to store, read and hold)
+        are normalised here, after the copy to the device, as ``(x - mean[c]) / std[c]`` with the
+        index's mean and std; float images were normalised when they were written."""
+        if device is None:
+            return as_float(images, self.index)
+        import torch
+
+        t = torch.from_numpy(images).to(device, non_blocking=True).float()
+        if images.dtype != np.uint8:
+            return t
+        mean, std = (torch.tensor(v, dtype=torch.float32).reshape(1, -1, 1, 1).to(device) for v in (self.index.mean, self.index.std))
+        return t.sub_(mean).div_(std)
 
     @property
     def num_samples(self) -> int:

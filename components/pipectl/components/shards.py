@@ -90,14 +90,26 @@ def read_shard(reader: Any, uri: str) -> tuple[np.ndarray, np.ndarray]:
         return z["images"], z["labels"]
 
 
+def as_float(images: np.ndarray, index: ShardIndex) -> np.ndarray:
+    """Stored shard images as float32, normalised: uint8 pixels (what preprocess writes) as
+    ``(x - mean[c]) / std[c]`` with the index's mean and std; float images as they are (they were
+    normalised when written)."""
+    x = images.astype(np.float32)
+    if images.dtype != np.uint8:
+        return x
+    x -= np.asarray(index.mean, np.float32).reshape(1, -1, 1, 1)
+    x /= np.asarray(index.std, np.float32).reshape(1, -1, 1, 1)
+    return x
+
+
 def load_split(s3: Any, shards_uri: str, split: str) -> tuple[np.ndarray, np.ndarray, ShardIndex]:
     """Read every shard of ``split`` (``train`` or ``validation``) into memory at once: for tests and
     small sets (the steps stream: :mod:`pipectl.components.shard_stream`).
 
-    Returns (images float32 [N, 3, H, W], labels int64 [N], the shard index).
+    Returns (images float32 [N, 3, H, W], normalised (:func:`as_float`), labels int64 [N], the shard index).
     """
     index = read_index(s3, shards_uri)
     parts = [read_shard(s3, uri) for uri in getattr(index, split)]
-    return np.concatenate([x.astype(np.float32) for x, _ in parts]), np.concatenate([y for _, y in parts]), index
+    return np.concatenate([as_float(x, index) for x, _ in parts]), np.concatenate([y for _, y in parts]), index
 
 

@@ -109,7 +109,7 @@ def _score_split(data: ShardStream, scorers: dict[str, Scorer], hasher: Any) -> 
         labels.append(y)
         for name in list(scorers):
             try:
-                logits[name].append(predict(scorers[name], images))
+                logits[name].append(predict(scorers[name], images, data.model_input))
             except Exception as e:
                 if name == "candidate":
                     raise

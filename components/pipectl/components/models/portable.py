@@ -224,6 +224,8 @@ def load_scorer(model_uri: str, run_id: str, folder: Path, *, tracking_uri: str 
     return _weights_scorer(weights)
 
 
-def predict(score: Scorer, images: np.ndarray, batch_size: int = 256) -> np.ndarray:
-    """Logits of ``images`` [N, C, H, W] through ``score``, in batches."""
-    return np.concatenate([score(images[i:i + batch_size]) for i in range(0, len(images), batch_size)])
+def predict(score: Scorer, images: np.ndarray, prepare: Callable[[np.ndarray], np.ndarray] = lambda x: x,
+            batch_size: int = 256) -> np.ndarray:
+    """Logits of ``images`` [N, C, H, W] through ``score``, in batches, each batch ``prepare``\ d
+    first (e.g. ``ShardStream.model_input``: stored pixels to normalised float32)."""
+    return np.concatenate([score(prepare(images[i:i + batch_size])) for i in range(0, len(images), batch_size)])

@@ -4,8 +4,9 @@ The format is the one preprocess writes (:mod:`pipectl.components.shards`)::
 
     <shards_uri>/index.json     ShardIndex: labels, image_size, channels, mean, std,
                                 train and validation (shard URIs), train_count, validation_count
-    <shard>.npz                 images float16 or float32 [N, channels, image_size, image_size]
-                                (normalised; preprocess writes float16),
+    <shard>.npz                 images [N, channels, image_size, image_size]: uint8 pixels
+                                (what preprocess writes; normalised with mean and std when
+                                read) or float16/float32 already normalised,
                                 labels int64 [N] in 0 .. len(labels) - 1
 
 The check reads the index, lists the shards' sizes (every shard it names must exist; with the
@@ -62,9 +63,11 @@ def _check_shard(s3: Any, uri: str, index: ShardIndex, size: int | None) -> None
             raise StepError(f"shard {uri} holds {sorted(z.files)}, not images and labels", "np.savez(f, images=..., labels=...)")
         images, labels = z["images"], z["labels"]
     want = (index.channels, index.image_size, index.image_size)
-    if images.dtype not in (np.float16, np.float32) or images.ndim != 4 or images.shape[1:] != want:
-        raise StepError(f"shard {uri}: images are {images.dtype} {list(images.shape)}, not float16/float32 "
-                        f"[N, {', '.join(map(str, want))}]", "write the images as the index says: floats, channels first, image_size square")
+    if images.dtype not in (np.uint8, np.float16, np.float32) or images.ndim != 4 or images.shape[1:] != want:
+        raise StepError(f"shard {uri}: images are {images.dtype} {list(images.shape)}, not uint8/float16/float32 "
+                        f"[N, {', '.join(map(str, want))}]",
+                        "write the images as the index says: uint8 pixels (normalised with the index's mean and std "
+                        "when read) or normalised floats, channels first, image_size square")
     if labels.dtype != np.int64 or labels.shape != (len(images),) or (len(labels) and not 0 <= labels.min() <= labels.max() < len(index.labels)):
         raise StepError(f"shard {uri}: labels must be int64 [{len(images)}] in 0..{len(index.labels) - 1}",
                         "one label per image, the index of its class in index.json's labels")

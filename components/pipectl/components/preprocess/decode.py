@@ -1,5 +1,5 @@
-"""Decoding: encoded images to resized, normalised float16 CHW arrays with NVIDIA DALI, and the
-fallback decoder (PIL) for what DALI cannot read.
+"""Decoding: encoded images to resized uint8 CHW arrays with NVIDIA DALI, and the fallback
+decoder (PIL) for what DALI cannot read. Normalising is the readers' part (``shards.normalised``).
 
 DALI decodes JPEG, PNG, WebP, BMP, TIFF, JPEG 2000 and PNM; GIF (and any image DALI fails on
 its own) goes to PIL, the fallback decoder. Every image comes out as the picture a person sees, as
@@ -26,12 +26,14 @@ import numpy as np
 
 from pipectl.components.runtime import StepError, available_cpus
 from pipectl.components.preprocess.device_copy import DeviceImages
+from pipectl.components.preprocess.npz import IMAGE_DTYPE
 from pipectl.components.preprocess.screen import FALLBACK_FORMATS, Corrupt, Verdict, image_format, screen
 
 log = logging.getLogger("pipectl.preprocess")
 
 MEAN = [127.5, 127.5, 127.5]
 STD = [127.5, 127.5, 127.5]
+"""What the shard index says readers normalise with: (x - 127.5) / 127.5, to [-1, 1]."""
 
 
 def decode_with_pil(data: bytes) -> bytes:
@@ -91,13 +93,14 @@ def gpu_available() -> bool:
 
 
 def build_pipeline(source: Any, batch_size: int, image_size: int, use_gpu: bool, num_threads: int | None = None) -> Any:
-    """DALI pipeline: external source of encoded bytes -> decode -> resize -> normalise (CHW).
+    """DALI pipeline: external source of encoded bytes -> decode -> resize -> CHW, uint8.
 
     ``source``: an iterable of batches, or a callable returning the next batch; a batch is a list
     of at most ``batch_size`` encoded images as uint8 arrays [n_bytes]; ``StopIteration`` ends the
-    stream (``pipe.run()`` raises it after the last batch). Output per batch: float16
-    [B, 3, image_size, image_size], (x - 127.5) / 127.5 (DALI computes in float32 and rounds once:
-    equal to float32 output cast to float16, checked on the 512² set 2026-12-01).
+    stream (``pipe.run()`` raises it after the last batch). Output per batch: uint8
+    [B, 3, image_size, image_size], the resized pixels (half the bytes of float16: the shards,
+    their PUTs and every epoch's reads; a reader's float16 of them equals what DALI's own
+    normalisation gives, see ``shards.normalised``).
     ``num_threads``: DALI's CPU worker threads; default :func:`available_cpus` (the CPUs this
     pod may use: CPU decode scales with them, tests/bench/bench_preprocess.py).
     """
@@ -118,7 +121,7 @@ def build_pipeline(source: Any, batch_size: int, image_size: int, use_gpu: bool,
         images = fn.decoders.image(encoded, device="mixed" if use_gpu else "cpu", output_type=types.RGB,
                                    adjust_orientation=True)
         images = fn.resize(images, resize_x=image_size, resize_y=image_size, antialias=True)
-        return fn.crop_mirror_normalize(images, dtype=types.FLOAT16, output_layout="CHW", mean=MEAN, std=STD)
+        return fn.transpose(images, perm=[2, 0, 1])  # HWC -> CHW
 
     p = pipe()
     p.build()
@@ -135,16 +138,16 @@ def _to_numpy(result: Any, use_gpu: bool) -> np.ndarray:
 def decode_all(encoded: list[bytes], image_size: int, batch_size: int, use_gpu: bool) -> tuple[np.ndarray, float]:
     """Run the DALI pipeline over ``encoded`` images (order kept), in memory.
 
-    Returns (float16 array [N, 3, image_size, image_size], seconds spent in DALI, build included).
+    Returns (uint8 array [N, 3, image_size, image_size], seconds spent in DALI, build included).
     Raises RuntimeError (DALI's) when an image cannot be decoded; see :func:`decode_robust`.
     """
     if not encoded:
-        return np.zeros((0, 3, image_size, image_size), np.float16), 0.0
+        return np.zeros((0, 3, image_size, image_size), IMAGE_DTYPE), 0.0
     batches = [
         [np.frombuffer(b, dtype=np.uint8) for b in encoded[start:start + batch_size]]
         for start in range(0, len(encoded), batch_size)
     ]
-    out = np.empty((len(encoded), 3, image_size, image_size), np.float16)
+    out = np.empty((len(encoded), 3, image_size, image_size), IMAGE_DTYPE)
     t0 = time.perf_counter()
     pipe = build_pipeline(batches, batch_size, image_size, use_gpu)
     filled = 0
@@ -193,7 +196,7 @@ def decode_robust(
 def _decode_fallback(data: bytes, image_size: int, use_gpu: bool, reasons: dict[int, Verdict] | None,
                      fallback: bool) -> tuple[np.ndarray, list[int], float]:
     """One image DALI failed: PIL decodes it (then DALI resizes the lossless re-encoding), or it is bad."""
-    empty = np.zeros((0, 3, image_size, image_size), np.float16)
+    empty = np.zeros((0, 3, image_size, image_size), IMAGE_DTYPE)
     fmt = image_format(data)
     error: BaseException = RuntimeError("DALI failed (its message names no cause)")
     if fallback:
@@ -281,7 +284,7 @@ def decode_stream(
 ) -> Iterator[tuple[list[T], "np.ndarray | DeviceImages", list[tuple[T, bytes]]]]:
     """Decode a stream of batches of (tag, encoded image) with one DALI pipeline, in order.
 
-    Yields, per input batch, (tags of the decoded images, their images float16 [n, 3, S, S],
+    Yields, per input batch, (tags of the decoded images, their images uint8 [n, 3, S, S],
     the (tag, bytes) DALI could not decode). The images are a view of DALI's output buffer —
     a numpy array on the CPU, a :class:`~pipectl.components.preprocess.device_copy.DeviceImages`
     in GPU memory with ``use_gpu`` — valid until the next item is requested: copy what you keep

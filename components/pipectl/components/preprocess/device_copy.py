@@ -65,7 +65,7 @@ def _is_pinned(dst: np.ndarray) -> bool:
 
 
 class DeviceImages:
-    """One batch of DALI's GPU output (float16 [n, 3, S, S] in device memory), valid until its
+    """One batch of DALI's GPU output (uint8 [n, 3, S, S] in device memory), valid until its
     pipeline runs again; :func:`take_into` copies from it."""
 
     def __init__(self, output: Any) -> None:
@@ -75,6 +75,11 @@ class DeviceImages:
     def __len__(self) -> int:
         return len(self._output)
 
+    @property
+    def dtype(self) -> np.dtype:
+        """The numpy dtype of the batch's elements (``DALIDataType.UINT8`` -> ``uint8``)."""
+        return np.dtype(str(self._output.dtype).rsplit(".", 1)[-1].lower())
+
     def host(self) -> np.ndarray:
         """The batch in host memory (one copy, kept for the batch)."""
         if self._host is None:
@@ -83,7 +88,7 @@ class DeviceImages:
 
     def copy_into(self, dst: np.ndarray, positions: np.ndarray) -> None:
         """``dst[k] = images[positions[k]]`` by direct device-to-host copies into ``dst`` (pinned,
-        C-contiguous float16 of the batch's image shape): the whole batch in one copy when
+        C-contiguous, of the batch's dtype and image shape): the whole batch in one copy when
         ``positions`` is all of it in order, else image by image."""
         one = dst[0].nbytes
         if len(positions) == len(self) and positions[0] == 0 and positions[-1] == len(self) - 1:
@@ -96,7 +101,7 @@ class DeviceImages:
 
 def _fits(images: DeviceImages, dst: np.ndarray, positions: np.ndarray) -> bool:
     shape = tuple(images._output[0].shape())
-    return (dst.dtype == np.float16 and dst.flags.c_contiguous and dst.shape[1:] == shape
+    return (dst.dtype == images.dtype and dst.flags.c_contiguous and dst.shape[1:] == shape
             and len(dst) >= len(positions) and _is_pinned(dst[:len(positions)]))
 
 

@@ -10,7 +10,7 @@ decoder to fill, writes headers, CRC-32 and the zip directory when the shard is 
 reused for the next shard.
 
 The file is what ``np.savez(f, images=..., labels=...)`` means and ``np.load`` reads: a zip
-(PKWARE APPNOTE 6.3, "stored", no compression, no ZIP64) with members ``images.npy`` (float16
+(PKWARE APPNOTE 6.3, "stored", no compression, no ZIP64) with members ``images.npy`` (uint8
 [N, 3, S, S]) and ``labels.npy`` (int64 [N]), each an NPY v1.0 file (numpy
 ``numpy/lib/format.py``: magic, uint16 header length, a dict literal padded with spaces to a
 multiple of 64 bytes, C-order data). Timestamps are fixed (1980-01-01) so equal shards are equal
@@ -33,6 +33,8 @@ _END = struct.Struct("<IHHHHIIH")  # end of central directory, 22 bytes
 _DOS_DATE = (0 << 9) | (1 << 5) | 1  # 1980-01-01
 _NPY_HEADER = 128  # bytes: magic + version + length + dict, padded (a multiple of 64)
 _NAMES = (b"images.npy", b"labels.npy")
+IMAGE_DTYPE = np.dtype(np.uint8)
+"""What a shard's images are stored as: the resized pixels (the index's mean and std normalise them)."""
 _ZIP_LIMIT = 0xFFFFFFFF
 
 
@@ -47,7 +49,7 @@ def _npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
 
 def _file_bytes(capacity: int, image_size: int) -> int:
     member = len(_NAMES[0]) + _LOCAL.size + _NPY_HEADER
-    return (2 * member + capacity * (3 * image_size * image_size * 2 + 8)
+    return (2 * member + capacity * (3 * image_size * image_size * IMAGE_DTYPE.itemsize + 8)
             + 2 * (_CENTRAL.size + len(_NAMES[0])) + _END.size)
 
 
@@ -72,7 +74,7 @@ def _alloc(nbytes: int) -> mmap.mmap:
 class ShardFile:
     """One reusable ``.npz`` buffer for up to ``capacity`` images of ``image_size``².
 
-    Use: ``view = f.images(n)`` (float16 [n, 3, S, S], fill it), ``body = f.finish(n, labels)``
+    Use: ``view = f.images(n)`` (uint8 [n, 3, S, S], fill it), ``body = f.finish(n, labels)``
     (``labels``: int64 [n]), upload ``body`` (a seekable binary file object over the buffer,
     valid until the next ``images()``), then reuse ``f``. Raises ValueError when ``n`` exceeds
     the capacity or the file would need ZIP64 (see :func:`fits`).
@@ -86,11 +88,11 @@ class ShardFile:
         self._data0 = _LOCAL.size + len(_NAMES[0]) + _NPY_HEADER
 
     def images(self, n: int) -> np.ndarray:
-        """float16 view [n, 3, S, S] of the images member's data (uninitialised)."""
+        """uint8 view [n, 3, S, S] of the images member's data (uninitialised)."""
         if n > self.capacity:
             raise ValueError(f"{n} images > capacity {self.capacity}")
         s = self.image_size
-        return np.frombuffer(self._buf, np.float16, count=n * 3 * s * s, offset=self._data0).reshape(n, 3, s, s)
+        return np.frombuffer(self._buf, IMAGE_DTYPE, count=n * 3 * s * s, offset=self._data0).reshape(n, 3, s, s)
 
     def finish(self, n: int, labels: np.ndarray) -> "BufferReader":
         """Write headers, labels, CRCs and the zip directory for ``n`` images; return the file."""
@@ -98,7 +100,7 @@ class ShardFile:
             raise ValueError(f"labels shape {labels.shape} for {n} images (capacity {self.capacity})")
         s = self.image_size
         mv = memoryview(self._buf)
-        members = [(_NAMES[0], "<f2", (n, 3, s, s), n * 3 * s * s * 2), (_NAMES[1], "<i8", (n,), n * 8)]
+        members = [(_NAMES[0], IMAGE_DTYPE.str, (n, 3, s, s), n * 3 * s * s * IMAGE_DTYPE.itemsize), (_NAMES[1], "<i8", (n,), n * 8)]
         offset, central = 0, []
         for name, descr, shape, data_len in members:
             start = offset + _LOCAL.size + len(name)
@@ -127,6 +129,10 @@ class BufferReader(io.RawIOBase):
 
     def __len__(self) -> int:
         return len(self._view)
+
+    def getbuffer(self) -> memoryview:
+        """The whole file, without a copy (as ``io.BytesIO.getbuffer``)."""
+        return self._view
 
     def readable(self) -> bool:
         return True

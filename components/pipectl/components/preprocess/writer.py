@@ -2,8 +2,8 @@
 writer threads while the next batches decode, and ``index.json`` (:class:`ShardIndex`), which
 makes the shards reachable.
 
-Shards: ``<output_uri>/<split>-<nnnnn>.npz`` with ``images`` float16 [N, 3, H, W] (normalised
-to [-1, 1]: (x - 127.5) / 127.5) and ``labels`` int64 [N]. Each shard file is assembled in place
+Shards: ``<output_uri>/<split>-<nnnnn>.npz`` with ``images`` uint8 [N, 3, H, W] (the resized
+pixels; readers normalise them with the index's mean and std) and ``labels`` int64 [N]. Each shard file is assembled in place
 (npz.py): an image is copied once, into the file's bytes. Memory is bounded by the shard buffers
 (one open per split, at most 2 being written, finished ones reused), not by the data set.
 """
@@ -23,7 +23,7 @@ from pipectl.components.contracts import DEFAULT_SHARD_MIB, ShardIndex
 from pipectl.components.runtime import StepError, join_uri, write_json
 from pipectl.components.preprocess.decode import MEAN, STD
 from pipectl.components.preprocess.device_copy import DeviceImages, pin, take_into, unpin
-from pipectl.components.preprocess.npz import ShardFile, fits
+from pipectl.components.preprocess.npz import IMAGE_DTYPE, ShardFile, fits
 
 WRITES_IN_FLIGHT = 2
 
@@ -34,9 +34,9 @@ dataset's size."""
 
 
 def shard_images(shard_size: int, image_size: int, shard_bytes: int = SHARD_BYTES) -> int:
-    """Images per shard: ``shard_size``, fewer when their float16 bytes would pass ``shard_bytes``
-    (at 224x224 and 256 MiB: 891 images); at least one (``shard-mib`` is checked to hold one)."""
-    return max(1, min(shard_size, shard_bytes // (3 * image_size * image_size * 2)))
+    """Images per shard: ``shard_size``, fewer when their bytes would pass ``shard_bytes`` (at
+    224x224 and 256 MiB: 1,783 images); at least one (``shard-mib`` is checked to hold one)."""
+    return max(1, min(shard_size, shard_bytes // (3 * image_size * image_size * IMAGE_DTYPE.itemsize)))
 
 
 class _NumpyShard:
@@ -44,7 +44,7 @@ class _NumpyShard:
 
     def __init__(self, capacity: int, image_size: int) -> None:
         self.capacity, self.image_size = capacity, image_size
-        self._images = np.empty((capacity, 3, image_size, image_size), np.float16)
+        self._images = np.empty((capacity, 3, image_size, image_size), IMAGE_DTYPE)
 
     def images(self, n: int) -> np.ndarray:
         return self._images[:n]
@@ -84,7 +84,7 @@ class ShardWriter:
     _ready: Future[None] | None = None
 
     def add(self, split: str, images: np.ndarray | DeviceImages, positions: np.ndarray, labels: np.ndarray) -> None:
-        """Copy ``images[positions]`` (float16 [B, 3, S, S], on the host or the GPU; positions
+        """Copy ``images[positions]`` (uint8 [B, 3, S, S], on the host or the GPU; positions
         int [k], ascending) with ``labels`` int64 [k] into ``split``'s open shard(s)."""
         k = 0
         while k < len(positions):

@@ -50,89 +50,11 @@ that stays is raised as :class:`StoreUnavailable` (a ConnectionError: exit 75, t
 
 from __future__ import annotations
 
-import random
-import threading
-import time
-from pathlib import Path
-from typing import Any
-
-from pipectl.components.objstore import StoreUnavailable, headline, is_transient, s3_store  # noqa: F401 - re-exported
-
-ATTEMPTS = 5  # botocore's standard retry mode makes 5 attempts in all too
-MiB = 1 << 20
-
-
-def part_plan(size: int) -> tuple[int, int]:
-    """(part size, parts in flight) for a multipart upload of ``size`` bytes: about 16 parts of
-    8-64 MiB (at most 10,000 parts: the S3 limit), up to 8 in flight (8 MiB x 8 and 32 MiB x 4
-    both reached ~640 MB/s to RGW here; 16 in flight was slower)."""
-    part = min(64 * MiB, max(8 * MiB, -(-size // 16 // MiB) * MiB))
-    part = max(part, -(-size // 10_000 // MiB) * MiB)  # > 640 GiB: larger parts, never > 10,000
-    return part, max(1, min(8, -(-size // part)))
-
-
-class ObjectWriter:
-    """PUTs into one bucket of the S3 endpoint a boto3 client talks to (same endpoint, region,
-    credentials and path-style addressing)."""
-
-    def __init__(self, s3: Any, bucket: str) -> None:
-        self.bucket = bucket
-        self.s3 = s3
-        self.endpoint = s3.meta.endpoint_url
-        self._single = self._store(s3, retries=0, timeout="60s")  # retried (and counted) by put()
-        self._parts = self._store(s3, retries=5, timeout="600s")
-        self._rng = random.Random()
-        self._lock = threading.Lock()
-
-    def _store(self, s3: Any, *, retries: int, timeout: str) -> Any:
-        return s3_store(s3, self.bucket, retries=retries, timeout=timeout)
-
-    def put(self, key: str, body: bytes, metadata: dict[str, str]) -> tuple[str, int]:
-        """One PUT of ``body``; returns (ETag without quotes, retried attempts)."""
-        import obstore
-
-        for attempt in range(ATTEMPTS):
-            try:
-                result = obstore.put(self._single, key, body, attributes=metadata, use_multipart=False)
-                return (result.get("e_tag") or "").strip('"'), attempt
-            except Exception as exc:  # obstore raises its own classes; only transient ones retry
-                if not is_transient(exc):
-                    raise self._failed(key, exc, transient=False) from exc
-                if attempt == ATTEMPTS - 1:
-                    raise self._failed(key, exc, transient=True) from exc
-                with self._lock:
-                    jitter = self._rng.random()
-                time.sleep(min(15.0, 0.1 * 2 ** attempt) * jitter)
-        raise AssertionError("unreachable")
-
-    def put_file(self, key: str, path: str | Path, size: int, metadata: dict[str, str]) -> None:
-        """A multipart upload of the file at ``path`` (parts read and sent in Rust)."""
-        import obstore
-
-        part, in_flight = part_plan(size)
-        try:
-            obstore.put(self._parts, key, Path(path), attributes=metadata, use_multipart=True,
-                        chunk_size=part, max_concurrency=in_flight)
-        except Exception as exc:
-            self._abort_uploads(key)
-            raise self._failed(key, exc, transient=is_transient(exc)) from exc
-
-    def _abort_uploads(self, key: str) -> None:
-        """Abort the unfinished multipart uploads of ``key`` (obstore leaves a failed one's parts
-        on the store and does not tell its upload id). Best effort: the write has failed anyway."""
-        try:
-            listed = self.s3.list_multipart_uploads(Bucket=self.bucket, Prefix=key)
-            for upload in listed.get("Uploads", []):
-                if upload["Key"] == key:
-                    self.s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload["UploadId"])
-        except Exception:  # the store is unreachable: the failure itself is what gets reported
-            pass
-
-    def _failed(self, key: str, exc: BaseException, *, transient: bool) -> Exception:
-        where = f"s3://{self.bucket}/{key} at {self.endpoint}"
-        if transient:
-            return StoreUnavailable(f"write of {where} failed: {headline(exc)}")
-        from pipectl.components.runtime import StepError
-
-        return StepError(f"write of {where} refused: {headline(exc)}",
-                         "check the bucket, the credentials and the store's permissions")
+from pipectl.components.objstore import (  # noqa: F401 - re-exported: stage's writer
+    ATTEMPTS,
+    MiB,
+    ObjectWriter,
+    StoreUnavailable,
+    is_transient,
+    part_plan,
+)

@@ -175,8 +175,8 @@ class TrainContext:
             self._epoch_loss.clear()
             with closing(self.data.batches(epoch, self.params.batch_size, offset)) as stream:
                 self.clock.data_begin()
-                for images, labels in stream:  # float16 from the shards: float32 on the device
-                    batch = (torch.from_numpy(images).to(self.device, non_blocking=True).float(),
+                for images, labels in stream:  # uint8 from the shards: normalised float32 on the device
+                    batch = (self.data.model_input(images, self.device),
                              torch.from_numpy(labels).to(self.device, non_blocking=True))
                     self.clock.body_begin(len(labels))
                     yield batch
@@ -288,7 +288,7 @@ class TrainContext:
         """Add one shard's loss, correct and seen counts to ``sums``; False (and ``sums[3]`` set)
         when the model's output is not [batch, classes]."""
         for i in range(0, len(images), batch_size):
-            x = torch.from_numpy(images[i:i + batch_size]).to(self.device).float()
+            x = self.validation.model_input(images[i:i + batch_size], self.device)
             y = torch.from_numpy(labels[i:i + batch_size]).to(self.device)
             try:
                 logits = model(x)

@@ -196,7 +196,7 @@ def _train_accuracy(model: nn.Module, ctx: TrainContext, batch_size: int = 512) 
     counts = torch.zeros(2, dtype=torch.float64, device=ctx.device)  # correct, seen
     for images, labels in ctx.data.shards(own=True):
         for i in range(0, len(images), batch_size):
-            x = torch.from_numpy(images[i:i + batch_size]).to(ctx.device).float()
+            x = ctx.data.model_input(images[i:i + batch_size], ctx.device)
             y = torch.from_numpy(labels[i:i + batch_size]).to(ctx.device)
             counts[0] += (model(x).argmax(dim=1) == y).sum()
             counts[1] += len(y)
@@ -280,7 +280,7 @@ def train(inp: TrainInput, settings: StoreSettings, s3: Any, *, reader: Any = No
         import mlflow
 
         anatomy_chart.log_chart(mlflow, *ctx.anatomy_history())
-        example = torch.from_numpy(ctx.data.example(2)).float()
+        example = ctx.data.model_input(ctx.data.example(2), "cpu")
         _publish(inp, s3, out, model, ctx.optimizer, example, ctx.num_classes, accuracy, elapsed, run, output_uri)
     if proc.distributed:
         dist.barrier()
