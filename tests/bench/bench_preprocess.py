@@ -374,7 +374,62 @@ def whole_step_rows(label: str, n: int, blobs: list[bytes], files: list[str], th
     ]
 
 
-def main() -> None:
+def growth(sizes: list[int], runs: int) -> None:
+    """The growth curve of the whole step from the store: ``sizes`` images of 128² (the same
+    generator, quality 90, ~11 KiB each) → 64², staged once each into one Ceph RGW; wall and CPU
+    per image, and the marginal cost of an image between sizes (linear: the slope stays flat; the
+    per-image figure at the smallest size still carries the start-up)."""
+    threads = _available_cpus()
+    with Bench("preprocess-growth", "Preprocess, whole step from the store: growth with the number of images",
+               "whole step (DALI CPU)", "—", runs=runs, warmup=1) as b, \
+            tempfile.TemporaryDirectory(prefix="bench-preprocess-growth-") as tmp, store(Path(tmp)) as st:
+        b.setup.update(sizes=sizes, runs=runs, side_px=128, image_size=64, dali_threads=threads, store=st.name)
+        walls: dict[int, list[float]] = {}
+        for n in sizes:
+            blobs = list(_large(n, 128, 1))
+            s3, bucket, manifest_uri = stage_into(st.client, blobs, Path(tmp) / f"staged-{n}")
+            if n == sizes[0]:
+                step_from_s3(s3, bucket, manifest_uri, 64)  # warm-up: imports, RGW pools
+            walls[n], client, served = [], [], []
+            for _ in range(runs):
+                c0, k0 = cpu_seconds(), st.cpu()
+                walls[n].append(step_from_s3(s3, bucket, manifest_uri, 64))
+                client.append(cpu_seconds() - c0)
+                served.append(st.cpu() - k0)
+            kib = sum(map(len, blobs)) / n / 1024
+            b.rows.append(Row(f"{n:,} images (128² → 64², {kib:.1f} KiB each): ms per image, end to end", "ms",
+                              Stats([1000 * w / n for w in walls[n]]), None))
+            b.rows.append(Row(f"{n:,} images: client CPU per image", "ms", Stats([1000 * c / n for c in client]), None))
+            b.rows.append(Row(f"{n:,} images: the store's CPU per image ({st.name})", "ms", Stats([1000 * s / n for s in served]), None))
+            del blobs
+        slopes = []
+        for a, z in zip(sizes, sizes[1:]):
+            slope = Stats([1000 * (wz - wa) / (z - a) for wa, wz in zip(walls[a], walls[z])])
+            slopes.append(slope.median)
+            b.rows.append(Row(f"marginal ms per image from {a:,} to {z:,} images", "ms", slope, None))
+        if len(slopes) > 1 and min(slopes) > 0:
+            b.rows.append(Row("largest ÷ smallest marginal cost", "×", Stats([max(slopes) / min(slopes)]), None, goal="≤ 1.10 (linear)"))
+        b.notes.append(f"{threads} DALI threads; the store on the same cores; one run per size after one warm-up unless "
+                       "--growth-runs says otherwise")
+
+
+def _available_cpus() -> int:
+    from pipectl.components.runtime import available_cpus
+
+    return available_cpus()
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--growth", default="", help="sizes of the growth curve (comma-separated, e.g. 1000,10000,50000): "
+                    "run only it, into results/preprocess-growth.{md,json}")
+    ap.add_argument("--growth-runs", type=int, default=1)
+    args = ap.parse_args([] if argv is None else argv)  # tests.bench.run calls main()
+    if args.growth:
+        growth([int(x) for x in args.growth.split(",") if x.strip()], args.growth_runs)
+        return
     from pipectl.components.contracts import PreprocessInput
     from pipectl.components.preprocess.decode import decode_all
     from pipectl.components.runtime import available_cpus
@@ -383,7 +438,7 @@ def main() -> None:
     threads = available_cpus()  # DALI's threads in the step (build_pipeline's default)
     digits = digits_jpegs()
 
-    with Bench("preprocess", "Preprocess on CPU: images/s, decode → resize → normalise → float16 shards",
+    with Bench("preprocess", "Preprocess on CPU: images/s, decode → resize → uint8 shards",
                f"step path (DALI CPU, {threads} threads)", "peer (named in each case)") as b, \
             tempfile.TemporaryDirectory(prefix="bench-preprocess-") as tmp:
         b.setup.update(batch_size=batch_size, dali_threads=threads, dataloader_workers=threads, sizes=SIZES,
@@ -444,4 +499,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -389,7 +389,7 @@ osd max object name len = 460
 osd max object namespace len = 64
 
 [client.rgw.gw]
-rgw frontends = beast endpoint=127.0.0.1:{self.rgw_port}
+rgw frontends = beast endpoint=127.0.0.1:{self.rgw_port} tcp_nodelay=1
 rgw gc obj min wait = 30
 rgw thread pool size = 64
 rgw dns name = 127.0.0.1
