@@ -143,8 +143,12 @@ class CephCluster:
         start_timeout_s: float = 60.0,
         remove_on_stop: bool = True,
         cephfs: bool = False,
+        tcp_nodelay: bool = True,
     ) -> None:
+        """``tcp_nodelay``: the RGW frontend's option (as production should set it); False gives
+        the default, Nagle's algorithm on, where a small GET waits ~40 ms for a delayed ACK."""
         self.run_dir = Path(run_dir).absolute()
+        self.tcp_nodelay = tcp_nodelay
         self.memstore_bytes = memstore_bytes
         self.start_timeout_s = start_timeout_s
         self.remove_on_stop = remove_on_stop
@@ -389,7 +393,7 @@ osd max object name len = 460
 osd max object namespace len = 64
 
 [client.rgw.gw]
-rgw frontends = beast endpoint=127.0.0.1:{self.rgw_port} tcp_nodelay=1
+rgw frontends = beast endpoint=127.0.0.1:{self.rgw_port}{" tcp_nodelay=1" if self.tcp_nodelay else ""}
 rgw gc obj min wait = 30
 rgw thread pool size = 64
 rgw dns name = 127.0.0.1

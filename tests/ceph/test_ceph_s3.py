@@ -60,3 +60,31 @@ def test_cephfs_roundtrip(cephfs_mount, ceph_cluster):
     assert (cephfs_mount / "staged" / "part-0.bin").read_bytes() == data
     mds = json.loads(ceph_cluster.ceph("mds", "stat", "--format", "json"))
     assert any(i["state"] == "up:active" for i in mds["fsmap"]["filesystems"][0]["mdsmap"]["info"].values())
+
+
+def test_doctor_measures_the_delayed_ack_stall_of_a_gateway_without_tcp_nodelay(ceph_cluster, ceph_s3, tmp_path):
+    """A small request on a kept-alive connection: ~1 ms from an RGW with ``tcp_nodelay=1`` (ok),
+    ~40 ms from one with Nagle's algorithm on (doctor warns, naming the frontend option); the same
+    stall seen by the steps' own client on a small GET."""
+    import statistics
+    import time
+
+    from pipectl.pipelines.backends.store_latency import SLOW_MS, small_request_ms, verdict
+    from tests.ceph.ceph import CephCluster
+
+    fast = small_request_ms(ceph_cluster.s3_endpoint)
+    assert fast < SLOW_MS and verdict(fast)[0] == "ok", fast
+    with CephCluster(tmp_path / "nagle", memstore_bytes=1 << 30, tcp_nodelay=False) as slow_ceph:
+        slow = small_request_ms(slow_ceph.s3_endpoint)
+        status, detail, fix = verdict(slow)
+        assert slow >= SLOW_MS and status == "warn" and "tcp_nodelay=1" in fix, (slow, detail)
+        s3 = slow_ceph.s3_client()
+        s3.create_bucket(Bucket="small")
+        s3.put_object(Bucket="small", Key="k", Body=b"x" * 7500)
+        s3.get_object(Bucket="small", Key="k")["Body"].read()
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            s3.get_object(Bucket="small", Key="k")["Body"].read()
+            times.append(1000 * (time.perf_counter() - t0))
+        assert statistics.median(times) >= SLOW_MS, times

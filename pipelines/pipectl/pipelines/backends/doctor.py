@@ -3,13 +3,15 @@
 Compares the cluster with what ``argo/`` installs (the same :func:`~pipectl.pipelines.manifests.cluster_manifests`
 that renders it) and checks what ``argo/`` cannot install: the API server's version, the Argo and
 gang-launcher CRDs, Argo Workflows' version, Karpenter and the NodePools of ``argo/autoscaling/``
-where Karpenter runs, the store's Secret, GPU nodes, whether the store and MLflow answer, and the
+where Karpenter runs, the store's Secret, GPU nodes, whether the store and MLflow answer (and how
+fast the store answers a small request: :mod:`~pipectl.pipelines.backends.store_latency`), and the
 MLflow credentials against what MLflow asks for (:mod:`~pipectl.pipelines.backends.doctor_mlflow`). Each
 check is one :class:`Row` with a fix; ``fail`` rows make the command exit 1, ``warn`` rows do not.
 """
 
 from __future__ import annotations
 
+import http.client
 import re
 import urllib.error
 import urllib.request
@@ -282,7 +284,19 @@ class Doctor:
                 rows.append(Row(what, "fail", f"{key} not set in ConfigMap {STORE_CONFIGMAP}", OWNER_APPLY))
                 continue
             rows.append(self._answers(what, url.rstrip("/") + path))
+            if key == "PIPECTL_S3_ENDPOINT" and rows[-1].status == "ok":
+                rows.append(self._latency(url))
         return rows
+
+    def _latency(self, url: str) -> Row:
+        """The store's answer time for a small request (:mod:`~pipectl.pipelines.backends.store_latency`)."""
+        from pipectl.pipelines.backends.store_latency import small_request_ms, verdict
+
+        try:
+            ms = small_request_ms(url, timeout_s=self.timeout)
+        except (OSError, http.client.HTTPException) as e:
+            return Row("object store latency", "warn", f"not measured: {e}")
+        return Row("object store latency", *verdict(ms))
 
     def _mlflow_secret(self) -> list[Row]:
         """The namespace's MLflow credentials against what its MLflow asks for (:mod:`doctor_mlflow`)."""
