@@ -69,7 +69,7 @@ def test_doctor_measures_the_delayed_ack_stall_of_a_gateway_without_tcp_nodelay(
     import statistics
     import time
 
-    from pipectl.pipelines.backends.store_latency import SLOW_MS, small_request_ms, verdict
+    from pipectl.components.store_latency import SLOW_MS, small_request_ms, verdict
     from tests.ceph.ceph import CephCluster
 
     fast = small_request_ms(ceph_cluster.s3_endpoint)

@@ -71,7 +71,9 @@ def _probe(env: dict[str, str]) -> dict:
 
 def test_the_probe_names_what_answers_and_what_does_not(server):
     answers = _probe({"PIPECTL_S3_ENDPOINT": server, "PIPECTL_MLFLOW_URI": server + "/"})
+    latency = answers.pop("store_latency_ms")  # a small request on a kept-alive connection, timed
     assert answers == {"PIPECTL_S3_ENDPOINT": "", "PIPECTL_MLFLOW_URI": ""}  # 403 counts: it answered
+    assert isinstance(latency, float) and 0 < latency < 1000, latency
 
     answers = _probe({"PIPECTL_S3_ENDPOINT": server, "PIPECTL_MLFLOW_URI": "http://127.0.0.1:1"})
     assert answers["PIPECTL_S3_ENDPOINT"] == ""
@@ -137,7 +139,8 @@ def test_each_image_gets_its_row_and_a_pull_failure_of_one_settles_the_pod(serve
 
     ok = _pod("Succeeded", "gpu-1", probe=_ended(0), train_image=_ended(0))
     rows = {r.check: r for r in _rows(Core(), cfg, ok, 180)}
-    assert [r.status for r in rows.values()] == ["ok"] * 4, rows
+    assert [r.status for r in rows.values()] == ["ok"] * 5, rows
+    assert rows["object store latency (from a pod)"].detail.startswith("a small request takes "), rows
     assert rows["step-train image (from a pod)"].detail.startswith(f"{cfg.train_image} pulled and ran on gpu-1 (torch "), rows
 
     pull = _waiting("ImagePullBackOff", 'Back-off pulling image "x"')

@@ -4,7 +4,7 @@ Compares the cluster with what ``argo/`` installs (the same :func:`~pipectl.pipe
 that renders it) and checks what ``argo/`` cannot install: the API server's version, the Argo and
 gang-launcher CRDs, Argo Workflows' version, Karpenter and the NodePools of ``argo/autoscaling/``
 where Karpenter runs, the store's Secret, GPU nodes, whether the store and MLflow answer (and how
-fast the store answers a small request: :mod:`~pipectl.pipelines.backends.store_latency`), and the
+fast the store answers a small request: :mod:`~pipectl.components.store_latency`), and the
 MLflow credentials against what MLflow asks for (:mod:`~pipectl.pipelines.backends.doctor_mlflow`). Each
 check is one :class:`Row` with a fix; ``fail`` rows make the command exit 1, ``warn`` rows do not.
 """
@@ -289,8 +289,8 @@ class Doctor:
         return rows
 
     def _latency(self, url: str) -> Row:
-        """The store's answer time for a small request (:mod:`~pipectl.pipelines.backends.store_latency`)."""
-        from pipectl.pipelines.backends.store_latency import small_request_ms, verdict
+        """The store's answer time for a small request (:mod:`~pipectl.components.store_latency`)."""
+        from pipectl.components.store_latency import small_request_ms, verdict
 
         try:
             ms = small_request_ms(url, timeout_s=self.timeout)

@@ -4,7 +4,8 @@ and start both step images.
 One short pod in the namespace, as a step runs: the steps' ServiceAccount (no token), the
 restricted security context, two containers. ``probe`` (the step-light image, the store ConfigMap
 as its environment) GETs the S3 endpoint and MLflow's ``/health`` (any HTTP answer counts: an S3
-endpoint answers 403 to an anonymous GET) and prints one JSON line; ``train-image`` (the
+endpoint answers 403 to an anonymous GET), times a small request to the store on a kept-alive
+connection (:mod:`~pipectl.components.store_latency`) and prints one JSON line; ``train-image`` (the
 step-train image) imports what preprocess and train import (torch, DALI, the steps) and prints
 their versions. What it shows, as :class:`~pipectl.pipelines.backends.doctor.Row`\\ s: each image
 can be pulled and started, and each service answers from the namespace's network (cluster DNS,
@@ -23,6 +24,7 @@ from pipectl.pipelines.security import restricted_container_security_context, re
 
 SERVICES = (("object store", "PIPECTL_S3_ENDPOINT", "/"), ("MLflow", "PIPECTL_MLFLOW_URI", "/health"))
 """(row name, the store ConfigMap's key, the path asked)."""
+LATENCY = "store_latency_ms"
 PROBE_SCRIPT = """
 import json, os, urllib.error, urllib.request
 out = {}
@@ -38,9 +40,16 @@ for key, path in %r:
         out[key] = ""
     except Exception as e:
         out[key] = "%%s did not answer (%%s)" %% (url, getattr(e, "reason", e))
+if out.get("PIPECTL_S3_ENDPOINT") == "":
+    try:
+        from pipectl.components.store_latency import small_request_ms
+        out["%s"] = round(small_request_ms(os.environ["PIPECTL_S3_ENDPOINT"]), 2)
+    except Exception as e:
+        out["%s"] = "not measured: %%s" %% e
 print(json.dumps(out))
-""" % ([(k, p) for _, k, p in SERVICES], STORE_CONFIGMAP)
-"""Run with ``python -c`` in the pod: ``{key: ""}`` when the service answered, else why not."""
+""" % ([(k, p) for _, k, p in SERVICES], STORE_CONFIGMAP, LATENCY, LATENCY)
+"""Run with ``python -c`` in the pod: ``{key: ""}`` when the service answered, else why not; and
+``LATENCY``: the store's answer time for a small request (ms), or why it was not measured."""
 TRAIN_SCRIPT = """
 import json, torch, nvidia.dali
 import pipectl.components.preprocess.core, pipectl.components.train.core
@@ -163,6 +172,11 @@ def _rows(core: Any, cfg: Any, pod: Any, timeout_s: int) -> list[Row]:
         why = answers.get(key, "not asked")
         rows.append(Row(f"{what} (from a pod)", "fail" if why else "ok", why or f"answers in namespace {cfg.namespace}",
                         "check the address in the site file, the cluster's DNS, and NetworkPolicies/egress of the namespace" if why else ""))
+    if LATENCY in answers:
+        from pipectl.components.store_latency import verdict
+
+        ms = answers[LATENCY]
+        rows.append(Row("object store latency (from a pod)", *(verdict(ms) if isinstance(ms, (int, float)) else ("warn", str(ms), ""))))
     return rows
 
 
