@@ -245,7 +245,8 @@ def get(uri):
     return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
 index = json.loads(get(os.environ["PIPECTL_TRAIN_SHARDS_URI"].rstrip("/") + "/index.json"))
 shards = [np.load(io.BytesIO(get(u))) for u in index["train"]]
-x = torch.from_numpy(np.concatenate([z["images"] for z in shards]).astype("float32"))
+mean, std = (torch.tensor(index[k]).view(1, -1, 1, 1) for k in ("mean", "std"))  # the pixels, normalised as the index says
+x = (torch.from_numpy(np.concatenate([z["images"] for z in shards])).float() - mean) / std
 y = torch.from_numpy(np.concatenate([z["labels"] for z in shards]))
 torch.manual_seed(0)
 model = nn.Sequential(nn.Flatten(), nn.Linear(x[0].numel(), len(index["labels"])))
@@ -321,7 +322,8 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     index = json.loads(get(env["PIPECTL_TRAIN_SHARDS_URI"].rstrip("/") + "/index.json"))
     shards = [np.load(io.BytesIO(get(u))) for u in index["train"]]
-    x = torch.from_numpy(np.concatenate([z["images"] for z in shards]).astype("float32"))
+    mean, std = (torch.tensor(index[k]).view(1, -1, 1, 1) for k in ("mean", "std"))  # the pixels, normalised as the index says
+    x = (torch.from_numpy(np.concatenate([z["images"] for z in shards])).float() - mean) / std
     y = torch.from_numpy(np.concatenate([z["labels"] for z in shards]))
     seed, batch = int(env["PIPECTL_TRAIN_SEED"]), int(env["PIPECTL_TRAIN_BATCH_SIZE"])
     every, epochs = int(env["PIPECTL_TRAIN_CHECKPOINT_EVERY_STEPS"]), int(env["PIPECTL_TRAIN_EPOCHS"])
