@@ -168,8 +168,9 @@ def warm() -> Step:
 
 
 def preprocess() -> Step:
-    """Decode, resize and normalise with DALI (GPU decode when there is a GPU) into train and
-    validation shards in the run's folder; corrupt images quarantined. Needs: stage. Makes: shards."""
+    """Decode and resize with DALI (GPU decode when there is a GPU) into train and validation
+    shards of uint8 pixels in the run's folder (train and evaluate normalise them); corrupt images
+    quarantined. Needs: stage. Makes: shards."""
     return Step("preprocess", (MANIFEST,), (SHARDS,), t.preprocess_templates, lambda ctx: {
         "manifest_uri": ctx.resolve(MANIFEST_URI, "preprocess"), "output_uri": ctx.run.shards_uri,
         **{n: _wf(n) for n in ("image_size", "validation_fraction", "max_corrupt_fraction")}})

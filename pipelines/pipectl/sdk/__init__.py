@@ -21,7 +21,7 @@ step           does                                                    needs
 =============  ======================================================  =============
 stage()        copy the dataset into the store, with a manifest        —
 warm()         load it into Alluxio when ``warm-cache`` is true         stage
-preprocess()   DALI decode/resize/normalise into shards                stage
+preprocess()   DALI decode/resize into shards of pixels                stage
 shards()       shards you already have (``dataset-uri``), checked      —
 train()        PyTorch DDP as one gang, checkpointed, resumed          preprocess
 evaluate()     score against the ``champion``; promote or keep          train

@@ -1,5 +1,5 @@
-"""The preprocess step: decode, resize and normalise staged images with NVIDIA DALI; write
-train/validation shards.
+"""The preprocess step: decode and resize staged images with NVIDIA DALI; write train/validation
+shards of their pixels.
 
 Shards: ``<output_uri>/<split>-<nnnnn>.npz`` with ``images`` uint8 [N, 3, H, W] (the resized
 pixels; train and evaluate normalise them to [-1, 1], (x - 127.5) / 127.5, with the index's mean

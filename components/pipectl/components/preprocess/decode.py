@@ -1,5 +1,6 @@
 """Decoding: encoded images to resized uint8 CHW arrays with NVIDIA DALI, and the fallback
-decoder (PIL) for what DALI cannot read. Normalising is the readers' part (``shards.normalised``).
+decoder (PIL) for what DALI cannot read. Normalising is the readers' part
+(``ShardStream.model_input``, ``shards.as_float``).
 
 DALI decodes JPEG, PNG, WebP, BMP, TIFF, JPEG 2000 and PNM; GIF (and any image DALI fails on
 its own) goes to PIL, the fallback decoder. Every image comes out as the picture a person sees, as
@@ -8,7 +9,7 @@ torchvision's PIL loader + ``ImageOps.exif_transpose`` would give it: EXIF orien
 Checked on a generated corpus of odd and broken files (tests/tools/odd_images.py; on CPU only: the
 GPU ``mixed`` decoder has not been run on it).
 
-DALI device: ``mixed`` decode (nvJPEG) + GPU resize/normalise when a CUDA device is visible;
+DALI device: ``mixed`` decode (nvJPEG) + GPU resize when a CUDA device is visible;
 otherwise a CPU pipeline built with ``device_id=None`` (DALI refuses a GPU pipeline without
 CUDA: "You are trying to create a GPU DALI pipeline while CUDA is not available").
 """
@@ -100,7 +101,7 @@ def build_pipeline(source: Any, batch_size: int, image_size: int, use_gpu: bool,
     stream (``pipe.run()`` raises it after the last batch). Output per batch: uint8
     [B, 3, image_size, image_size], the resized pixels (half the bytes of float16: the shards,
     their PUTs and every epoch's reads; a reader's float16 of them equals what DALI's own
-    normalisation gives, see ``shards.normalised``).
+    normalisation gives, see ``shards.as_float``).
     ``num_threads``: DALI's CPU worker threads; default :func:`available_cpus` (the CPUs this
     pod may use: CPU decode scales with them, tests/bench/bench_preprocess.py).
     """

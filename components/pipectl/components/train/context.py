@@ -64,7 +64,8 @@ class Preempted(StepError):
 class TrainContext:
     """The gang process a train function runs in, its data and its run.
 
-    ``data``: the training split (preprocessed: resized, normalised), read shard by shard;
+    ``data``: the training split (preprocessed: resized uint8 pixels, which ``batches`` and
+    ``data.model_input`` normalise with the index's mean and std), read shard by shard;
     ``batches`` gives this process its share, never the whole split in memory.
     ``label_names[i]`` is the class of label ``i``."""
 
