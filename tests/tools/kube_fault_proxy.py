@@ -104,6 +104,13 @@ class KubeFaultProxy:
                     for k, v in resp.getheaders():
                         if k.lower() not in HOP and k.lower() != "content-length":
                             self.send_header(k, v)
+                    if self.command == "HEAD" or resp.status in (204, 304) or resp.status < 200:
+                        # no body may follow (RFC 9112 6.3): a chunked "0" terminator here would be read
+                        # as the start of the next response on the connection (kubectl's discovery
+                        # cache revalidates with If-None-Match and gets 304s)
+                        resp.read()
+                        self.end_headers()
+                        return
                     if resp.getheader("Content-Length") is not None and resp.getheader("Transfer-Encoding") is None:
                         data = resp.read()
                         self.send_header("Content-Length", str(len(data)))
