@@ -245,7 +245,7 @@ class Store:
 def store(work: Path) -> Iterator[Store]:
     """Ceph RGW (tests/ceph: the store the product targets, its daemons' CPU counted) when its
     packages are installed, else moto's S3 server (a Python process; its CPU counted too)."""
-    from tests.bench.bench_storage import _ceph_cpu, _group_pids
+    from tests.bench.bench_storage import _ceph_cpu, _group_pids, pids_cpu
     from tests.ceph.ceph import CephCluster, missing_packages
 
     if not missing_packages():
@@ -258,18 +258,7 @@ def store(work: Path) -> Iterator[Store]:
 
         client = s3_client(StoreSettings(s3_endpoint=url, s3_access_key="bench", s3_secret_key="bench-secret",
                                          bucket="unused", mlflow_uri="http://127.0.0.1:1"))
-        yield Store("moto", url, client, lambda: _pid_cpu(_group_pids(proc.pid) or [proc.pid]))
-
-
-def _pid_cpu(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+        yield Store("moto", url, client, lambda: pids_cpu(_group_pids(proc.pid) or [proc.pid]))
 
 
 @contextmanager

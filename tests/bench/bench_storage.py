@@ -127,14 +127,18 @@ class Run:
 
 def _ceph_cpu(ceph: CephCluster) -> float:
     """CPU seconds (user + system, all threads) the Ceph daemons have used so far."""
+    return pids_cpu([pid for proc in ceph.procs.values() for pid in (_group_pids(proc.pid) or [proc.pid])])
+
+
+def pids_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system, all threads) the processes ``pids`` have used so far (gone ones: 0)."""
     total = 0
-    for proc in ceph.procs.values():
-        for pid in _group_pids(proc.pid) or [proc.pid]:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat(5))
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat(5))
     return total / TICK
 
 

@@ -22,6 +22,7 @@ class _Shards:
 
     def __init__(self, shards):
         self._shards = shards
+        self._scale = {}  # what ShardStream keeps for model_input
 
     def shards(self, *, own: bool = False):
         assert own  # each process scores its own shards

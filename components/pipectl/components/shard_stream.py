@@ -72,6 +72,7 @@ class ShardStream:
         self.index = index if index is not None else read_index(reader, shards_uri)
         self.uris: list[str] = list(getattr(self.index, split))
         self.sizes = shard_sizes(reader, self.index, split)
+        self._scale: dict[str, tuple[Any, Any]] = {}  # device -> (mean, std) tensors of model_input
         if not self.uris or sum(self.sizes) == 0:
             raise ValueError(f"the {split} split of {shards_uri} has no samples")
 
@@ -89,7 +90,11 @@ class ShardStream:
         t = torch.from_numpy(images).to(device, non_blocking=True).float()
         if images.dtype != np.uint8:
             return t
-        mean, std = (torch.tensor(v, dtype=torch.float32).reshape(1, -1, 1, 1).to(device) for v in (self.index.mean, self.index.std))
+        key = str(t.device)
+        if key not in self._scale:  # made once per device, not per batch
+            self._scale[key] = tuple(torch.tensor(v, dtype=torch.float32).reshape(1, -1, 1, 1).to(t.device)
+                                     for v in (self.index.mean, self.index.std))
+        mean, std = self._scale[key]
         return t.sub_(mean).div_(std)
 
     @property
