@@ -90,6 +90,27 @@ print("  (module and session fixtures, counted apart when their services are rea
       + ", ".join(f"{t} {c:,.0f}" for t, c in shared.most_common()) + ")")
 PY
 }
+failed_tests() {  # every failed or errored test of every tier, with the first line of its message:
+  # last in the output, where a CI page that shows only the tail still names them
+  compgen -G "$LOGS/*.xml" >/dev/null || return 0
+  [[ -x .venv/bin/python ]] || return 0
+  .venv/bin/python - "$LOGS"/*.xml <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+bad = []
+for path in sys.argv[1:]:
+    tier = path.rsplit("/", 1)[-1].removesuffix(".xml")
+    for case in ET.parse(path).iter("testcase"):
+        for kind in ("failure", "error"):
+            for el in case.findall(kind):
+                msg = (el.get("message") or el.text or "").strip().splitlines()
+                bad.append(f"  {tier:<16} {kind:<7} {case.get('classname')}::{case.get('name')}\n"
+                           f"      {(msg[0] if msg else '')[:300]}")
+if bad:
+    print(f"\nFailed tests ({len(bad)}; their whole reports are in the tier logs above):")
+    print("\n".join(bad))
+PY
+}
 cpu_busy() {  # the machine's CPU busy share since the run started (all cores, from /proc/stat)
   [[ -n ${STAT0:-} ]] || return 0
   local now
@@ -114,6 +135,8 @@ table() {
     printf '  %-14s %7s %8ss %7ss  %s\n' total "" "$total" "$WARN_TOTAL_S" "$([[ $rc_all -eq 0 ]] && echo ok || echo FAILED)"
     slowest
     cpu_busy
+    failed_tests
+    awk -F'\t' '$4 != 0 { bad = bad " " $1 " (exit " $4 ")" } END { if (bad != "") print "Failed phases:" bad }' "$LOGS/phases.tsv"
     if [[ $total -gt $WARN_TOTAL_S ]]; then
       echo "WARNING: this run took $((total / 60)) min, over the $((WARN_TOTAL_S / 60))-minute warning line (the CI gate stops at 90 min)"
     fi
