@@ -271,6 +271,24 @@ def test_a_pipeline_sets_its_own_parameter_defaults_and_the_command_line_still_w
     assert (sent["learning-rate"], sent["image-size"], sent["epochs"]) == ("0.02", "64", "2")
 
 
+def test_a_pipeline_of_your_own_registers_under_its_own_name_unless_it_names_its_model():
+    def model_name(p: Pipeline) -> str:
+        return {a["name"]: a["value"] for a in p.build().to_dict()["spec"]["arguments"]["parameters"]}["model-name"]
+
+    assert model_name(Pipeline("team-training", [stage(), preprocess(), train(), evaluate(), register()])) == "team-training"
+    assert model_name(Pipeline("team-training", [stage()], defaults={"model-name": "team-cnn"})) == "team-cnn"
+    from pipectl.pipelines.builtin import training
+
+    assert model_name(training) == "digits-cnn"  # the built-in pipeline's model
+    r = _pipectl("submit", f"{EXAMPLE}:pipeline", "--dry-run", "-p", "dataset-uri=s3://team/data/")
+    assert r.returncode == 0, r.stderr
+    sent = {a["name"]: a["value"] for a in yaml.safe_load(r.stdout)["spec"]["arguments"]["parameters"]}
+    assert sent["model-name"] == "team-training"
+    r = _pipectl("submit", f"{EXAMPLE}:pipeline", "--dry-run", "-p", "dataset-uri=s3://team/data/", "-p", "model-name=x-cnn")
+    sent = {a["name"]: a["value"] for a in yaml.safe_load(r.stdout)["spec"]["arguments"]["parameters"]}
+    assert sent["model-name"] == "x-cnn"  # the command line still wins
+
+
 @pytest.mark.parametrize("defaults,message", [
     ({"nosuch": 1}, "pipeline 'p': defaults: unknown parameter 'nosuch'"),
     ({"epochs": 0}, "pipeline 'p': defaults: epochs: Input should be greater than or equal to 1 (got '0')"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hera.workflows import WorkflowTemplate
 
+from pipectl.components.contracts import TrainingParameters
 from pipectl.pipelines.composer import Pipeline, evaluate, preprocess, register, stage, train, warm
 from pipectl.pipelines.training import CompileConfig
 
@@ -13,6 +14,7 @@ training = Pipeline(
     [stage(), warm(), preprocess(), train(), evaluate(), register()],
     title="Training pipeline",
     description="Stage, optionally warm Alluxio, preprocess (DALI), train (DDP gang), evaluate against the champion, register in MLflow.",
+    defaults={"model-name": TrainingParameters.model_fields["model_name"].default},
 )
 
 PIPELINES: dict[str, Pipeline] = {p.name: p for p in (training,)}

@@ -426,11 +426,14 @@ class Pipeline:
         return self.parameter_model().from_overrides({**self.default_arguments(), **(overrides or {})})
 
     def default_arguments(self) -> dict[str, str]:
-        """``defaults`` as argument text by kebab-case name (booleans ``true``/``false``)."""
+        """``defaults`` as argument text by kebab-case name (booleans ``true``/``false``). A pipeline
+        that sets no ``model-name`` registers under its own name, so two teams' pipelines never
+        share one champion by accident."""
         if not isinstance(self.defaults, Mapping):
             raise PipelineError(f"pipeline {self.name!r}: defaults must be a mapping of parameter name to value "
                                 f"(got {type(self.defaults).__name__})", "e.g. defaults={'architecture': 'resnet18'}")
-        return {kebab(str(k)): ("true" if v else "false") if isinstance(v, bool) else str(v) for k, v in self.defaults.items()}
+        own = {kebab(str(k)): ("true" if v else "false") if isinstance(v, bool) else str(v) for k, v in self.defaults.items()}
+        return {"model-name": self.name, **own}
 
     def check(self) -> None:
         """Raise :class:`PipelineError` naming what is wrong: a bad name, two steps with one name,
@@ -500,7 +503,7 @@ class Pipeline:
         title = self.title or f"{self.name} pipeline"
         description = self.description or " → ".join(["validate", *(s.name for s in self.steps)])
         return t.workflow_template(cfg, self.name, title, description, DAG(name=self.name, tasks=tasks), templates,
-                                   self.run_parameters().as_arguments() if self.defaults else None)
+                                   self.run_parameters().as_arguments())
 
 
 def _first_error(e: ValidationError) -> str:
