@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from pipectl.components.train.telemetry import RankEpoch, gang_shares, verdicts
+from pipectl.components.train.telemetry import GPU_MEMORY, RankEpoch, gang_shares, verdicts
 
 
-def _rank(rank: int, data=0.1, compute=0.6, sync=0.1, optimizer=0.1, checkpoint=0.1, steps=40, hooked=True) -> RankEpoch:
+def _rank(rank: int, data=0.1, compute=0.6, sync=0.1, optimizer=0.1, checkpoint=0.1, steps=40, hooked=True,
+          gpu=False) -> RankEpoch:
     seconds = {"data": data, "compute": compute, "sync": sync, "optimizer": optimizer, "checkpoint": checkpoint}
-    return RankEpoch(rank, f"node-{rank}", steps, steps * 32, {k: v * steps for k, v in seconds.items()}, hooked)
+    return RankEpoch(rank, f"node-{rank}", steps, steps * 32, {k: v * steps for k, v in seconds.items()}, hooked,
+                     memory_kind=GPU_MEMORY if gpu else "resident memory")
 
 
 def test_a_balanced_gang_gets_no_verdict_and_shares_sum_to_one():
@@ -20,8 +22,18 @@ def test_a_balanced_gang_gets_no_verdict_and_shares_sum_to_one():
 
 def test_starved_above_20_percent_data_wait():
     assert verdicts([_rank(r, data=0.19, compute=0.51) for r in range(2)]) == []
-    found = verdicts([_rank(r, data=0.21, compute=0.49) for r in range(2)])
+    found = verdicts([_rank(r, data=0.21, compute=0.49, gpu=True) for r in range(2)])
     assert len(found) == 1 and found[0].startswith("starved: 21%") and "DALI mixed" in found[0]
+
+
+def test_a_cpu_gang_is_not_told_to_look_at_its_gpus():
+    """The advice follows the device the ranks trained on: no DALI mixed, no GPU clocks on CPUs."""
+    starved = verdicts([_rank(r, data=0.21, compute=0.49, gpu=False) for r in range(2)])
+    assert len(starved) == 1 and "cpu-per-worker" in starved[0] and "GPU" not in starved[0], starved
+    slow = verdicts([_rank(0, gpu=False), _rank(1, compute=1.2, gpu=False)])
+    assert slow[0].startswith("straggler: rank 1") and "CPU throttling" in slow[0] and "GPU" not in slow[0], slow
+    on_gpus = verdicts([_rank(0, gpu=True), _rank(1, compute=1.2, gpu=True)])
+    assert "GPU clocks" in on_gpus[0], on_gpus
 
 
 def test_fabric_bound_above_15_and_no_scale_above_30_percent_sync():

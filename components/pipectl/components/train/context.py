@@ -231,7 +231,8 @@ class TrainContext:
         if self.exporter is not None:
             self.exporter.window([float(t.item()) for t in gathered], self._where)
         if self.rank == 0:
-            for verdict in telemetry.stragglers([float(t.item()) for t in gathered], self._who, span):
+            for verdict in telemetry.stragglers([float(t.item()) for t in gathered], self._who, span,
+                                                gpu=self.device.type == "cuda"):
                 self._note_verdict(verdict, f"step {self.step}")
 
     def _should_stop(self) -> bool:

@@ -56,6 +56,10 @@ def place(node: str, pod: str) -> str:
     return f"node {node}" + (f" (pod {pod})" if pod and pod != node else "")
 
 
+GPU_MEMORY = "GPU memory"
+"""The memory kind of a rank that trains on a GPU (:attr:`RankEpoch.memory_kind`)."""
+
+
 @dataclass
 class RankEpoch:
     """One rank's totals over an epoch (seconds)."""
@@ -81,6 +85,10 @@ class RankEpoch:
     def where(self) -> str:
         """``node N`` or ``node N (pod P)``: where to look for this rank."""
         return place(self.node, self.pod)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.memory_kind == GPU_MEMORY
 
     @property
     def total(self) -> float:
@@ -190,7 +198,7 @@ def memory_mib() -> Memory:
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return Memory(torch.cuda.memory_allocated() / 2**20, torch.cuda.max_memory_allocated() / 2**20, "GPU memory")
+        return Memory(torch.cuda.memory_allocated() / 2**20, torch.cuda.max_memory_allocated() / 2**20, GPU_MEMORY)
     import resource
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
@@ -297,8 +305,10 @@ def verdicts(ranks: list[RankEpoch]) -> list[str]:
     shares = gang_shares(ranks)
     out = []
     if shares["share_data"] > STARVED_SHARE:
+        gpu = ranks and all(r.on_gpu for r in ranks)
         out.append(f"starved: {shares['share_data']:.0%} of the step waits for data (rule: > {STARVED_SHARE:.0%}); "
-                   "decode on the GPU (DALI mixed), give the workers more CPU (cpu-per-worker), or warm the cache (warm-cache=true)")
+                   + ("decode on the GPU (DALI mixed), give the workers more CPU (cpu-per-worker), or warm the cache (warm-cache=true)"
+                      if gpu else "give the workers more CPU (cpu-per-worker), or warm the cache (warm-cache=true)"))
     slow = _stragglers(ranks)
     out += slow
     across_nodes = len({r.node for r in ranks}) > 1  # on one node the sync never crosses a fabric
@@ -314,14 +324,15 @@ def _stragglers(ranks: list[RankEpoch]) -> list[str]:
     if any(r.steps < STRAGGLER_STEPS for r in ranks):
         return []
     own = [r.own_median or r.own_per_step for r in ranks]
-    return stragglers(own, [f"rank {r.rank} on {r.where}" for r in ranks], "over the epoch")
+    return stragglers(own, [f"rank {r.rank} on {r.where}" for r in ranks], "over the epoch", gpu=all(r.on_gpu for r in ranks))
 
 
-def stragglers(own: list[float], who: list[str], span: str) -> list[str]:
+def stragglers(own: list[float], who: list[str], span: str, *, gpu: bool = True) -> list[str]:
     """The straggler verdicts for a gang whose member ``who[i]`` (``rank R on node N``) took
     ``own[i]`` seconds of its own per step (its median over ``span``, at least
     :data:`STRAGGLER_STEPS` steps): each one at least :data:`STRAGGLER_RATIO` times the median of
-    the others'."""
+    the others'. ``gpu``: the ranks train on GPUs (what to check on the node says so)."""
+    check = "(GPU clocks, thermal, noisy neighbours)" if gpu else "(CPU throttling, its CPU limit, noisy neighbours)"
     out = []
     for i, mine in enumerate(own):
         others = own[:i] + own[i + 1:]
@@ -329,6 +340,6 @@ def stragglers(own: list[float], who: list[str], span: str) -> list[str]:
         if median > 0 and mine >= STRAGGLER_RATIO * median:
             out.append(f"straggler: {who[i]} takes {mine * 1000:.0f} ms of its own per step {span}, "
                        f"{mine / median:.1f}x the other ranks' median (rule: >= {STRAGGLER_RATIO}x over >= {STRAGGLER_STEPS} steps, "
-                       "each rank's median step); every other rank waits for it at each all-reduce — check that node "
-                       "(GPU clocks, thermal, noisy neighbours) or its shards")
+                       f"each rank's median step); every other rank waits for it at each all-reduce — check that node "
+                       f"{check} or its shards")
     return out
