@@ -168,3 +168,23 @@ def test_a_manifest_file_that_is_missing_or_not_a_table_is_refused(tmp_path):
         validate_source(str(tmp_path / "broken.parquet"))
     with pytest.raises(DatasetError, match="dataset manifest .*nope.csv does not exist"):
         validate_source(str(tmp_path / "nope.csv"))
+
+
+def test_the_example_manifest_is_the_same_dataset_as_the_example_folder(tmp_path):
+    """`pipectl data example DIR` writes DIR/train.csv beside the images: the same images with the
+    same labels, read either way."""
+    from pipectl.components.data import write_example
+    from pipectl.components.data.digits import write_manifest
+    from pipectl.components.stage.core import _digests
+    from pipectl.components.stage.sources import scan_manifest
+
+    n = write_example("digits", tmp_path)
+    manifest = write_manifest(tmp_path)
+    assert manifest == tmp_path / "train.csv" and manifest.read_text().startswith("uri,label\n")
+
+    def images(files):
+        return sorted((f.label, _digests(f)[0]) for f in files)
+
+    listed, folder = scan_manifest(None, str(manifest)), scan_local(tmp_path)
+    assert len(listed) == len(folder) == n and images(listed) == images(folder)
+    assert validate_source(str(manifest)) == n

@@ -21,16 +21,19 @@ def data() -> None:
 @click.option("--name", type=click.Choice(["digits"]), default="digits", show_default=True)
 @needs_steps_extra("pipectl data example")
 def data_example(directory: Path, name: str) -> None:
-    """Write the example dataset NAME to DIRECTORY in ImageFolder layout (<label>/<image>.jpg)."""
+    """Write the example dataset NAME to DIRECTORY in ImageFolder layout (<label>/<image>.jpg), and
+    DIRECTORY/train.csv: the same images as a manifest of uri,label rows. Either is a dataset-uri."""
     from pipectl.components.data import write_example
+    from pipectl.components.data.digits import write_manifest
 
     if not str(directory).strip() or str(directory) in (".", ""):
         fail("DIRECTORY is empty", "name a folder to write into, e.g. pipectl data example ./digits", code=2)
     try:
         n = write_example(name, directory)
+        manifest = write_manifest(directory)
     except OSError as e:
         fail(f"cannot write to {directory}: {e.strerror or e}", "choose a writable folder", code=2)
-    console().print(f"wrote {n} images of {name} to {directory}", markup=False)
+    console().print(f"wrote {n} images of {name} to {directory} and a manifest of them, {manifest}", markup=False)
     click.echo(str(directory))
 
 

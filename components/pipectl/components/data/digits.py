@@ -36,3 +36,25 @@ def write_example(name: str, directory: Path, *, side_px: int = 32) -> int:
         img.save(tmp, format="JPEG", quality=95)
         tmp.replace(out)
     return len(digits.images)
+
+
+MANIFEST = "train.csv"
+"""The manifest :func:`write_manifest` writes beside the images."""
+
+
+def write_manifest(directory: Path) -> Path:
+    """Write ``directory/train.csv``: one ``uri,label`` row per image of the ImageFolder tree under
+    ``directory`` (uris relative to the manifest), the form a dataset whose images do not sit in
+    one folder per class takes. Returns its path."""
+    import csv
+
+    rows = sorted((p.relative_to(directory).as_posix(), p.parent.name) for p in directory.glob("*/*.jpg"))
+    out = directory / MANIFEST
+    tmp = out.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["uri", "label"])
+        writer.writerows(rows)
+    tmp.replace(out)
+    return out
+
