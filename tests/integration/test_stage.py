@@ -119,6 +119,39 @@ def test_second_run_copies_nothing(dest, digits_dir):
     assert dest.tmp_leftovers() == []
 
 
+class _NoClient:
+    """Stands where stage's boto3 client would: any use of it fails the test."""
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"stage used its boto3 client ({name}) on a staging from local files")
+
+
+def test_a_staging_from_local_files_reaches_the_store_without_boto3(dest, small_digits_dir):
+    """With the store's URL and keys, every request of a local staging goes through obstore: the
+    first staging, the one that finds the manifest, and the one that resumes from a listing."""
+    if dest.kind == "cephfs":
+        pytest.skip("S3 only")
+    from pipectl.components.runtime import ensure_bucket
+
+    bucket = f"no-boto3-{uuid.uuid4().hex[:8]}"
+    ensure_bucket(dest.s3, bucket)  # creating a bucket is boto3's (obstore cannot)
+    inp = StageInput(source_uri=str(small_digits_dir), bucket=bucket)
+    first = stage(inp, _NoClient(), target=make_target(inp, _NoClient(), dest.settings))
+    assert first.copied == first.objects > 0
+    again = stage(inp, _NoClient(), target=make_target(inp, _NoClient(), dest.settings))
+    assert (again.copied, again.skipped) == (0, first.objects)
+    prefix = _prefix(first)
+    keys = sorted(o["Key"] for o in dest.s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "data/")["Contents"])
+    assert len(keys) == first.objects
+    dest.s3.delete_object(Bucket=bucket, Key=prefix + "manifest.json")
+    for key in keys[: len(keys) // 2]:
+        dest.s3.delete_object(Bucket=bucket, Key=key)
+    resumed = stage(inp, _NoClient(), target=make_target(inp, _NoClient(), dest.settings))
+    assert (resumed.copied, resumed.skipped) == (len(keys) // 2, len(keys) - len(keys) // 2)
+    manifest = json.loads(dest.s3.get_object(Bucket=bucket, Key=prefix + "manifest.json")["Body"].read())
+    assert len(manifest["entries"]) == first.objects and prefix.rstrip("/").endswith(manifest["digest"][:20])
+
+
 def test_s3_source_gets_the_same_content_address(dest, small_digits_dir):
     local = dest.stage(str(small_digits_dir))
     s3 = dest.s3

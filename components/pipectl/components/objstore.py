@@ -1,8 +1,12 @@
 """obstore (Rust ``object_store``) clients on the S3 endpoint a boto3 client talks to: the steps'
 bulk path (stage's PUTs, preprocess's GETs and shard PUTs). Requests are built, signed and
 sent in Rust with the GIL released, so a thread pool overlaps them for a fraction of botocore's
-CPU per request (the measurements: stage/transfer.py). boto3 stays for everything else (listings,
-HEADs, copies, Alluxio's S3 proxy)."""
+CPU per request (the measurements: stage/transfer.py). With an :class:`Endpoint` (a URL and static
+keys) obstore needs no boto3 client at all: a staging from local files then reads and writes its
+manifest and lists what is there through it too (boto3's import and client cost ~0.15 s of CPU at
+a step's start, and a client built beside the hashing threads held the GIL they wait for). boto3
+stays for everything else (creating a bucket, copies, C14 stores, the other steps' listings and
+HEADs, Alluxio's S3 proxy) and answers again whatever obstore could not."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import random
 import re
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -39,20 +44,45 @@ def headline(exc: BaseException) -> str:
     return str(exc).split("\n", 1)[0][:300]
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    """An S3 endpoint and static keys (a step's ``StoreSettings``): what obstore needs to talk to
+    the store without a boto3 client (whose import and model loading cost ~0.15 s of CPU at a
+    step's start)."""
+
+    url: str
+    region: str
+    access_key: str
+    secret_key: str
+
+    @classmethod
+    def of(cls, settings: Any) -> "Endpoint | None":
+        """From ``StoreSettings``; None without an endpoint URL or keys (boto3's credential chain
+        then: a web identity, an instance role)."""
+        if not (settings.s3_endpoint and settings.s3_access_key and settings.s3_secret_key):
+            return None
+        return cls(settings.s3_endpoint, settings.s3_region or "us-east-1", settings.s3_access_key, settings.s3_secret_key)
+
+
 def s3_store(s3: Any, bucket: str, *, retries: int, timeout: str) -> Any:
-    """An obstore ``S3Store`` of ``bucket`` at ``s3``'s endpoint, region and credentials
-    (path-style, unsigned payloads), retrying ``retries`` times with exponential backoff."""
+    """An obstore ``S3Store`` of ``bucket`` at the endpoint, region and credentials of ``s3`` (a
+    boto3 client, or an :class:`Endpoint`), path-style, unsigned payloads, retrying ``retries``
+    times with exponential backoff."""
     from obstore.store import S3Store
 
-    endpoint = s3.meta.endpoint_url
+    if isinstance(s3, Endpoint):
+        endpoint, region = s3.url, s3.region
+        credentials: dict[str, Any] = {"access_key_id": s3.access_key, "secret_access_key": s3.secret_key}
+    else:
+        endpoint, region = s3.meta.endpoint_url, s3.meta.region_name or "us-east-1"
+        credentials = {"credential_provider": BotoCredentials(s3)}
     client: dict[str, Any] = {"connect_timeout": "5s", "timeout": timeout, "allow_http": endpoint.startswith("http://")}
     ca = os.environ.get("AWS_CA_BUNDLE")  # boto3 trusts it; a private CA in front of RGW
     if ca and endpoint.startswith("https://") and Path(ca).is_file():
         client["root_certificate"] = Path(ca).read_text()
     return S3Store(
-        bucket, endpoint=endpoint, region=s3.meta.region_name or "us-east-1",
-        virtual_hosted_style_request=False, unsigned_payload=True,
-        credential_provider=BotoCredentials(s3), client_options=client,
+        bucket, endpoint=endpoint, region=region,
+        virtual_hosted_style_request=False, unsigned_payload=True, client_options=client, **credentials,
         retry_config={"max_retries": retries, "retry_timeout": timedelta(minutes=5),
                       "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=15), "base": 2}},
     )
@@ -105,19 +135,48 @@ def part_plan(size: int) -> tuple[int, int]:
 
 class ObjectWriter:
     """PUTs into one bucket of the S3 endpoint a boto3 client talks to (same endpoint, region,
-    credentials and path-style addressing)."""
+    credentials and path-style addressing), or of an :class:`Endpoint` (``endpoint``; the boto3
+    client ``s3`` is then used only to abort a failed multipart upload); and the few reads a
+    writer needs (:meth:`head`, :meth:`read`, :meth:`listing`)."""
 
-    def __init__(self, s3: Any, bucket: str) -> None:
+    def __init__(self, s3: Any, bucket: str, endpoint: Endpoint | None = None) -> None:
         self.bucket = bucket
         self.s3 = s3
-        self.endpoint = s3.meta.endpoint_url
-        self._single = self._store(s3, retries=0, timeout="60s")  # retried (and counted) by put()
-        self._parts = self._store(s3, retries=5, timeout="600s")
+        where = endpoint if endpoint is not None else s3
+        self.endpoint = endpoint.url if endpoint is not None else s3.meta.endpoint_url
+        self._single = self._store(where, retries=0, timeout="60s")  # retried (and counted) by put()
+        self._parts = self._store(where, retries=5, timeout="600s")
         self._rng = random.Random()
         self._lock = threading.Lock()
 
     def _store(self, s3: Any, *, retries: int, timeout: str) -> Any:
         return s3_store(s3, self.bucket, retries=retries, timeout=timeout)
+
+    def head(self, key: str) -> dict | None:
+        """``key``'s size and ETag (obstore's ``ObjectMeta``), or None when absent (404). Any other
+        answer is raised as obstore raises it."""
+        import obstore
+
+        try:
+            return obstore.head(self._parts, key)
+        except FileNotFoundError:  # obstore's NotFoundError
+            return None
+
+    def read(self, key: str) -> bytes | None:
+        """``key``'s bytes, or None when absent (404)."""
+        import obstore
+
+        try:
+            return bytes(obstore.get(self._parts, key).bytes())
+        except FileNotFoundError:  # obstore's NotFoundError
+            return None
+
+    def listing(self, prefix: str) -> list[tuple[str, int, str]]:
+        """(key, size, ETag without quotes) of every object under ``prefix`` (1,000 a request)."""
+        import obstore
+
+        return [(meta["path"], meta["size"], (meta.get("e_tag") or "").strip('"'))
+                for page in obstore.list(self._parts, prefix, chunk_size=1000) for meta in page]
 
     def put(self, key: str, body: bytes | memoryview, metadata: dict[str, str]) -> tuple[str, int]:
         """One PUT of ``body``; returns (ETag without quotes, retried attempts)."""

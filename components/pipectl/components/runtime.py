@@ -129,27 +129,39 @@ def s3_client(settings: StoreSettings, *, max_pool: int = 32) -> Any:
 
 
 class Deferred:
-    """A value built in a background thread; the first attribute read waits for it (and raises
-    what building it raised). Lets a step build its S3 client (~0.1 s of botocore's model
-    loading) while it scans and hashes files, which need no client."""
+    """A value built in a background thread (``background``), or on first use; the first attribute
+    read waits for it (and raises what building it raised). Lets a step build its S3 client (~0.1 s
+    of botocore's model loading) while it scans and hashes files, which need no client, or only
+    where it needs one at all. (Built in the background, the client's Python holds the GIL the
+    hashing threads want: with another way to the store, on first use is faster.)"""
 
-    def __init__(self, build: Callable[[], Any]) -> None:
+    def __init__(self, build: Callable[[], Any], *, background: bool = True) -> None:
         import threading
 
         self._value: Any = None
         self._error: BaseException | None = None
+        self._build = build
+        self._lock = threading.Lock()
+        self._built = False
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._run, name="deferred", daemon=True)
+            self._thread.start()
 
-        def run() -> None:
-            try:
-                self._value = build()
-            except BaseException as e:  # re-raised where the value is first used
-                self._error = e
-
-        self._thread = threading.Thread(target=run, name="deferred", daemon=True)
-        self._thread.start()
+    def _run(self) -> None:
+        try:
+            self._value = self._build()
+        except BaseException as e:  # re-raised where the value is first used
+            self._error = e
+        self._built = True
 
     def get(self) -> Any:
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
+        else:
+            with self._lock:
+                if not self._built:
+                    self._run()
         if self._error is not None:
             raise self._error
         return self._value

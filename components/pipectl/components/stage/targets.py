@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from pipectl.components.contracts import ManifestEntry
+from pipectl.components.objstore import Endpoint
 from pipectl.components.runtime import StepError, ensure_bucket, list_objects, object_exists
 
 
@@ -135,11 +136,15 @@ class S3Target:
     obstore writes to the same endpoint with the same credentials."""
 
     def __init__(self, s3: Any, bucket: str, *, prefix: str = "", part_size: int = MULTIPART_THRESHOLD_BYTES,
-                 max_concurrency: int = 10) -> None:
+                 max_concurrency: int = 10, endpoint: Endpoint | None = None) -> None:
         """``prefix``: the folder in the bucket the layout's keys go under (``teams/vision/``; empty:
-        the bucket's root). ``s3`` is used only from :meth:`prepare` on (it may still be being built:
-        ``runtime.Deferred``)."""
+        the bucket's root). ``s3`` is used only from :meth:`prepare` on (it may be built on first
+        use: ``runtime.Deferred``). ``endpoint``: the store's URL and static keys; with it the
+        manifest's reads and write and the listing go through obstore too, and ``s3`` is built only
+        where boto3 is needed (a bucket to create, an answer other than found or not found, C14
+        stores, copies from an S3 source): a staging from local files then never loads boto3."""
         self.s3 = s3
+        self.endpoint = endpoint
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.root_uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
@@ -158,19 +163,39 @@ class S3Target:
             if self._writer is None:
                 from pipectl.components.stage.transfer import ObjectWriter
 
-                self._writer = ObjectWriter(self.s3, self.bucket)
+                self._writer = ObjectWriter(self.s3, self.bucket, self.endpoint)
             return self._writer
 
+    def _fast(self, request: Callable[[Any], Any]) -> tuple[bool, Any]:
+        """(True, ``request(writer)``) through obstore when there is an :attr:`endpoint` and the
+        store answered; (False, None) otherwise: the caller asks again through boto3, whose errors
+        (a refusal, a missing bucket, a team key's 403 for an absent object) the step maps."""
+        if self.endpoint is None:
+            return False, None
+        try:
+            return True, request(self.writer())
+        except Exception:  # obstore's errors: boto3 asks again and says what it was
+            return False, None
+
     def prepare(self) -> None:
-        ensure_bucket(self.s3, self.bucket)
+        if self.endpoint is None:  # else the listing in present() shows the bucket is there
+            ensure_bucket(self.s3, self.bucket)
 
     def read_manifest(self, key: str) -> dict | None:
         key = self.prefix + key
+        answered, body = self._fast(lambda w: w.read(key))
+        if answered:
+            return None if body is None else json.loads(body)
         if object_exists(self.s3, self.bucket, key) is None:
             return None
         return json.loads(self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read())
 
     def present(self, prefix: str) -> dict[str, Present]:
+        answered, listed = self._fast(lambda w: w.listing(self.prefix + prefix))
+        if answered:
+            return {key[len(self.prefix):]: Present(size, etag) for key, size, etag in listed}
+        if self.endpoint is not None:  # not listed: the bucket may be missing (prepare() left it)
+            ensure_bucket(self.s3, self.bucket)
         found: dict[str, Present] = {}
         for obj in list_objects(self.s3, self.bucket, self.prefix + prefix):
             found[obj["Key"][len(self.prefix):]] = Present(obj["Size"], obj.get("ETag", "").strip('"'))
@@ -265,7 +290,9 @@ class S3Target:
 
     def write_manifest(self, key: str, obj: Any) -> None:
         body = json.dumps(obj, indent=2, sort_keys=True, default=str).encode()
-        self.s3.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=body, ContentType="application/json")
+        answered, _ = self._fast(lambda w: w.put(self.prefix + key, body, {"Content-Type": "application/json"}))
+        if not answered:
+            self.s3.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=body, ContentType="application/json")
 
     def finish(self) -> None:
         pass
@@ -436,7 +463,8 @@ class FsTarget:
             pass
 
 
-def parse_target(target_uri: str, *, s3: Any, cephfs_mount: str | None, max_concurrency: int = 10) -> Target:
+def parse_target(target_uri: str, *, s3: Any, cephfs_mount: str | None, max_concurrency: int = 10,
+                 endpoint: Endpoint | None = None) -> Target:
     """``s3://bucket`` or ``s3://bucket/prefix/`` -> :class:`S3Target`; ``cephfs:///path`` -> :class:`FsTarget` under
     ``cephfs_mount`` (checked to be a CephFS); ``/path`` or ``file:///path`` -> :class:`FsTarget`.
 
@@ -451,7 +479,7 @@ def parse_target(target_uri: str, *, s3: Any, cephfs_mount: str | None, max_conc
         if not u.netloc or u.query or u.fragment or "//" in u.path or any(p in (".", "..") for p in prefix.split("/")):
             raise StepError(f"target {target_uri!r}: write s3://<bucket> or s3://<bucket>/<path>/ (datasets go under "
                             "<target>/datasets/)", "e.g. s3://pipectl or s3://pipectl/teams/vision/", cli_exit=2)
-        return S3Target(s3, u.netloc, prefix=prefix, max_concurrency=max_concurrency)
+        return S3Target(s3, u.netloc, prefix=prefix, max_concurrency=max_concurrency, endpoint=endpoint)
     if u.scheme == "cephfs":
         if not cephfs_mount:
             raise StepError(

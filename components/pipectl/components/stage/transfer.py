@@ -12,7 +12,9 @@ stay (they are cheaper than the event loop). ``awscrt`` was not measured.
 What each request carries, and the one hash:
 
 - ``stage`` reads each file once before any write and computes sha256 (manifest, content
-  address) and, below the multipart threshold, md5 (core.py). Nothing hashes the body again:
+  address); below the multipart threshold it keeps the bytes (up to ``core.KEEP_BYTES`` in all)
+  and the md5 of those same bytes is computed in the upload threads, beside the store's work (past
+  the budget: md5 with the sha256, and the file read again for its PUT). Nothing hashes the body again:
   requests are signed with ``UNSIGNED-PAYLOAD`` (SigV4 would otherwise hash every body) and no
   checksum header is computed (``object_store``'s ``checksum_algorithm`` would hash it in Rust).
 - The store's own check of each PUT: obstore cannot send a per-request Content-MD5 (its client
