@@ -194,7 +194,9 @@ def _upload(inp: StageInput, target: Target, data_prefix: str, todo: list[tuple[
 
     def put(item: tuple[SourceFile, ManifestEntry, Hashed]) -> int:
         f, entry, hashed = item
-        return target.put(data_prefix + entry.key, hashed.source(f), entry, hashed.md5_hex())
+        retried = target.put(data_prefix + entry.key, hashed.source(f), entry, hashed.md5_hex())
+        hashed.body = None  # written: its bytes are not needed again
+        return retried
 
     with ThreadPoolExecutor(max_workers=inp.max_concurrency) as pool:
         return list(pool.map(put, todo))
