@@ -308,6 +308,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--growth", default="1000,10000,50000",
                     help="sizes (small files) of the growth curve, comma-separated; empty: none")
     ap.add_argument("--growth-runs", type=int, default=1)
+    ap.add_argument("--results", default="storage",
+                    help="name of the results files under tests/bench/results/ (<name>.md, <name>.json)")
     ap.add_argument("--tools", default="stage,s5cmd,s5cmd --numworkers 16,rclone copy",
                     help=f"comma-separated, stage first; peers: {', '.join(PEERS)}")
     args = ap.parse_args([] if argv is None else argv)  # tests.bench.run calls main()
@@ -323,7 +325,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     big = 0 if args.only in ("small", "growth") else args.big
     sizes = [int(n) for n in args.growth.split(",") if n.strip()] if args.only in (None, "growth") else []
     with tempfile.TemporaryDirectory(prefix="storage-bench-") as tmp, \
-            Results("storage", "Staging to one Ceph 16.2 RGW (memstore OSD) on 127.0.0.1", "stage", "peer (in the case)",
+            Results(args.results, "Staging to one Ceph 16.2 RGW (memstore OSD) on 127.0.0.1", "stage", "peer (in the case)",
                    runs=args.runs, warmup=1) as report:
         tools = Tools(Path(tmp))
         report.setup.update(commit=_commit(), tools=names, concurrency_stage=CONCURRENCY, cores=CORES)
