@@ -75,8 +75,8 @@ class Hashed:
 
 
 class _Hasher:
-    """Hashes files from a thread pool, keeping small local files' bytes up to ``keep_bytes`` in all.
-    No request hashes a body again (stage/transfer.py)."""
+    """Hashes files (:meth:`all`: from a thread per CPU), keeping small local files' bytes up to
+    ``keep_bytes`` in all. No request hashes a body again (stage/transfer.py)."""
 
     def __init__(self, keep_bytes: int = KEEP_BYTES) -> None:
         self._left = keep_bytes
@@ -144,9 +144,9 @@ def _read_file(path: str, size: int) -> bytes:
     fd = os.open(path, os.O_RDONLY)
     try:
         chunks = [os.read(fd, size + 1)]
-        while chunks[-1]:  # grown since it was listed: read to the end (the size check then fails)
+        while chunks[-1]:  # to the end: a short read, or a file grown since it was listed (the size check fails)
             chunks.append(os.read(fd, 1 << 20))
-        return b"".join(chunks)
+        return chunks[0] if len(chunks) == 2 else b"".join(chunks)
     finally:
         os.close(fd)
 
