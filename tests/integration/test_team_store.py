@@ -163,3 +163,35 @@ def test_a_wrong_key_is_told_as_a_wrong_key_not_as_a_prefix(teams, tmp_path):
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 3, r.stderr
     assert "InvalidAccessKeyId" in r.stderr and "PIPECTL_S3_ACCESS_KEY" in r.stderr and "s3_prefix" not in r.stderr
+
+
+def test_doctor_asks_the_store_with_the_namespaces_key_where_its_runs_write(teams):
+    """`pipectl doctor`'s store key row: the team's key lists its own prefix; the same key at the
+    other team's prefix, a key the store does not know, a secret that does not match, a missing
+    bucket and a store that does not answer are each named."""
+    import base64
+
+    from pipectl.pipelines.backends.doctor_store import key_row
+
+    bucket, settings, _ = teams
+    vision = settings["vision"]
+
+    def secret(key: str, secret_key: str) -> dict[str, str]:
+        return {"PIPECTL_S3_ACCESS_KEY": base64.b64encode(key.encode()).decode(),
+                "PIPECTL_S3_SECRET_KEY": base64.b64encode(secret_key.encode()).decode()}
+
+    mine = secret(vision.s3_access_key, vision.s3_secret_key)
+    at = vision.s3_endpoint
+    ok = key_row(at, mine, f"s3://{bucket}/teams/vision/")
+    assert ok.status == "ok" and f"s3://{bucket}/teams/vision/" in ok.detail, ok
+    theirs = key_row(at, mine, f"s3://{bucket}/teams/speech/")
+    assert theirs.status == "fail" and "may not list" in theirs.detail and "store-policy" in theirs.fix, theirs
+    unknown = key_row(at, secret("NOSUCHKEY0000", "x"), f"s3://{bucket}/teams/vision/")
+    assert unknown.status == "fail" and "InvalidAccessKeyId" in unknown.detail and "Secret" in unknown.fix, unknown
+    mismatched = key_row(at, secret(vision.s3_access_key, "not-the-secret"), f"s3://{bucket}/teams/vision/")
+    assert mismatched.status == "fail" and "SignatureDoesNotMatch" in mismatched.detail, mismatched
+    missing = key_row(at, mine, f"s3://no-such-{uuid.uuid4().hex[:8]}/")
+    assert missing.status == "fail" and "does not exist" in missing.detail, missing
+    down = key_row("http://127.0.0.1:9", mine, f"s3://{bucket}/teams/vision/", timeout=2)
+    assert down.status == "warn" and "did not answer" in down.detail, down
+    assert key_row(at, {}, f"s3://{bucket}/") is None  # no key: the store credentials row says so

@@ -3,7 +3,8 @@
 Compares the cluster with what ``argo/`` installs (the same :func:`~pipectl.pipelines.manifests.cluster_manifests`
 that renders it) and checks what ``argo/`` cannot install: the API server's version, the Argo and
 gang-launcher CRDs, Argo Workflows' version, Karpenter and the NodePools of ``argo/autoscaling/``
-where Karpenter runs, the store's Secret, GPU nodes, whether the store and MLflow answer (and how
+where Karpenter runs, the store's Secret and whether its key lists where the runs write
+(:mod:`~pipectl.pipelines.backends.doctor_store`), GPU nodes, whether the store and MLflow answer (and how
 fast the store answers a small request: :mod:`~pipectl.components.store_latency`), and the
 MLflow credentials against what MLflow asks for (:mod:`~pipectl.pipelines.backends.doctor_mlflow`). Each
 check is one :class:`Row` with a fix; ``fail`` rows make the command exit 1, ``warn`` rows do not.
@@ -75,7 +76,7 @@ class Doctor:
 
     def rows(self) -> list[Row]:
         checks: list[Callable[[], list[Row]]] = [self._version, self._crds, self._argo_version, self._objects,
-                                                 self._namespace_labels, self._secret, self._gpu_nodes,
+                                                 self._namespace_labels, self._secret, self._store_key, self._gpu_nodes,
                                                  self._karpenter, self._services, self._mlflow_secret]
         out: list[Row] = []
         for check in checks:
@@ -222,6 +223,24 @@ class Doctor:
         missing = [k for k in ("PIPECTL_S3_ACCESS_KEY", "PIPECTL_S3_SECRET_KEY") if k not in data]
         return [Row("store credentials", "fail" if missing else "ok",
                     f"Secret {STORE_SECRET} lacks {', '.join(missing)}" if missing else f"Secret {STORE_SECRET}", fix if missing else "")]
+
+    def _store_key(self) -> list[Row]:
+        """The store Secret's key asked to list the namespace's store root (:mod:`doctor_store`)."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        from pipectl.pipelines.backends.doctor_store import CHECK, key_row
+
+        core = client.CoreV1Api(self.api)
+        try:
+            endpoint = (core.read_namespaced_config_map(STORE_CONFIGMAP, self.cfg.namespace).data or {}).get("PIPECTL_S3_ENDPOINT")
+            secret = core.read_namespaced_secret(STORE_SECRET, self.cfg.namespace).data or {}
+        except ApiException as e:
+            if e.status in (403, 404):
+                return []  # the ConfigMap and store credentials rows say what is missing or unreadable
+            raise
+        found = key_row(endpoint, secret, self.cfg.store_root(), self.timeout) if endpoint else None
+        return [Row(CHECK, *found)] if found is not None else []
 
     def _gpu_nodes(self) -> list[Row]:
         from kubernetes import client
