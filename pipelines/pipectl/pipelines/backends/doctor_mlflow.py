@@ -51,7 +51,8 @@ def answer(uri: str, user: str | None = None, password: str | None = None, timeo
         return None
 
 
-def _decoded(data: dict[str, str], key: str) -> str | None:
+def decoded(data: dict[str, str], key: str) -> str | None:
+    """Value ``key`` of a Secret's ``data`` (base64, as the API gives it), decoded; None when absent."""
     value = data.get(key)
     return base64.b64decode(value).decode(errors="replace") if value else None
 
@@ -68,7 +69,7 @@ def credentials_row(uri: str | None, secret: dict[str, str] | None, namespace: s
                                       "training and register would be refused", fix)
         said = {None: "does not answer from this machine", 200: "answers without credentials"}.get(anonymous, f"answers {anonymous}")
         return Finding("ok", f"no Secret {MLFLOW_SECRET}: the steps talk to MLflow without auth (MLflow {said})")
-    user, password = _decoded(secret, MLFLOW_USERNAME_ENV), _decoded(secret, MLFLOW_PASSWORD_ENV)
+    user, password = decoded(secret, MLFLOW_USERNAME_ENV), decoded(secret, MLFLOW_PASSWORD_ENV)
     missing = [k for k, v in ((MLFLOW_USERNAME_ENV, user), (MLFLOW_PASSWORD_ENV, password)) if not v]
     if missing:
         return Finding("fail", f"Secret {MLFLOW_SECRET} lacks {', '.join(missing)}", fix)

@@ -15,19 +15,12 @@ Example::
 
 from __future__ import annotations
 
-import base64
-
 from pipectl.components.names import STORE_SECRET
-from pipectl.pipelines.backends.doctor_mlflow import Finding
+from pipectl.pipelines.backends.doctor_mlflow import Finding, decoded
 
 CHECK = "store key"
 UNKNOWN_KEY = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "AuthorizationHeaderMalformed")
 REFUSED = ("AccessDenied", "Forbidden", "403", "AllAccessDisabled")
-
-
-def _decoded(data: dict[str, str], key: str) -> str | None:
-    value = data.get(key)
-    return base64.b64decode(value).decode(errors="replace") if value else None
 
 
 def key_row(endpoint: str, secret: dict[str, str], root_uri: str, timeout: float = 5.0) -> Finding | None:
@@ -38,7 +31,7 @@ def key_row(endpoint: str, secret: dict[str, str], root_uri: str, timeout: float
     from botocore.config import Config
     from botocore.exceptions import BotoCoreError, ClientError
 
-    access, secret_key = _decoded(secret, "PIPECTL_S3_ACCESS_KEY"), _decoded(secret, "PIPECTL_S3_SECRET_KEY")
+    access, secret_key = decoded(secret, "PIPECTL_S3_ACCESS_KEY"), decoded(secret, "PIPECTL_S3_SECRET_KEY")
     if not access or not secret_key:
         return None
     bucket, _, prefix = root_uri.removeprefix("s3://").partition("/")
