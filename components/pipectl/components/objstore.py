@@ -137,7 +137,7 @@ class ObjectWriter:
     """PUTs into one bucket of the S3 endpoint a boto3 client talks to (same endpoint, region,
     credentials and path-style addressing), or of an :class:`Endpoint` (``endpoint``; the boto3
     client ``s3`` is then used only to abort a failed multipart upload); and the few reads a
-    writer needs (:meth:`head`, :meth:`read`, :meth:`listing`)."""
+    writer needs (:meth:`read`, :meth:`listing`)."""
 
     def __init__(self, s3: Any, bucket: str, endpoint: Endpoint | None = None) -> None:
         self.bucket = bucket
@@ -152,18 +152,8 @@ class ObjectWriter:
     def _store(self, s3: Any, *, retries: int, timeout: str) -> Any:
         return s3_store(s3, self.bucket, retries=retries, timeout=timeout)
 
-    def head(self, key: str) -> dict | None:
-        """``key``'s size and ETag (obstore's ``ObjectMeta``), or None when absent (404). Any other
-        answer is raised as obstore raises it."""
-        import obstore
-
-        try:
-            return obstore.head(self._parts, key)
-        except FileNotFoundError:  # obstore's NotFoundError
-            return None
-
     def read(self, key: str) -> bytes | None:
-        """``key``'s bytes, or None when absent (404)."""
+        """``key``'s bytes, or None when absent (404). Any other answer is raised as obstore raises it."""
         import obstore
 
         try:
