@@ -64,17 +64,23 @@ run_phase() {  # run_phase NAME CMD...: in the foreground, output to the termina
   record "$name" "$t" "$rc"
   return "$rc"
 }
-slowest() {  # the ten slowest and the ten most CPU-hungry tests of every tier (their JUnit XML)
+slowest() {  # the ten slowest and the ten most CPU-hungry tests of every tier (their JUnit XML), then
+  # every failed or errored test with the first line of its message: last in the output, where a CI
+  # page that shows only the tail still names them
   compgen -G "$LOGS/*.xml" >/dev/null || return 0
   [[ -x .venv/bin/python ]] || return 0
   .venv/bin/python - "$LOGS"/*.xml <<'PY'
 import collections
 import sys
 import xml.etree.ElementTree as ET
-rows, cpu_by_tier, shared = [], collections.Counter(), collections.Counter()
+rows, cpu_by_tier, shared, bad = [], collections.Counter(), collections.Counter(), []
 for path in sys.argv[1:]:
     tier = path.rsplit("/", 1)[-1].removesuffix(".xml")
     for case in ET.parse(path).iter("testcase"):
+        for el in [*case.findall("failure"), *case.findall("error")]:
+            msg = (el.get("message") or el.text or "").strip().splitlines()
+            bad.append(f"  {tier:<16} {el.tag:<7} {case.get('classname')}::{case.get('name')}\n"
+                       f"      {(msg[0] if msg else '')[:300]}")
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         cpu = float(props.get("cpu_s", 0))
         cpu_by_tier[tier] += cpu + float(props.get("shared_cpu_s", 0))
@@ -88,24 +94,6 @@ print(f"  ({len(rows)} tests in all; CPU seconds by tier: "
       + ", ".join(f"{t} {c:,.0f}" for t, c in cpu_by_tier.most_common()) + ")")
 print("  (module and session fixtures, counted apart when their services are reaped: "
       + ", ".join(f"{t} {c:,.0f}" for t, c in shared.most_common()) + ")")
-PY
-}
-failed_tests() {  # every failed or errored test of every tier, with the first line of its message:
-  # last in the output, where a CI page that shows only the tail still names them
-  compgen -G "$LOGS/*.xml" >/dev/null || return 0
-  [[ -x .venv/bin/python ]] || return 0
-  .venv/bin/python - "$LOGS"/*.xml <<'PY'
-import sys
-import xml.etree.ElementTree as ET
-bad = []
-for path in sys.argv[1:]:
-    tier = path.rsplit("/", 1)[-1].removesuffix(".xml")
-    for case in ET.parse(path).iter("testcase"):
-        for kind in ("failure", "error"):
-            for el in case.findall(kind):
-                msg = (el.get("message") or el.text or "").strip().splitlines()
-                bad.append(f"  {tier:<16} {kind:<7} {case.get('classname')}::{case.get('name')}\n"
-                           f"      {(msg[0] if msg else '')[:300]}")
 if bad:
     print(f"\nFailed tests ({len(bad)}; their whole reports are in the tier logs above):")
     print("\n".join(bad))
@@ -133,9 +121,8 @@ table() {
         "$([[ $rc -eq 0 ]] && echo ok || echo "FAILED (exit $rc)")" "$over"
     done <"$LOGS/phases.tsv"
     printf '  %-14s %7s %8ss %7ss  %s\n' total "" "$total" "$WARN_TOTAL_S" "$([[ $rc_all -eq 0 ]] && echo ok || echo FAILED)"
-    slowest
     cpu_busy
-    failed_tests
+    slowest
     awk -F'\t' '$4 != 0 { bad = bad " " $1 " (exit " $4 ")" } END { if (bad != "") print "Failed phases:" bad }' "$LOGS/phases.tsv"
     if [[ $total -gt $WARN_TOTAL_S ]]; then
       echo "WARNING: this run took $((total / 60)) min, over the $((WARN_TOTAL_S / 60))-minute warning line (the CI gate stops at 90 min)"

@@ -57,4 +57,3 @@ def write_manifest(directory: Path) -> Path:
         writer.writerows(rows)
     tmp.replace(out)
     return out
-

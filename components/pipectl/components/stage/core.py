@@ -27,7 +27,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from pipectl.components.contracts import DatasetLayout, DatasetManifest, ManifestEntry, StageInput, StageOutput, StoreSettings
 from pipectl.components.datasize import DatasetSize, check_dataset_size
@@ -149,12 +149,6 @@ def _read_file(path: str, size: int) -> bytes:
         return chunks[0] if len(chunks) == 2 else b"".join(chunks)
     finally:
         os.close(fd)
-
-
-def _digests(f: SourceFile) -> tuple[str, str]:
-    """(sha256, md5) hex of the file's bytes from one read (md5: "" at the multipart size)."""
-    h = _Hasher(0)(f)
-    return h.sha256, h.md5
 
 
 def dataset_digest(entries: Iterable[ManifestEntry]) -> str:
