@@ -188,3 +188,18 @@ def test_the_example_manifest_is_the_same_dataset_as_the_example_folder(tmp_path
     listed, folder = scan_manifest(None, str(manifest)), scan_local(tmp_path)
     assert len(listed) == len(folder) == n and images(listed) == images(folder)
     assert validate_source(str(manifest)) == n
+
+
+def test_files_are_listed_in_the_order_of_their_path_parts_with_their_paths(tmp_path):
+    """Labels whose names sort differently as strings and as paths ('a-b' < 'a/' as strings):
+    the order is by label, then file name, as pathlib orders the paths."""
+    for key in ("a-b/2.jpg", "a-b/1.jpg", "a/x.png", "a.b/y.JPG", "b/z.jpeg", "a/.hidden.jpg", "b/notes.txt"):
+        (tmp_path / key).parent.mkdir(exist_ok=True)
+        (tmp_path / key).write_bytes(key.encode())
+    files = scan_local(tmp_path)
+    assert [f.key for f in files] == ["a/x.png", "a-b/1.jpg", "a-b/2.jpg", "a.b/y.JPG", "b/z.jpeg"]
+    assert [f.label for f in files] == ["a", "a-b", "a-b", "a.b", "b"]
+    for f in files:
+        assert f.path == str(tmp_path / f.key) and f.size == len(f.key)
+        with f.open() as stream:
+            assert stream.read() == f.key.encode()

@@ -483,7 +483,11 @@ LaneDatasetMax = Annotated[dict[Lane, DatasetMax], BeforeValidator(_lane_rows)]
 class StageInput(StrictModel):
     source_uri: str = Field(description="Local folder or s3://bucket/prefix in ImageFolder layout.")
     bucket: str
-    max_concurrency: int = Field(16, ge=1, le=256)
+    max_concurrency: int = Field(
+        64, ge=1, le=256,
+        description="Writes in flight at once (a store such as Ceph RGW spends less CPU a small object "
+        "with more of them in flight).",
+    )
     target_uri: str | None = Field(
         None,
         description="Where to stage: s3://<bucket> (default: s3://<bucket>) or a prefix in it (s3://<bucket>/<path>/: "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -333,6 +334,22 @@ def describe_validation_error(e: ValidationError) -> str:
     return "\n".join(lines)
 
 
+GC_GEN0_THRESHOLD = 20_000
+"""Allocations between two collections of the youngest generation in a step (Python's default: 700)."""
+
+
+def settle_gc() -> None:
+    """Once the imports are done: keep what they made out of every later collection
+    (``gc.freeze``) and collect the youngest generation every :data:`GC_GEN0_THRESHOLD`
+    allocations. A step allocates short-lived containers by the thousand (a staging: a few per
+    file), and the collector walked the import's objects each time and found nothing; staging
+    2,000 small files, the collections cost 6% of the client's CPU and 4% of the wall time.
+    Garbage in reference cycles still goes, a little later."""
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, older, oldest)
+
+
 def step_main(
     input_model: type[I],
     run: Callable[[I, StoreSettings], O],
@@ -352,6 +369,7 @@ def step_main(
         print(f"error: invalid input for {prog}:\n{describe_validation_error(e)}", file=sys.stderr)
         return ExitCode.FAILED
     settings = StoreSettings()
+    settle_gc()
     try:
         output = run(inp, settings)
     except Exception as exc:  # the one boundary where a step's errors become exit codes
