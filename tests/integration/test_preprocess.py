@@ -276,3 +276,87 @@ def test_preprocess_reads_through_obstore_and_a_lost_store_is_transient(settings
     gone = s3_client(settings.model_copy(update={"s3_endpoint": f"http://127.0.0.1:{free_port()}"}))
     with pytest.raises(StoreUnavailable, match="read of s3://"):
         ObjectReader(gone, settings.bucket).get("a/b.jpg")
+
+
+def _shard_heads(s3, split, index):
+    heads = []
+    for uri in index[split]:
+        bucket, key = uri.removeprefix("s3://").split("/", 1)
+        heads.append((s3.head_object(Bucket=bucket, Key=key), s3.get_object(Bucket=bucket, Key=key)["Body"].read()))
+    return heads
+
+
+@pytest.mark.parametrize("late_corrupt", [False, True], ids=["every-image", "an-image-lost-after-the-stream-opened"])
+def test_large_shards_are_sent_while_they_fill_and_read_as_the_whole_ones(settings, s3, small_digits_dir, tmp_path,
+                                                                       monkeypatch, late_corrupt):
+    """A shard of two parts or more goes up as a multipart upload while it fills (parts of 5 MiB
+    here; the train shard of 160² images holds ~4); a smaller one (validation) is PUT whole. The
+    shards read back equal, image for image, to those of a run that streams nothing. A shard that
+    ends short of the size its stream was opened with (an image of it lost once the stream had
+    started: a corrupt file last in the train order) is written whole instead, and no upload is
+    left behind on the store."""
+    import hashlib
+    import io
+    import zipfile
+
+    from pipectl.components.preprocess import upload
+    from pipectl.components.preprocess.split import in_validation
+
+    d = tmp_path / "ds"
+    shutil.copytree(small_digits_dir, d)
+    if late_corrupt:
+        good = next((d / "3").iterdir()).read_bytes()
+        body = good[: len(good) // 2]
+        while not (hashlib.sha256(body).hexdigest().startswith("f") and not in_validation(hashlib.sha256(body).hexdigest(), 0.2)):
+            body += b"\0"  # still a truncated JPEG; its content hash puts it last in the train split
+        (d / "3" / "broken.jpg").write_bytes(body)
+    staged = stage(StageInput(source_uri=str(d), bucket=settings.bucket), s3)
+
+    def run(part_bytes, name):
+        monkeypatch.setattr(upload, "STREAM_PART_BYTES", part_bytes)
+        return preprocess(_inp(staged.manifest_uri, settings.bucket, image_size=160, batch_size=32,
+                               output_uri=f"s3://{settings.bucket}/runs/{name}/shards/"), s3)
+
+    streamed, whole = run(5 << 20, "streamed"), run(1 << 40, "whole")
+    assert (streamed.corrupt, streamed.train_count) == (int(late_corrupt), whole.train_count)
+    for split in ("train", "validation"):
+        x, y, _ = load_split(s3, streamed.shards_uri, split)
+        x_whole, y_whole, _ = load_split(s3, whole.shards_uri, split)
+        np.testing.assert_array_equal(x, x_whole)
+        assert y.tolist() == y_whole.tolist()
+    index = read_json(s3, f"{streamed.shards_uri}index.json")
+    (train_head, train_body), = _shard_heads(s3, "train", index)
+    (val_head, _), = _shard_heads(s3, "validation", index)
+    assert zipfile.ZipFile(io.BytesIO(train_body)).testzip() is None, "every member's CRC-32 holds"
+    assert train_head["ContentLength"] > 10 << 20
+    assert ("-" in train_head["ETag"]) is (not late_corrupt), "multipart (streamed) unless it ended short"
+    assert "-" not in val_head["ETag"], "under two parts: one PUT"
+    assert not s3.list_multipart_uploads(Bucket=settings.bucket).get("Uploads")
+
+
+def test_a_step_failing_while_a_shard_streams_leaves_no_upload_behind(settings, s3, small_digits_dir, monkeypatch):
+    """The images stop coming halfway (the store went away): the open shard's multipart upload is
+    aborted; nothing of it stays on the store."""
+    from pipectl.components.objstore import ObjectWriter
+    from pipectl.components.preprocess import upload
+    from pipectl.components.preprocess.core import StepTimings, decode_to_shards
+
+    monkeypatch.setattr(upload, "STREAM_PART_BYTES", 5 << 20)
+    blobs = [p.read_bytes() for p in sorted(small_digits_dir.rglob("*.jpg"))]
+    s3.create_bucket(Bucket=settings.bucket)
+    writer = ObjectWriter(s3, settings.bucket)
+
+    def items():
+        for i, b in enumerate(blobs):
+            if i == 200:
+                raise ConnectionError("the store went away")
+            yield i, b
+
+    with pytest.raises(ConnectionError):
+        decode_to_shards(items(), ["train"] * len(blobs), np.zeros(len(blobs), np.int64),
+                         output_uri=f"s3://{settings.bucket}/runs/f/shards/", image_size=160, batch_size=32,
+                         shard_size=2048, use_gpu=False, put=lambda uri, body: None,
+                         on_undecodable=lambda i, b: None, timings=StepTimings(),
+                         open_upload=lambda uri, part, in_flight: writer.stream(uri.split("/", 3)[3], part, in_flight))
+    assert not s3.list_multipart_uploads(Bucket=settings.bucket).get("Uploads")
+    assert not s3.list_objects_v2(Bucket=settings.bucket, Prefix="runs/f/").get("Contents")

@@ -198,6 +198,11 @@ class ObjectWriter:
             self._abort_uploads(key)
             raise self._failed(key, exc, transient=is_transient(exc)) from exc
 
+    def stream(self, key: str, part_size: int, in_flight: int = 4) -> "Upload":
+        """An :class:`Upload` of ``key``: bytes written in order, sent in parts of ``part_size``
+        (at least 5 MiB: S3's smallest part) while later ones are still being produced."""
+        return Upload(self, key, part_size, in_flight)
+
     def _abort_uploads(self, key: str) -> None:
         """Abort the unfinished multipart uploads of ``key`` (obstore leaves a failed one's parts
         on the store and does not tell its upload id). Best effort: the write has failed anyway."""
@@ -217,3 +222,43 @@ class ObjectWriter:
 
         return StepError(f"write of {where} refused: {headline(exc)}",
                          "check the bucket, the credentials and the store's permissions")
+
+
+class Upload:
+    """One object written as a stream through obstore's multipart writer: :meth:`write` the bytes
+    in order (parts go out while later bytes are produced), :meth:`close` completes the object,
+    :meth:`abort` drops it and its parts. A failed write or close aborts it and raises as
+    :class:`ObjectWriter` does (transient: :class:`StoreUnavailable`)."""
+
+    def __init__(self, owner: ObjectWriter, key: str, part_size: int, in_flight: int) -> None:
+        import obstore
+
+        self._owner, self.key, self._done = owner, key, False
+        self._file = obstore.open_writer(owner._parts, key, buffer_size=max(5 * MiB, part_size), max_concurrency=in_flight)
+
+    def write(self, data: bytes | memoryview) -> None:
+        try:
+            self._file.write(data)
+        except Exception as exc:
+            self.abort()
+            raise self._owner._failed(self.key, exc, transient=is_transient(exc)) from exc
+
+    def close(self) -> None:
+        """Complete the object (sends what is buffered, then the multipart completion)."""
+        self._done = True
+        try:
+            self._file.__exit__(None, None, None)
+        except Exception as exc:
+            self._owner._abort_uploads(self.key)
+            raise self._owner._failed(self.key, exc, transient=is_transient(exc)) from exc
+
+    def abort(self) -> None:
+        """Drop the upload: no object, no parts left on the store (idempotent; best effort)."""
+        if self._done:
+            return
+        self._done = True
+        dropped = RuntimeError("upload dropped")
+        try:  # obstore's writer aborts its multipart upload when its context exits with an error
+            self._file.__exit__(RuntimeError, dropped, None)
+        except Exception:
+            self._owner._abort_uploads(self.key)

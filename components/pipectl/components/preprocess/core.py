@@ -22,7 +22,8 @@ Flow (fetching overlaps decoding, start-up is reported apart from steady state):
      or 512 MiB ahead)            CHW out)                           next batches decode
 
 Every object is fetched once, both splits share one pipeline, and a shard is written while the
-next batches decode, each image copied once into the shard's bytes. Memory is bounded by the
+next batches decode, each image copied once into the shard's bytes; a large shard is sent part by
+part while it fills (upload.py), so the last shards do not wait for the last image to start. Memory is bounded by the
 prefetch window and the shard buffers (one open per split, at most 2 being written, finished
 ones reused), not by the data set.
 
@@ -56,6 +57,7 @@ from pipectl.components.preprocess.decode import DecodeTimings, decode_stream, f
 from pipectl.components.preprocess.screen import Corrupt, Verdict, quarantine_summary
 from pipectl.components.preprocess.split import list_entries
 from pipectl.components.preprocess.stream import PREFETCH_BATCHES, batched, prefetch_ordered
+from pipectl.components.preprocess.upload import streamer
 from pipectl.components.preprocess.writer import WRITES_IN_FLIGHT, ShardWriter, shard_images, write_index
 
 log = logging.getLogger("pipectl.preprocess")
@@ -88,19 +90,23 @@ def decode_to_shards(
     timings: StepTimings,
     num_threads: int | None = None,
     reasons: dict[int, Verdict] | None = None,
+    open_upload: Callable[[str, int, int], Any] | None = None,
 ) -> ShardWriter:
     """The step's core, from encoded images to written shards (what the benchmark measures).
 
     ``items``: (manifest index, encoded bytes) in manifest order (corrupt ones already left
     out); ``splits[i]``/``labels[i]`` (int64 [N]): manifest entry ``i``'s split and class;
-    ``put(uri, body)``: writes one shard (called in a writer thread); ``on_undecodable(i, bytes)``:
+    ``put(uri, body)``: writes one shard (called in a writer thread); ``open_upload(uri, part_bytes, in_flight)``:
+    an :class:`~pipectl.components.objstore.Upload` to send a large shard while it fills (upload.py),
+    or None: every shard is PUT when complete; ``on_undecodable(i, bytes)``:
     an image neither DALI nor the fallback could decode, ``reasons[i]`` (when a dict is given) saying
     why, filled before the call. Returns the closed :class:`ShardWriter` (uris, counts).
     Raises what ``items``, DALI or ``put`` raise; written shards are not removed here.
     """
     remaining = Counter(splits[i] for i in range(len(splits)))
     with ThreadPoolExecutor(max_workers=WRITES_IN_FLIGHT, thread_name_prefix="shard-put") as pool:
-        writer = ShardWriter(output_uri, shard_size, image_size, dict(remaining), put, pool, pin_buffers=use_gpu)
+        writer = ShardWriter(output_uri, shard_size, image_size, dict(remaining), put, pool, pin_buffers=use_gpu,
+                             stream=streamer(open_upload, pool))
         for split in ("train", "validation"):
             writer.expected.setdefault(split, 0)
         writer.prepare()
@@ -119,16 +125,20 @@ def decode_to_shards(
 
         stream = decode_stream(batched(counted(items), batch_size), image_size, batch_size, use_gpu,
                                num_threads=num_threads, timings=timings.decode, reasons=reasons)
-        for tags, images, bad in stream:
-            for i, blob in bad:
-                writer.lost(splits[i])
-                on_undecodable(i, blob)
-            idx = np.asarray(tags, dtype=np.int64)
-            is_val = split_of[idx] if len(idx) else np.zeros(0, bool)
-            for split, mask in (("train", ~is_val), ("validation", is_val)):
-                positions = np.flatnonzero(mask)
-                if len(positions):
-                    writer.add(split, images, positions, labels[idx[positions]])
+        try:
+            for tags, images, bad in stream:
+                for i, blob in bad:
+                    writer.lost(splits[i])
+                    on_undecodable(i, blob)
+                idx = np.asarray(tags, dtype=np.int64)
+                is_val = split_of[idx] if len(idx) else np.zeros(0, bool)
+                for split, mask in (("train", ~is_val), ("validation", is_val)):
+                    positions = np.flatnonzero(mask)
+                    if len(positions):
+                        writer.add(split, images, positions, labels[idx[positions]])
+        except BaseException:
+            writer.abort()  # the shards being sent while they filled: no parts left on the store
+            raise
         t0 = time.perf_counter()
         writer.close()
         timings.tail_s = time.perf_counter() - t0
@@ -213,7 +223,7 @@ def preprocess_timed(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> tu
     reasons: dict[int, Verdict] = {}  # filled by the decode stream for the images it could not decode
     side_writes: list[Future[Any]] = []
 
-    put = _object_putter(s3, parse_s3_uri(inp.output_uri)[0])
+    put, open_upload = _object_putter(s3, parse_s3_uri(inp.output_uri)[0])
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="quarantine") as side:
 
@@ -257,7 +267,7 @@ def preprocess_timed(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> tu
                 fetched(), splits, labels, output_uri=inp.output_uri, image_size=inp.image_size,
                 batch_size=inp.batch_size, shard_size=shard_images(inp.shard_size, inp.image_size, inp.shard_mib << 20), use_gpu=use_gpu, put=put,
                 on_undecodable=lambda i, blob: quarantine(i, blob, reasons.pop(i, Verdict(Corrupt.UNDECODABLE, "decoder error"))),
-                timings=timings, reasons=reasons,
+                timings=timings, reasons=reasons, open_upload=open_upload,
             )
             for fut in side_writes:
                 fut.result()
@@ -289,10 +299,12 @@ def _object_getter(s3: Any, bucket: str) -> Callable[[str], bytes]:
     return ObjectReader(s3, bucket).get
 
 
-def _object_putter(s3: Any, bucket: str) -> Callable[[str, Any], None]:
-    """PUTs of the step's outputs in ``bucket`` (shards, quarantined images): through obstore, from
-    the shard's own buffer (no copy into Python bytes, the request signed with an unsigned payload
-    in Rust with the GIL released), or boto3 when the client is not botocore's (a test's stand-in).
+def _object_putter(s3: Any, bucket: str) -> tuple[Callable[[str, Any], None], Callable[[str, int, int], Any] | None]:
+    """``(put, open_upload)``: PUTs of the step's outputs in ``bucket`` (shards, quarantined
+    images), and streamed uploads of large shards (:meth:`ObjectWriter.stream`). Through obstore,
+    from the shard's own buffer (no copy into Python bytes, the request signed with an unsigned
+    payload in Rust with the GIL released), or boto3 when the client is not botocore's (a test's
+    stand-in; no streamed uploads then).
 
     Measured 2026-12-05 on this project's 2-core machine (Ceph 16.2 RGW of tests/ceph, idle, a
     150 MiB body, 2 rounds): boto3 ``put_object`` 0.11-0.12 s of client CPU, obstore ``put`` of the
@@ -301,17 +313,21 @@ def _object_putter(s3: Any, bucket: str) -> Callable[[str, Any], None]:
         def boto_put(uri: str, body: Any) -> None:
             out_bucket, out_key = parse_s3_uri(uri)
             s3.put_object(Bucket=out_bucket, Key=out_key, Body=body)
-        return boto_put
+        return boto_put, None
     from pipectl.components.objstore import ObjectWriter
 
     writer = ObjectWriter(s3, bucket)
 
-    def put(uri: str, body: Any) -> None:
+    def key(uri: str) -> str:
         out_bucket, out_key = parse_s3_uri(uri)
         if out_bucket != bucket:
             raise ValueError(f"{uri} is outside the output bucket {bucket}")
-        writer.put(out_key, body if isinstance(body, (bytes, memoryview)) else body.getbuffer(), {})
-    return put
+        return out_key
+
+    def put(uri: str, body: Any) -> None:
+        writer.put(key(uri), body if isinstance(body, (bytes, memoryview)) else body.getbuffer(), {})
+
+    return put, lambda uri, part_bytes, in_flight: writer.stream(key(uri), part_bytes, in_flight)
 
 
 def preprocess(inp: PreprocessInput, s3: Any, *, reader: Any = None) -> PreprocessOutput:

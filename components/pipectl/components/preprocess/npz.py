@@ -30,12 +30,19 @@ import numpy as np
 _LOCAL = struct.Struct("<IHHHHHIIIHH")  # local file header, 30 bytes
 _CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")  # central directory header, 46 bytes
 _END = struct.Struct("<IHHHHIIH")  # end of central directory, 22 bytes
+_DESCRIPTOR = struct.Struct("<IIII")  # data descriptor (signature, CRC-32, sizes), 16 bytes
+_AFTER_DATA = 0x08  # general purpose flag bit 3: the member's CRC and sizes follow its data
 _DOS_DATE = (0 << 9) | (1 << 5) | 1  # 1980-01-01
 _NPY_HEADER = 128  # bytes: magic + version + length + dict, padded (a multiple of 64)
 _NAMES = (b"images.npy", b"labels.npy")
 IMAGE_DTYPE = np.dtype(np.uint8)
 """What a shard's images are stored as: the resized pixels (the index's mean and std normalise them)."""
 _ZIP_LIMIT = 0xFFFFFFFF
+
+
+def image_bytes(image_size: int) -> int:
+    """Bytes of one image's pixels in a shard: 3 channels of ``image_size``² ``IMAGE_DTYPE`` values."""
+    return 3 * image_size * image_size * IMAGE_DTYPE.itemsize
 
 
 def _npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
@@ -49,7 +56,7 @@ def _npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
 
 def _file_bytes(capacity: int, image_size: int) -> int:
     member = len(_NAMES[0]) + _LOCAL.size + _NPY_HEADER
-    return (2 * member + capacity * (3 * image_size * image_size * IMAGE_DTYPE.itemsize + 8)
+    return (2 * member + capacity * (image_bytes(image_size) + 8)
             + 2 * (_CENTRAL.size + len(_NAMES[0])) + _END.size)
 
 
@@ -100,7 +107,7 @@ class ShardFile:
             raise ValueError(f"labels shape {labels.shape} for {n} images (capacity {self.capacity})")
         s = self.image_size
         mv = memoryview(self._buf)
-        members = [(_NAMES[0], IMAGE_DTYPE.str, (n, 3, s, s), n * 3 * s * s * IMAGE_DTYPE.itemsize), (_NAMES[1], "<i8", (n,), n * 8)]
+        members = [(_NAMES[0], IMAGE_DTYPE.str, (n, 3, s, s), n * image_bytes(s)), (_NAMES[1], "<i8", (n,), n * 8)]
         offset, central = 0, []
         for name, descr, shape, data_len in members:
             start = offset + _LOCAL.size + len(name)
@@ -117,6 +124,49 @@ class ShardFile:
         end = _END.pack(0x06054B50, 0, 0, len(central), len(central), len(directory), offset, 0)
         mv[offset:offset + len(directory) + len(end)] = directory + end
         return BufferReader(mv[:offset + len(directory) + len(end)])
+
+
+    # ---- the streamed file: sent while the decoder fills the images (see preprocess/upload.py)
+
+    @property
+    def data_offset(self) -> int:
+        """Where the images' pixels start in the file (the same in the streamed file)."""
+        return self._data0
+
+    def buffer(self) -> memoryview:
+        """The whole buffer (the pixels of image ``i`` at ``data_offset + i * image bytes``)."""
+        return memoryview(self._buf)
+
+    def stream_head(self, n: int) -> tuple[bytes, bytes]:
+        """(local file header + name, NPY header) of the images member of a streamed file of
+        ``n`` images: its CRC and sizes follow the pixels in a data descriptor (flag bit 3), so
+        the head can be sent before any pixel. The NPY header is the first byte the member's
+        CRC-32 covers."""
+        s = self.image_size
+        local = _LOCAL.pack(0x04034B50, 20, _AFTER_DATA, 0, 0, _DOS_DATE, 0, 0, 0, len(_NAMES[0]), 0) + _NAMES[0]
+        return local, _npy_header(IMAGE_DTYPE.str, (n, 3, s, s))
+
+    def stream_tail(self, n: int, labels: np.ndarray, images_crc: int) -> bytes:
+        """What follows the ``n`` images' pixels in a streamed file: the images member's data
+        descriptor (``images_crc``: CRC-32 of its NPY header and pixels), the labels member and
+        the zip directory. ``np.load`` reads the file as it reads :meth:`finish`'s."""
+        if labels.shape != (n,):
+            raise ValueError(f"labels shape {labels.shape} for {n} images")
+        s = self.image_size
+        images_size = _NPY_HEADER + n * image_bytes(s)
+        labels_offset = self._data0 - _NPY_HEADER + images_size + _DESCRIPTOR.size
+        body = _npy_header("<i8", (n,)) + np.ascontiguousarray(labels, "<i8").tobytes()
+        crc = zlib.crc32(body)
+        name = _NAMES[1]
+        labels_member = _LOCAL.pack(0x04034B50, 20, 0, 0, 0, _DOS_DATE, crc, len(body), len(body), len(name), 0) + name + body
+        directory = (
+            _CENTRAL.pack(0x02014B50, 20, 20, _AFTER_DATA, 0, 0, _DOS_DATE, images_crc, images_size, images_size,
+                          len(_NAMES[0]), 0, 0, 0, 0, 0o644 << 16, 0) + _NAMES[0]
+            + _CENTRAL.pack(0x02014B50, 20, 20, 0, 0, 0, _DOS_DATE, crc, len(body), len(body), len(name), 0, 0, 0, 0,
+                            0o644 << 16, labels_offset) + name
+        )
+        end = _END.pack(0x06054B50, 0, 0, 2, 2, len(directory), labels_offset + len(labels_member), 0)
+        return (_DESCRIPTOR.pack(0x08074B50, images_crc, images_size, images_size) + labels_member + directory + end)
 
 
 class BufferReader(io.RawIOBase):

@@ -101,10 +101,12 @@ def _check_jpeg(data: bytes) -> Verdict | None:
     # trailers, a second image (MPO)): decoders stop at EOI. Entropy-coded data cannot contain
     # FFDA/FFD9 (0xFF is byte-stuffed, ITU T.81 B.1.1.5), so rfind finds real markers. Without an
     # EOI after the last scan libjpeg-turbo (DALI's CPU decoder) fails: "Premature end of JPEG data".
-    last_scan = data.rfind(b"\xff\xda")
-    if last_scan < 0:
+    # Searched from where each marker is near: the first scan after the headers, the EOI at the
+    # end (a backward search for the first scan's marker read the whole file, 2% of the step's CPU).
+    if data.find(b"\xff\xda") < 0:
         return Verdict(Corrupt.TRUNCATED, "truncated: no start-of-scan marker (the JPEG ends inside its header: no image data)")
-    if data.rfind(b"\xff\xd9") < last_scan:
+    end = data.rfind(b"\xff\xd9")
+    if end < 0 or data.find(b"\xff\xda", end) >= 0:  # a scan after the last EOI
         return Verdict(Corrupt.TRUNCATED, "truncated: no end-of-image marker after the last scan "
                                           f"(the JPEG ends inside its image data, {len(data):,} bytes)")
     return None

@@ -23,7 +23,8 @@ from pipectl.components.contracts import DEFAULT_SHARD_MIB, ShardIndex
 from pipectl.components.runtime import StepError, join_uri, write_json
 from pipectl.components.preprocess.decode import MEAN, STD
 from pipectl.components.preprocess.device_copy import DeviceImages, pin, take_into, unpin
-from pipectl.components.preprocess.npz import IMAGE_DTYPE, ShardFile, fits
+from pipectl.components.preprocess.npz import IMAGE_DTYPE, ShardFile, fits, image_bytes
+from pipectl.components.preprocess.upload import StreamedShard
 
 WRITES_IN_FLIGHT = 2
 
@@ -36,7 +37,7 @@ dataset's size."""
 def shard_images(shard_size: int, image_size: int, shard_bytes: int = SHARD_BYTES) -> int:
     """Images per shard: ``shard_size``, fewer when their bytes would pass ``shard_bytes`` (at
     224x224 and 256 MiB: 1,783 images); at least one (``shard-mib`` is checked to hold one)."""
-    return max(1, min(shard_size, shard_bytes // (3 * image_size * image_size * IMAGE_DTYPE.itemsize)))
+    return max(1, min(shard_size, shard_bytes // image_bytes(image_size)))
 
 
 class _NumpyShard:
@@ -74,11 +75,14 @@ class ShardWriter:
     pool: ThreadPoolExecutor
     pin_buffers: bool = False
     """Page-lock each shard buffer for direct copies from the GPU (the ``mixed`` decoder's outputs)."""
+    stream: Callable[[str, Any, int], StreamedShard | None] | None = None
+    """``stream(uri, file, capacity)``: a shard sent while it fills (upload.py), or None: PUT whole
+    when complete. Not used with ``pin_buffers``."""
     uris: dict[str, list[str]] = field(default_factory=lambda: {"train": [], "validation": []})
     sizes: dict[str, list[int]] = field(default_factory=lambda: {"train": [], "validation": []})
     counts: Counter[str] = field(default_factory=Counter)
     put_s: float = 0.0
-    _open: dict[str, tuple[Any, int, list[np.ndarray]]] = field(default_factory=dict)
+    _open: dict[str, tuple[Any, int, list[np.ndarray], StreamedShard | None]] = field(default_factory=dict)
     _writes: deque[tuple[Future[float], Any]] = field(default_factory=deque)
     _free: list[Any] = field(default_factory=list)
     _ready: Future[None] | None = None
@@ -89,8 +93,8 @@ class ShardWriter:
         k = 0
         while k < len(positions):
             if split not in self._open:
-                self._open[split] = (self._file(min(self.shard_size, max(self.expected[split], 1))), 0, [])
-            f, fill, labs = self._open[split]
+                self._open[split] = self._start(split)
+            f, fill, labs, streamed = self._open[split]
             if fill == f.capacity:  # capacity = min(shard_size, an upper bound of what may arrive)
                 raise StepError(f"more {split} images arrived than expected ({fill})", "report this as a bug")
             take = positions[k:k + f.capacity - fill]
@@ -99,9 +103,31 @@ class ShardWriter:
             k += len(take)
             fill += len(take)
             self.expected[split] -= len(take)
-            self._open[split] = (f, fill, labs)
+            self._open[split] = (f, fill, labs, streamed)
+            if streamed is not None:
+                streamed.filled(fill)
             if fill == self.shard_size:
                 self._flush(split)
+
+    def _start(self, split: str) -> tuple[Any, int, list[np.ndarray], StreamedShard | None]:
+        """A new shard of ``split``: its buffer, and its stream when it is sent while it fills."""
+        capacity = min(self.shard_size, max(self.expected[split], 1))  # what arrives unless an image is lost
+        f = self._file(capacity)
+        streamed = None
+        if self.stream is not None and not self.pin_buffers and isinstance(f, ShardFile):
+            streamed = self.stream(self._uri(split), f, capacity)
+        return f, 0, [], streamed
+
+    def _uri(self, split: str) -> str:
+        """The next shard of ``split``."""
+        return join_uri(self.output_uri, f"{split}-{len(self.uris[split]):05d}.npz")
+
+    def abort(self) -> None:
+        """The step failed: drop the streams of the shards still open (nothing of them stays)."""
+        for split in list(self._open):
+            streamed = self._open.pop(split)[3]
+            if streamed is not None:
+                streamed.abort()
 
     def lost(self, split: str) -> None:
         """One image of ``split`` will not arrive (quarantined)."""
@@ -153,11 +179,13 @@ class ShardWriter:
         self._free.append(f)
 
     def _flush(self, split: str) -> None:
-        f, fill, labs = self._open.pop(split)
+        f, fill, labs, streamed = self._open.pop(split)
         if not fill:
+            if streamed is not None:
+                streamed.abort()
             self._free.append(f)
             return
-        uri = join_uri(self.output_uri, f"{split}-{len(self.uris[split]):05d}.npz")
+        uri = self._uri(split)
         labels = np.concatenate(labs).astype(np.int64)
         self.uris[split].append(uri)
         self.sizes[split].append(fill)
@@ -167,7 +195,8 @@ class ShardWriter:
 
         def write() -> float:
             t0 = time.perf_counter()
-            self.put(uri, f.finish(fill, labels))
+            if streamed is None or not streamed.finish(fill, labels):  # not streamed, or it ended short
+                self.put(uri, f.finish(fill, labels))
             return time.perf_counter() - t0
 
         self._writes.append((self.pool.submit(write), f))
