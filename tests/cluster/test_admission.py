@@ -349,6 +349,30 @@ def test_a_submitter_cannot_write_what_the_controller_runs_into_a_workflows_stat
     finally:
         admin.delete_namespaced_custom_object("argoproj.io", "v1alpha1", NS, "workflows", name)
 
+
+def _submit_once_the_controller_has_the_template(test_cluster, submitter, admin, run: dict) -> str:
+    """Submit ``run`` as ``submitter``; its name. The controller reads a run's WorkflowTemplate from
+    its informer's cache, so a run created right after its template can end in Error
+    ('workflowtemplates.argoproj.io "..." not found') before the cache has the template: that run
+    is deleted and the submission made again."""
+    args = ("argoproj.io", "v1alpha1", NS, "workflows")
+
+    def attempt() -> str | None:
+        name = submitter.create_namespaced_custom_object(*args, run)["metadata"]["name"]
+
+        def phase() -> dict | None:
+            status = admin.get_namespaced_custom_object(*args, name).get("status") or {}
+            return status if status.get("phase") else None
+
+        status = test_cluster.wait_for(f"the controller's first pass over {name}", phase)
+        if status["phase"] == "Error" and "not found" in (status.get("message") or ""):
+            admin.delete_namespaced_custom_object(*args, name)
+            return None
+        return name
+
+    return test_cluster.wait_for("a run whose template the controller has", attempt)
+
+
 def test_a_submitter_cannot_resume_a_suspend_step(test_cluster, k8s_api, submitter):
     """Resuming a ``suspend`` step (``argo resume``, the Argo UI's RESUME) marks its node Succeeded
     in the workflow's status: a submitter may not (the run stays suspended); an admin may. What a
@@ -365,13 +389,17 @@ def test_a_submitter_cannot_resume_a_suspend_step(test_cluster, k8s_api, submitt
     try:
         run = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"generateName": "approval-"},
                "spec": {"workflowTemplateRef": {"name": "approval-v1"}}}
-        name = submitter.create_namespaced_custom_object(*args, run)["metadata"]["name"]
+        name = _submit_once_the_controller_has_the_template(test_cluster, submitter, admin, run)
 
         def suspended() -> dict | None:
             nodes = (admin.get_namespaced_custom_object(*args, name).get("status") or {}).get("nodes") or {}
             return next((n for n in nodes.values() if n.get("type") == "Suspend" and n.get("phase") == "Running"), None)
 
-        node = test_cluster.wait_for("the suspend step waiting", suspended)
+        try:
+            node = test_cluster.wait_for("the suspend step waiting", suspended)
+        except TimeoutError as e:
+            status = admin.get_namespaced_custom_object(*args, name).get("status") or {}
+            raise TimeoutError(f"{e}; the run: {status.get('phase')} {status.get('message')!r}, nodes {status.get('nodes')}") from e
         succeeded = {"phase": "Succeeded", "finishedAt": "2026-01-01T00:00:00Z"}
         with pytest.raises(client.ApiException) as e:
             submitter.patch_namespaced_custom_object(*args, name, {"status": {"nodes": {node["id"]: succeeded}}})
