@@ -20,7 +20,9 @@ at a time on their device).
   decoding, and is counted; the data set staged once; wall time from reading the manifest to
   ``index.json`` written (fetch, sha256 checks, decode, shard PUTs). Beside it: CPU per image of
   the step, of DALI alone and of the store, and this machine's limit for a client that cost only
-  DALI's CPU (cores ÷ (DALI + store CPU per image)).
+  DALI's CPU (cores ÷ (DALI + store CPU per image)). Then again with the store on half the cores
+  and the step and DALI alone on the other half (every thread's affinity set; DALI with as many
+  threads as it has cores), as on a cluster where the store runs on machines of its own.
 - **PIL DataLoader** (the peer a PyTorch user picks without DALI), as a careful user writes it:
   a ``Dataset`` whose ``__getitem__`` uses PIL with ``Image.draft`` (reduced-size JPEG decode) and
   returns uint8, a ``DataLoader`` with as many worker processes as DALI has threads (worker
@@ -239,18 +241,19 @@ class Store:
     url: str
     client: Any
     cpu: Callable[[], float]
+    pids: Callable[[], list[int]]
 
 
 @contextmanager
 def store(work: Path) -> Iterator[Store]:
     """Ceph RGW (tests/ceph: the store the product targets, its daemons' CPU counted) when its
     packages are installed, else moto's S3 server (a Python process; its CPU counted too)."""
-    from tests.bench.bench_storage import _ceph_cpu, _group_pids, pids_cpu
+    from tests.bench.bench_storage import _ceph_cpu, _ceph_pids, _group_pids, pids_cpu
     from tests.ceph.ceph import CephCluster, missing_packages
 
     if not missing_packages():
         with CephCluster(work / "ceph", memstore_bytes=8 << 30) as ceph:
-            yield Store("Ceph RGW", ceph.s3_endpoint, ceph.s3_client(), lambda: _ceph_cpu(ceph))
+            yield Store("Ceph RGW", ceph.s3_endpoint, ceph.s3_client(), lambda: _ceph_cpu(ceph), lambda: _ceph_pids(ceph))
         return
     with moto_process() as (url, proc):
         from pipectl.components.contracts import StoreSettings
@@ -258,7 +261,8 @@ def store(work: Path) -> Iterator[Store]:
 
         client = s3_client(StoreSettings(s3_endpoint=url, s3_access_key="bench", s3_secret_key="bench-secret",
                                          bucket="unused", mlflow_uri="http://127.0.0.1:1"))
-        yield Store("moto", url, client, lambda: pids_cpu(_group_pids(proc.pid) or [proc.pid]))
+        yield Store("moto", url, client, lambda: pids_cpu(_group_pids(proc.pid) or [proc.pid]),
+                    lambda: _group_pids(proc.pid) or [proc.pid])
 
 
 @contextmanager
@@ -327,35 +331,83 @@ def step_from_s3(s3: Any, bucket: str, manifest_uri: str, image_size: int, parts
     return timings.wall_s
 
 
+def _pin(pids: list[int], cores: set[int]) -> None:
+    """Every thread of the processes ``pids`` onto ``cores`` (the threads they start later inherit it)."""
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(int(tid), cores)
+            except OSError:  # a thread that has ended
+                pass
+
+
+@contextmanager
+def store_apart(st: "Store") -> Iterator[int]:
+    """The store on the first half of this machine's cores, this process (the step, DALI alone)
+    on the other half, as on a cluster where the store runs on machines of its own; yields the
+    client's cores. Every thread's affinity is restored after."""
+    every = sorted(os.sched_getaffinity(0))
+    half = max(1, len(every) // 2)
+    _pin(st.pids(), set(every[:half]))
+    _pin([os.getpid()], set(every[half:]))
+    try:
+        yield len(every) - half
+    finally:
+        _pin([os.getpid(), *st.pids()], set(every))
+
+
 def whole_step_rows(label: str, n: int, blobs: list[bytes], files: list[str], threads: int, work: Path,
-                    parts: list[Any]) -> list[Row]:
+                    parts: list[Any], apart: bool = False) -> list[Row]:
     """The whole step from the store against DALI alone, alternated, with where the CPU went: the
     step's own (client), the store's, and DALI alone's per image; the limit of this machine for a
-    client that cost only DALI's CPU (the store shares the cores); per-round ratios."""
-    cores = threads
-    client, served, dali = [], [], []
+    client that cost only DALI's CPU (the store shares the cores); per-round ratios.
+    ``apart``: the store on half the cores, the step and DALI alone (with as many threads as they
+    have cores) on the other half (:func:`store_apart`); the limit rows are left out (the store
+    takes no CPU from the client)."""
     with store(work) as st:
         s3, bucket, manifest_uri = stage_into(st.client, blobs, work / "staged")
+        if not apart:
+            return _whole_step(label, n, files, threads, st, s3, bucket, manifest_uri, parts, apart)
+        with store_apart(st) as client_cores:
+            return _whole_step(label, n, files, client_cores, st, s3, bucket, manifest_uri, parts, apart)
 
-        def whole() -> float:
-            c0, k0 = cpu_seconds(), st.cpu()
-            wall = step_from_s3(s3, bucket, manifest_uri, 224, parts)
-            client.append(cpu_seconds() - c0)
-            served.append(st.cpu() - k0)
-            return wall
 
-        ours, peer = measure_pair(whole, lambda: dali_ceiling(files, 224, threads, cpu_per_image=dali), S3_RUNS, 1)
+def _whole_step(label: str, n: int, files: list[str], threads: int, st: "Store", s3: Any, bucket: str,
+                manifest_uri: str, parts: list[Any], apart: bool) -> list[Row]:
+    cores = threads
+    client: list[float] = []
+    served: list[float] = []
+    dali: list[float] = []
+
+    def whole() -> float:
+        c0, k0 = cpu_seconds(), st.cpu()
+        wall = step_from_s3(s3, bucket, manifest_uri, 224, parts)
+        client.append(cpu_seconds() - c0)
+        served.append(st.cpu() - k0)
+        return wall
+
+    ours, peer = measure_pair(whole, lambda: dali_ceiling(files, 224, threads, cpu_per_image=dali), S3_RUNS, 1)
     client, served, dali = client[1:], served[1:], dali[1:]  # after the warm-up pair
     ms = lambda xs, per=n: Stats([1000 * x / per for x in xs])  # noqa: E731
     limit = Stats([cores / (d + s / n) for d, s in zip(dali, served)])
-    at = f"{label}, whole step from the store"
-    return [
-        Row(f"{at} ({st.name} on the same cores), end to end: vs DALI alone steady state", "images/s", ours.rate(n),
+    at = f"{label}, whole step from the store" + (f" on its own core{'s' if cores > 1 else ''}" if apart else "")
+    where = (f"{st.name} on other cores; the step and DALI alone on {cores} core{'s' if cores > 1 else ''}, "
+             f"{cores} DALI thread{'s' if cores > 1 else ''}" if apart else f"{st.name} on the same cores")
+    rows = [
+        Row(f"{at} ({where}), end to end: vs DALI alone steady state", "images/s", ours.rate(n),
             peer.rate(n), higher_is_better=True, goal="≥ 0.80×"),
         Row(f"{at} ÷ DALI alone, per round", "×", Stats([b_ / a_ for a_, b_ in zip(ours.samples, peer.samples)]), None,
             higher_is_better=True),
         Row(f"{at}: client CPU per image vs DALI alone's (user+sys, all threads)", "ms", ms(client), ms(dali, 1)),
         Row(f"{at}: the store's own CPU per image ({st.name}: GETs of the JPEGs, PUTs of the shards)", "ms", ms(served), None),
+    ]
+    if apart:
+        return rows
+    return rows + [
         Row(f"{at}: limit here, a client costing only DALI's CPU ({cores} cores ÷ (DALI + store CPU per image))",
             "images/s", limit, None, higher_is_better=True),
         Row(f"{at} ÷ that limit", "×", Stats([n / w / lim for w, lim in zip(ours.samples, limit.samples)]), None,
@@ -400,6 +452,17 @@ def growth(sizes: list[int], runs: int) -> None:
             b.rows.append(Row("largest ÷ smallest marginal cost", "×", Stats([max(slopes) / min(slopes)]), None, goal="≤ 1.10 (linear)"))
         b.notes.append(f"{threads} DALI threads; the store on the same cores; one run per size after one warm-up unless "
                        "--growth-runs says otherwise")
+
+
+def _wall_note(at: str, mine: list[Any], jpeg_bytes: float) -> str:
+    """Where the whole step's wall time went (medians of ``mine``, the runs' StepTimings)."""
+    med = lambda xs: float(np.median(xs))  # noqa: E731
+    return (f"{at} (median of {len(mine)}): wall {med([p.wall_s for p in mine]):.2f} s = start-up "
+            f"{med([p.decode.startup_s for p in mine]):.2f} s + steady decode {med([p.decode.steady_s for p in mine]):.2f} s "
+            f"({med([p.decode.steady_images_per_s for p in mine]):.0f} images/s) + last shard PUTs "
+            f"{med([p.tail_s for p in mine]):.2f} s (+ manifest, index); decoding waited "
+            f"{med([p.decode.feed_wait_s for p in mine]):.2f} s for bytes; shard PUTs {med([p.put_s for p in mine]):.2f} s "
+            f"in the writer thread; {jpeg_bytes / 1024:.1f} KiB per JPEG")
 
 
 def _available_cpus() -> int:
@@ -451,17 +514,11 @@ def main(argv: list[str] | None = None) -> None:
                               ours.rate(n), peer.rate(n), higher_is_better=True, goal="≥ 0.70×"))
             b.rows.append(Row(f"{label}, start-up (pipeline build + first batch): vs DALI alone", "s",
                               Stats(s_ours[b.warmup:]), Stats(s_peer[b.warmup:])))
-            parts: list[Any] = []
-            b.rows += whole_step_rows(label, n, blobs, files, threads, Path(tmp) / f"store-{n}", parts)
-            mine = parts[1:]
-            med = lambda xs: float(np.median(xs))  # noqa: E731
-            b.notes.append(
-                f"{label}, whole step from the store (median of {len(mine)}): wall {med([p.wall_s for p in mine]):.2f} s = start-up "
-                f"{med([p.decode.startup_s for p in mine]):.2f} s + steady decode {med([p.decode.steady_s for p in mine]):.2f} s "
-                f"({med([p.decode.steady_images_per_s for p in mine]):.0f} images/s) + last shard PUTs "
-                f"{med([p.tail_s for p in mine]):.2f} s (+ manifest, index); decoding waited "
-                f"{med([p.decode.feed_wait_s for p in mine]):.2f} s for bytes; shard PUTs {med([p.put_s for p in mine]):.2f} s "
-                f"in the writer thread; {sum(map(len, blobs)) / n / 1024:.1f} KiB per JPEG")
+            for apart in (False, True) if threads >= 2 else (False,):
+                parts: list[Any] = []
+                b.rows += whole_step_rows(label, n, blobs, files, threads, Path(tmp) / f"store-{n}-{apart}", parts, apart)
+                b.notes.append(_wall_note(f"{label}, whole step from the store" + (" on its own cores" if apart else ""),
+                                          parts[1:], sum(map(len, blobs)) / n))
 
         # the peer a PyTorch user would pick: PIL + DataLoader, set-up included on both sides
         for label, blobs, size in [("digits 1,797 × 32² → 32²", digits, 32), (f"{SIZES[0]:,} × 512² → 224²", large_jpegs(SIZES[0]), 224)]:

