@@ -445,6 +445,68 @@ def test_wait_and_status_follow_a_workflow_to_its_end(test_cluster, k8s_api, tes
     assert r.returncode == 1 and "not found" in r.stderr
 
 
+def test_a_run_the_controller_failed_for_want_of_its_new_template_is_created_again(test_cluster, k8s_api, test_namespace):
+    """Argo's controller reads a run's WorkflowTemplate from its cache, which lags the API server:
+    a run created right after its template can end in Error ('workflowtemplates.argoproj.io "..."
+    not found'). ``create_workflow`` (submit, cron trigger, resubmit) then deletes it and creates
+    it again. Here the test plays the controller, for runs labelled with another controller's
+    instance id (this cluster's controller leaves them alone), on the real API server: it fails
+    the first run as a controller with a stale cache does and starts the second."""
+    import threading
+    import uuid
+
+    from kubernetes import watch
+
+    from pipectl.pipelines.backends.kube import ArgoCluster
+
+    custom = _custom(k8s_api)
+    args = ("argoproj.io", "v1alpha1", test_namespace)
+    name = f"fresh-{uuid.uuid4().hex[:6]}"
+    instance = {"workflows.argoproj.io/controller-instanceid": f"elsewhere-{name}"}
+    custom.create_namespaced_custom_object(*args, "workflowtemplates", {
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "WorkflowTemplate", "metadata": {"name": name},
+        "spec": {"entrypoint": "main", "templates": [_tiny_workflow(test_namespace, "x")["spec"]["templates"][0]]}})
+    run = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+           "metadata": {"generateName": f"{name}-", "labels": instance}, "spec": {"workflowTemplateRef": {"name": name}}}
+    seen: list[str] = []
+    selector = ",".join(f"{k}={v}" for k, v in instance.items())
+    ready = threading.Event()
+
+    def stale_controller() -> None:
+        stream = watch.Watch().stream(custom.list_namespaced_custom_object, *args, "workflows",
+                                      label_selector=selector, timeout_seconds=60)
+        ready.set()
+        for event in stream:
+            if event["type"] != "ADDED":
+                continue
+            seen.append(event["object"]["metadata"]["name"])
+            status = ({"phase": "Error", "message": f'workflowtemplates.argoproj.io "{name}" not found'}
+                      if len(seen) == 1 else {"phase": "Running"})
+            custom.patch_namespaced_custom_object(*args, "workflows", seen[-1], {"status": status})
+            if len(seen) == 2:
+                return
+
+    thread = threading.Thread(target=stale_controller, daemon=True)
+    thread.start()
+    ready.wait(10)
+    os.environ["KUBECONFIG"] = str(test_cluster.kubeconfig)
+    try:
+        created = ArgoCluster(test_namespace).create_workflow(run)
+        thread.join(30)
+        assert len(seen) == 2 and created["metadata"]["name"] == seen[1], (seen, created["metadata"]["name"])
+        left = custom.list_namespaced_custom_object(*args, "workflows", label_selector=selector)["items"]
+        assert [w["metadata"]["name"] for w in left] == [seen[1]]  # the failed run is gone
+        # an old template: no wait for the controller, no second run
+        seen.clear()
+        again = ArgoCluster(test_namespace).create_workflow(run, settle_s=0)
+        assert custom.get_namespaced_custom_object(*args, "workflows", again["metadata"]["name"])
+    finally:
+        del os.environ["KUBECONFIG"]
+        for w in custom.list_namespaced_custom_object(*args, "workflows", label_selector=selector)["items"]:
+            custom.delete_namespaced_custom_object(*args, "workflows", w["metadata"]["name"])
+        custom.delete_namespaced_custom_object(*args, "workflowtemplates", name)
+
+
 def test_two_gangs_that_fit_alone_but_not_together_never_bind_half(test_cluster, k8s_api, test_namespace):
     """Each gang needs 3 of the 4 fake nodes (8 GPUs per pod): one binds whole, the other waits
     whole, and binds whole once the first completes. Volcano issues a gang's bind calls one after

@@ -119,3 +119,16 @@ def test_a_timeout_names_the_phase_and_what_to_do(cluster, monkeypatch):
     with pytest.raises(PipectlError, match="still Running after 3 s") as e:
         _follow(cluster, timeout_s=3)
     assert "pipectl stop training-x" in e.value.hint
+
+
+def test_only_a_run_failed_at_once_for_want_of_its_own_template_counts_as_the_controllers_stale_cache():
+    from pipectl.pipelines.backends.kube import _age_s, _missing_template
+
+    message = 'workflowtemplates.argoproj.io "training-v1" not found'
+    assert _missing_template({"status": {"phase": "Error", "message": message}}, "training-v1")
+    assert not _missing_template({"status": {"phase": "Error", "message": message}}, "training-v2")
+    assert not _missing_template({"status": {"phase": "Error", "message": message, "nodes": {"a": {}}}}, "training-v1")
+    assert not _missing_template({"status": {"phase": "Running"}}, "training-v1")
+    assert not _missing_template({}, "training-v1")
+    at = lambda t: {"metadata": {"creationTimestamp": t}}  # noqa: E731
+    assert _age_s(at("2026-12-05T10:00:00Z"), at("2026-12-05T10:01:05Z")) == 65

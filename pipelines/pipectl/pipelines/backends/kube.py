@@ -21,6 +21,28 @@ from pipectl.pipelines.launchers.base import JOB_NAME
 from pipectl.pipelines.workflows import GROUP, VERSION
 
 TERMINAL = ("Succeeded", "Failed", "Error")
+TEMPLATE_SETTLE_S = 60.0
+"""Seconds after a WorkflowTemplate's creation during which the controller's cache may not have it
+yet (it follows the API server within a second or two when the controller is healthy)."""
+
+
+def _age_s(older: dict[str, Any], newer: dict[str, Any]) -> float:
+    """Seconds from ``older``'s creation to ``newer``'s (``metadata.creationTimestamp``, RFC 3339
+    to the second, both from the API server's clock)."""
+    from datetime import datetime
+
+    def created(obj: dict[str, Any]) -> datetime:
+        return datetime.fromisoformat(obj["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+
+    return (created(newer) - created(older)).total_seconds()
+
+
+def _missing_template(wf: dict[str, Any], template: str) -> bool:
+    """Whether the controller failed ``wf`` at once because its cache had no WorkflowTemplate
+    ``template`` (Error, no step started)."""
+    status = wf.get("status") or {}
+    return (status.get("phase") == "Error" and not status.get("nodes")
+            and f'workflowtemplates.argoproj.io "{template}" not found' in (status.get("message") or ""))
 
 
 def kubeconfig_files() -> list[str]:
@@ -281,8 +303,63 @@ class ArgoCluster:
         items = self._call("list the namespace's quotas", listed)
         return None if items is None else [self.core.api_client.sanitize_for_serialization(q) for q in items]
 
-    def create_workflow(self, wf: dict[str, Any]) -> dict[str, Any]:
+    def create_workflow(self, wf: dict[str, Any], *, settle_s: float = TEMPLATE_SETTLE_S) -> dict[str, Any]:
+        """Create the Workflow ``wf``; returns it as created.
+
+        Argo's controller resolves a run's ``workflowTemplateRef`` from its own cache of the
+        namespace's WorkflowTemplates, which lags the API server: a run created right after its
+        template (``pipectl templates apply`` then ``pipectl submit``) can end at once in Error,
+        ``workflowtemplates.argoproj.io "<name>" not found``, though the template exists. So when
+        the template is younger than ``settle_s`` seconds at the run's creation (the API server's
+        clock for both), the controller's first pass over the run is awaited, and a run it failed
+        that way is deleted and created again (with backoff, for up to ``settle_s`` seconds): the
+        run returned is one the controller has started, or the last one created."""
+        created = self._create_workflow(wf)
+        template = (wf.get("spec") or {}).get("workflowTemplateRef", {}).get("name")
+        if not template or (wf.get("spec") or {}).get("workflowTemplateRef", {}).get("clusterScope"):
+            return created
+        try:
+            tmpl = self._call(f"get WorkflowTemplate {template}", self.api.get_namespaced_custom_object, GROUP, VERSION,
+                              self.namespace, "workflowtemplates", template, missing_ok=True)
+        except PipectlError:  # not allowed to read templates: the run stands as created
+            return created
+        if tmpl is None or _age_s(tmpl, created) >= settle_s:
+            return created  # an absent template is the controller's to report, as ever
+        deadline = time.monotonic() + settle_s
+        pause = 0.5
+        while _missing_template(self._first_pass(created, deadline), template) and time.monotonic() < deadline:
+            self.delete("workflows", created["metadata"]["name"])
+            time.sleep(pause)
+            pause = min(4.0, pause * 2)
+            created = self._create_again(wf, deadline)
+        return created
+
+    def _create_again(self, wf: dict[str, Any], deadline: float) -> dict[str, Any]:
+        """Create ``wf`` after its failed run was deleted: a run named by its submitter (no
+        ``generateName``) may take a moment to be gone (409 Conflict until then)."""
+        while True:
+            try:
+                return self._create_workflow(wf)
+            except PipectlError as e:
+                if "API error 409" not in str(e) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
+
+    def _create_workflow(self, wf: dict[str, Any]) -> dict[str, Any]:
         return self._call("create Workflow", self.api.create_namespaced_custom_object, GROUP, VERSION, self.namespace, "workflows", wf)
+
+    def _first_pass(self, wf: dict[str, Any], deadline: float) -> dict[str, Any]:
+        """``wf`` once the controller has given it a phase (a watch), or as it is at ``deadline``."""
+        name = wf["metadata"]["name"]
+        while not (wf.get("status") or {}).get("phase"):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                wf = self._next_version(name, wf, max(1, min(30, int(left) + 1)))
+            except PipectlError:  # deleted meanwhile (by its owner): nothing to wait for
+                break
+        return wf
 
     def get(self, plural: str, name: str) -> dict[str, Any]:
         return self._call(f"get {plural} {name}", self.api.get_namespaced_custom_object, GROUP, VERSION, self.namespace, plural, name)
