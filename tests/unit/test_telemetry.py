@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import mmap
+
 from pipectl.components.train.telemetry import GPU_MEMORY, RankEpoch, gang_shares, verdicts
 
 
@@ -146,13 +148,16 @@ def test_each_rank_has_its_own_images_per_s_step_time_and_memory_in_the_metrics_
 def test_cpu_memory_is_the_resident_memory_now_and_at_its_peak():
     from pipectl.components.train.telemetry import memory_mib
 
+    # fresh anonymous pages, each touched: resident whatever memory the allocator already holds
+    # (a freed, still resident heap could serve a bytearray without raising the resident size)
     before = memory_mib()
-    block = bytearray(64 * 2**20)  # touched: resident
-    block[:: 4096] = b"x" * len(block[:: 4096])
+    block = mmap.mmap(-1, 64 * 2**20)
+    for offset in range(0, len(block), mmap.PAGESIZE):
+        block[offset] = 1
     after = memory_mib()
+    block.close()
     assert before.kind == after.kind == "resident memory"
     assert after.current >= before.current + 60 and after.peak >= after.current
-    del block
 
 
 def test_gpu_memory_is_read_from_torch_cuda_when_this_process_uses_cuda(monkeypatch):
