@@ -315,8 +315,9 @@ class ArgoCluster:
         that way is deleted and created again (with backoff, for up to ``settle_s`` seconds): the
         run returned is one the controller has started, or the last one created."""
         created = self._create_workflow(wf)
-        template = (wf.get("spec") or {}).get("workflowTemplateRef", {}).get("name")
-        if not template or (wf.get("spec") or {}).get("workflowTemplateRef", {}).get("clusterScope"):
+        ref = (wf.get("spec") or {}).get("workflowTemplateRef") or {}
+        template = ref.get("name")
+        if not template or ref.get("clusterScope"):
             return created
         try:
             tmpl = self._call(f"get WorkflowTemplate {template}", self.api.get_namespaced_custom_object, GROUP, VERSION,
